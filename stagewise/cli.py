@@ -1,0 +1,149 @@
+"""The `stagewise` command line: generate, trace, stages (and `trace` as its own script).
+
+Bad input never ends in a traceback: a `StagewiseError` (or a bad option)
+prints one line on stderr and exits with status 2.
+"""
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stagewise.errors import StagewiseError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="LLM inference, stage by stage.",
+)
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
+
+
+def parse_dtype(name: str | None):
+    import torch
+
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise StagewiseError(f"unknown dtype '{name}'; use one of float32, bfloat16, float16")
+    return getattr(torch, DTYPES[name])
+
+
+def parse_stage_backends(items: list[str]) -> dict[str, str]:
+    """["attention=naive", ...] -> {"attention": "naive"}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise StagewiseError(f"--stage-backend expects STAGE=BACKEND, got '{item}'")
+        stage, backend = item.split("=", 1)
+        out[stage.strip()] = backend.strip()
+    return out
+
+
+@app.command()
+def generate(
+    prompts: list[str] = typer.Argument(..., help="one or more prompts"),
+    model: str = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory"),
+    backend: str = typer.Option("naive", help="naive (PyTorch) or triton, for every stage"),
+    stage_backend: list[str] = typer.Option([], help="per-stage override, e.g. attention=naive (repeatable)"),
+    mode: str = typer.Option("kv", help="naive (recompute every step) or kv (contiguous KV cache)"),
+    max_tokens: int = typer.Option(64, help="most tokens to generate per prompt"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_k: int = typer.Option(-1, help="keep the k most likely tokens (0 or -1 = off)"),
+    top_p: float = typer.Option(1.0, help="keep the top tokens with this much mass (1 = off)"),
+    min_p: float = typer.Option(0.0, help="drop tokens below min_p x the top probability"),
+    repetition_penalty: float = typer.Option(1.0, help="> 1 discourages repeating tokens"),
+    seed: int | None = typer.Option(None, help="random seed (sampling)"),
+    stop: list[str] = typer.Option([], help="stop string (repeatable)"),
+    chat: bool = typer.Option(False, "--chat", help="wrap each prompt in the model's chat template"),
+    device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 on CPU)"),
+    stats: bool = typer.Option(False, "--stats", help="print TTFT, TBT and tokens/s per request"),
+):
+    """Generate text, streaming it as it is produced."""
+    from stagewise import LLM, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        stop=tuple(stop),
+    )
+    llm = LLM(
+        model,
+        backend=backend,
+        mode=mode,
+        device=device,
+        dtype=parse_dtype(dtype),
+        stage_backends=parse_stage_backends(stage_backend),
+    )
+    texts = [""] * len(prompts)
+    outputs_done = []
+    for event in llm.stream(prompts, params, chat=chat):
+        texts[event.index] += event.text
+        if len(prompts) == 1:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        if event.finished:
+            outputs_done.append(event)
+    if len(prompts) == 1:
+        sys.stdout.write("\n")
+    else:
+        for i, (prompt, text) in enumerate(zip(prompts, texts)):
+            print(f"[{i}] {prompt!r}\n{text}\n")
+    if stats:
+        print(f"{llm.last_stats}", file=sys.stderr)
+
+
+@app.command()
+def stages():
+    """List the pipeline stages with their shapes and what their optimized path is."""
+    from stagewise.stages import STAGES
+
+    table = Table(title="stagewise stages, in pipeline order")
+    for col in ("stage", "shapes", "what it computes", "optimized path"):
+        table.add_column(col)
+    for stage in STAGES.values():
+        table.add_row(stage.name, stage.shapes, stage.summary, stage.optimized_kind)
+    Console().print(table)
+
+
+def _register_trace() -> None:
+    from stagewise.trace.cli import trace
+
+    app.command(name="trace")(trace)
+
+
+def main() -> None:
+    """Entry point of the `stagewise` script."""
+    _register_trace()
+    run(app)
+
+
+def trace_main() -> None:
+    """Entry point of the `trace` script: `stagewise trace` under its own name."""
+    from stagewise.trace.cli import trace
+
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command()(trace)
+    run(single)
+
+
+def run(typer_app: typer.Typer) -> None:
+    """Run a Typer app; turn a StagewiseError into one line on stderr and exit status 2."""
+    try:
+        typer_app(standalone_mode=True)
+    except StagewiseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

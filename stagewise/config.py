@@ -1,0 +1,167 @@
+"""Model and engine configuration.
+
+`ModelConfig` names every dimension the stages use; the shape annotations in
+the code use the same names (T = num_tokens, H = num_heads, Hkv = num_kv_heads,
+d = head_dim). Presets cover the default model, a tiny random model for tests,
+and shape-only Llama 3 models that run on the `meta` device.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from stagewise.errors import StagewiseError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str  # preset name or the path the model came from
+    vocab_size: int  # rows of the embedding table and of the LM head
+    hidden_size: int  # width of the residual stream ("hidden")
+    intermediate_size: int  # width of the FFN between gate/up and down ("inter")
+    num_layers: int  # transformer blocks
+    num_heads: int  # query heads (H)
+    num_kv_heads: int  # key/value heads (Hkv); H % Hkv == 0, GQA group = H // Hkv
+    head_dim: int  # per-head width (d)
+    rope_theta: float = 10000.0  # RoPE base frequency
+    rms_norm_eps: float = 1e-5  # epsilon inside RMSNorm's rsqrt
+    max_position_embeddings: int = 2048  # rows of cos_sin_cache; the longest sequence
+    tie_word_embeddings: bool = True  # LM head reuses the embedding matrix
+    shape_only: bool = False  # True for presets that only exist on the meta device
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads != 0:
+            raise StagewiseError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim  # H * d
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim  # Hkv * d
+
+    @property
+    def qkv_size(self) -> int:
+        return self.q_size + 2 * self.kv_size  # (H + 2*Hkv) * d
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads  # query heads per KV head
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.head_dim  # Llama rotates the whole head
+
+    def num_parameters(self) -> int:
+        """Exact parameter count (tied LM head counted once)."""
+        per_layer = (
+            2 * self.hidden_size  # two RMSNorm weights
+            + self.hidden_size * self.qkv_size  # fused QKV
+            + self.q_size * self.hidden_size  # output projection
+            + self.hidden_size * 2 * self.intermediate_size  # fused gate/up
+            + self.intermediate_size * self.hidden_size  # down
+        )
+        embed = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embed
+        return embed + self.num_layers * per_layer + self.hidden_size + head
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "smollm2-135m": ModelConfig(
+        name="smollm2-135m",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+    # Same architecture (GQA 3:1, tied embeddings), random seeded weights, tiny sizes.
+    "tiny": ModelConfig(
+        name="tiny",
+        vocab_size=512,
+        hidden_size=96,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    ),
+    # Shape-only presets (meta device): the seeds' Llama 3 numbers.
+    "llama-3-8b": ModelConfig(
+        name="llama-3-8b",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        shape_only=True,
+    ),
+    "llama-3-70b": ModelConfig(
+        name="llama-3-70b",
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        shape_only=True,
+    ),
+    "llama-3-405b": ModelConfig(
+        name="llama-3-405b",
+        vocab_size=128256,
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_layers=126,
+        num_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        shape_only=True,
+    ),
+}
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def get_preset(name: str) -> ModelConfig:
+    """Look up a preset by name, with a one-line error listing the valid names."""
+    if name not in PRESETS:
+        raise StagewiseError(f"unknown model '{name}'; choose one of {', '.join(PRESETS)} or a path")
+    return PRESETS[name]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 16  # most requests running at once
+    max_num_batched_tokens: int = 512  # token budget of one engine step
+    max_model_len: int | None = None  # longest prompt + output; None = the model's limit
+    block_size: int = 16  # tokens per KV block (paged mode)
+    kv_cache_bytes: int | None = None  # KV memory budget in bytes; None = kv_cache_fraction
+    kv_cache_fraction: float = 0.25  # share of free memory for KV when no byte budget is given
+    enable_prefix_caching: bool = True  # reuse full KV blocks shared by prompts
+    extra: dict = field(default_factory=dict)  # knobs for experiments, never read by core code
+
+    def with_updates(self, **kwargs) -> "EngineConfig":
+        return replace(self, **kwargs)

@@ -1,0 +1,1 @@
+"""The engine: requests, runners for each mode, KV caches, metrics and the `LLM` API."""

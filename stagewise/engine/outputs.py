@@ -1,0 +1,118 @@
+"""What `LLM.generate` returns and what `LLM.stream` yields.
+
+Metrics follow the seeds' definitions (chapter 4):
+
+    TTFT     = first token time - arrival time            (the prefill)
+    TBT      = time between consecutive output tokens      (each decode step)
+    latency  = last token time - arrival time  ==  TTFT + (n - 1) * mean(TBT)
+    tokens/s = output tokens / latency
+"""
+
+import statistics
+from dataclasses import dataclass
+
+from stagewise.engine.request import Request
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    arrival_time: float  # perf_counter seconds when the request was submitted
+    first_scheduled_time: float  # when a step first ran any of its tokens
+    first_token_time: float  # when its first output token was sampled
+    finish_time: float  # when its last output token was sampled
+    queue_time: float  # first_scheduled_time - arrival_time
+    ttft: float  # first_token_time - arrival_time
+    tbt: tuple[float, ...]  # gaps between consecutive output tokens (n - 1 of them)
+    tbt_mean: float  # mean of tbt (0 with a single token)
+    tbt_p50: float  # median of tbt
+    tbt_p99: float  # 99th percentile of tbt
+    latency: float  # finish_time - arrival_time
+    tokens_per_s: float  # output tokens / latency
+
+    @staticmethod
+    def of(req: Request) -> "RequestMetrics":
+        times = req.token_times
+        tbt = tuple(b - a for a, b in zip(times, times[1:]))
+        latency = times[-1] - req.arrival_time
+        return RequestMetrics(
+            arrival_time=req.arrival_time,
+            first_scheduled_time=req.first_scheduled_time or times[0],
+            first_token_time=times[0],
+            finish_time=times[-1],
+            queue_time=(req.first_scheduled_time or times[0]) - req.arrival_time,
+            ttft=times[0] - req.arrival_time,
+            tbt=tbt,
+            tbt_mean=statistics.fmean(tbt) if tbt else 0.0,
+            tbt_p50=percentile(tbt, 50),
+            tbt_p99=percentile(tbt, 99),
+            latency=latency,
+            tokens_per_s=len(times) / latency if latency > 0 else float("inf"),
+        )
+
+
+def percentile(values, q: float) -> float:
+    """Linear-interpolated percentile (numpy's default); 0 for an empty list."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str  # the engine's id for the request
+    prompt: str  # prompt text (after the chat template, if one was applied)
+    prompt_token_ids: list[int]  # tokenized prompt
+    text: str  # generated text (special tokens and any stop string removed)
+    token_ids: list[int]  # generated token ids (including a final EOS, if any)
+    finish_reason: str  # "stop" (EOS or stop string) or "length" (max_tokens / max_model_len)
+    metrics: RequestMetrics  # timings of this request
+
+    @staticmethod
+    def of(req: Request) -> "RequestOutput":
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_token_ids),
+            text=req.text_stream.text,
+            token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason.value if req.finish_reason else "length",
+            metrics=RequestMetrics.of(req),
+        )
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One streamed token: yielded by `LLM.stream` as soon as it is sampled."""
+
+    request_id: str  # which request
+    index: int  # position of the request in the prompts list given to stream()/generate()
+    token_id: int  # the sampled token
+    text: str  # newly settled text (may be empty while a character or stop string is incomplete)
+    finished: bool  # True on the request's last token
+    finish_reason: str | None  # set when finished
+
+
+def run_summary(requests: list[Request], stats) -> dict:
+    """Totals of one run, for the trace's last line and for benchmarks."""
+    done = [r for r in requests if r.token_times]
+    metrics = [RequestMetrics.of(r) for r in done]
+    tbt = [g for m in metrics for g in m.tbt]
+    start = min((r.arrival_time for r in requests), default=0.0)
+    end = max((m.finish_time for m in metrics), default=start)
+    out_tokens = sum(len(r.output_token_ids) for r in requests)
+    return {
+        "requests": len(requests),
+        "prompt_tokens": sum(r.num_prompt_tokens for r in requests),
+        "output_tokens": out_tokens,
+        "steps": stats.steps,
+        "tokens_computed": stats.tokens_computed,
+        "padding_tokens": stats.padding_tokens,
+        "kv_cache_MB": round(stats.kv_cache_bytes / 2**20, 2),
+        "ttft_ms": round(1000 * statistics.fmean(m.ttft for m in metrics), 2) if metrics else None,
+        "tbt_ms": round(1000 * statistics.fmean(tbt), 2) if tbt else None,
+        "output_tokens_per_s": round(out_tokens / (end - start), 2) if end > start else None,
+    }

@@ -1,0 +1,89 @@
+"""A request: its tokens, its progress, its sampling settings and its timestamps.
+
+The engine's whole view of a request is two counters (vLLM's view, from the
+seeds): `num_tokens` — prompt plus generated tokens it owns — and
+`num_computed_tokens` — how many of those already have K/V computed. A step
+schedules `num_tokens - num_computed_tokens` tokens to catch up; a long prompt
+is that difference at the start, a decode step is a difference of one.
+"""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from stagewise.engine.sampling_params import SamplingParams
+from stagewise.engine.text_stream import TextStream
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no KV
+    RUNNING = "running"  # scheduled, holds KV
+    FINISHED = "finished"  # done; its KV is released
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens reached
+
+
+@dataclass
+class Request:
+    request_id: str  # unique id, e.g. "req-0"
+    prompt: str  # the prompt text as given (after the chat template, if applied)
+    prompt_token_ids: list[int]  # tokenized prompt
+    params: SamplingParams  # how to sample and when to stop
+    seed: int  # random stream seed (params.seed, or one picked by the engine)
+    text_stream: TextStream  # detokenizer + stop-string matcher for the output
+    output_token_ids: list[int] = field(default_factory=list)  # generated so far
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)  # when it was submitted
+    first_scheduled_time: float | None = None  # when a step first ran any of its tokens
+    token_times: list[float] = field(default_factory=list)  # when each output token was produced
+    seen: torch.Tensor | None = None  # [vocab] bool: prompt + output tokens (repetition penalty set)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def seen_mask(self, vocab_size: int) -> torch.Tensor:
+        """[vocab] bool of tokens in the prompt or output, kept up to date incrementally."""
+        if self.seen is None:
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool)
+            self.seen[torch.tensor(self.all_token_ids, dtype=torch.long)] = True
+        return self.seen
+
+    def append_token(self, token_id: int, eos_id: int | None, max_model_len: int) -> str:
+        """Record a sampled token; decide whether the request is finished; return new text."""
+        now = time.perf_counter()
+        self.output_token_ids.append(token_id)
+        self.token_times.append(now)
+        if self.seen is not None:
+            self.seen[token_id] = True
+        params = self.params
+        is_eos = eos_id is not None and token_id == eos_id and not params.ignore_eos
+        if is_eos:
+            self.finish_reason = FinishReason.STOP
+            return self.text_stream.finish()  # the EOS token itself adds no text
+        done_by_length = len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len
+        delta = self.text_stream.push(token_id, final=done_by_length)
+        if self.text_stream.stopped_by is not None:
+            self.finish_reason = FinishReason.STOP
+        elif done_by_length:
+            self.finish_reason = FinishReason.LENGTH
+        return delta

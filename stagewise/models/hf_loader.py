@@ -1,0 +1,104 @@
+"""Load a Hugging Face Llama checkpoint directory into `LlamaWeights`.
+
+The directory holds `config.json` (architecture and sizes), one or more
+`*.safetensors` shards with `torch.nn.Linear` weights ([out, in]) named
+`model.layers.{i}.self_attn.q_proj.weight` and so on, and `tokenizer.json`.
+Hugging Face's layout already uses rotate-half RoPE, so no row permutation.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.errors import StagewiseError
+from stagewise.models.weights import LayerWeights, LlamaWeights
+
+
+def config_from_hf(path: Path) -> ModelConfig:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise StagewiseError(f"{path} has no config.json; expected a Hugging Face Llama checkpoint directory")
+    try:
+        cfg = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise StagewiseError(f"{config_file} is not valid JSON: {exc}") from None
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
+        kind = cfg.get("model_type") or ", ".join(archs) or "unknown"
+        raise StagewiseError(f"{path}: model type '{kind}' is not supported; stagewise runs Llama models")
+    rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope_params.get("rope_type", rope_params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise StagewiseError(f"{path}: RoPE scaling '{rope_type}' is not supported; only plain RoPE is")
+    heads = cfg["num_attention_heads"]
+    return ModelConfig(
+        name=str(path),
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        rope_theta=float(cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise StagewiseError(f"{path} has no *.safetensors weight files")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        try:
+            tensors.update(load_file(shard))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise StagewiseError(f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}") from None
+    return tensors
+
+
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, LlamaWeights]:
+    """Hugging Face Llama directory -> (config, float32 weights on CPU)."""
+    path = Path(path)
+    config = config_from_hf(path)
+    tensors = _read_tensors(path)
+
+    def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in tensors:
+            raise StagewiseError(f"{path}: tensor '{name}' is missing")
+        t = tensors[name].float()
+        if tuple(t.shape) != shape:
+            raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(t.shape)}, expected {shape}")
+        return t
+
+    hidden, inter, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        wq = get(p + "self_attn.q_proj.weight", (q, hidden))
+        wk = get(p + "self_attn.k_proj.weight", (kv, hidden))
+        wv = get(p + "self_attn.v_proj.weight", (kv, hidden))
+        gate = get(p + "mlp.gate_proj.weight", (inter, hidden))
+        up = get(p + "mlp.up_proj.weight", (inter, hidden))
+        layers.append(
+            LayerWeights(
+                attn_norm=get(p + "input_layernorm.weight", (hidden,)),
+                w_qkv=torch.cat([wq, wk, wv], dim=0).t().contiguous(),  # -> [hidden, (H+2Hkv)*d]
+                w_o=get(p + "self_attn.o_proj.weight", (hidden, q)).t().contiguous(),  # -> [H*d, hidden]
+                ffn_norm=get(p + "post_attention_layernorm.weight", (hidden,)),
+                w_gate_up=torch.cat([gate, up], dim=0).t().contiguous(),  # -> [hidden, 2*inter]
+                w_down=get(p + "mlp.down_proj.weight", (hidden, inter)).t().contiguous(),  # -> [inter, hidden]
+            )
+        )
+    embed = get("model.embed_tokens.weight", (config.vocab_size, hidden))
+    lm_head = embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
+    final_norm = get("model.norm.weight", (hidden,))
+    return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -1,0 +1,62 @@
+"""The Llama forward pass, assembled from the stages.
+
+    input_ids [T]
+      -> embedding                         [T, hidden]
+      -> 30 x block:
+           rmsnorm (+ residual add)        [T, hidden]
+           qkv_proj                        [T, (H + 2*Hkv) * d]  -> q [T, H, d], k/v [T, Hkv, d]
+           rope on q, k                    same shapes
+           attention (K/V via kv.attend)   [T, H, d]
+           o_proj                          [T, hidden]
+           rmsnorm (+ residual add)        [T, hidden]
+           ffn                             [T, hidden]
+      -> final rmsnorm (+ residual add)    [T, hidden]
+      -> lm_head on each sequence's last token  [num_seqs, vocab]
+
+The batch is a flattened token batch across all scheduled sequences, never
+[batch, seq, hidden] with padding. Every stage is called through `ops`, which
+picks naive or Triton per stage and lets the tracer watch. How K/V are kept
+(nowhere, a contiguous cache, a paged cache) is the `kv` argument's business.
+"""
+
+import torch
+
+from stagewise.models.forward_batch import ForwardBatch, KVAccess
+from stagewise.models.ops import StageOps
+from stagewise.models.registry import LoadedModel
+from stagewise.stages.qkv_proj import split_qkv
+from stagewise.stages.rope import build_cos_sin_cache
+
+
+class LlamaModel:
+    def __init__(self, model: LoadedModel, ops: StageOps):
+        self.config = model.config
+        self.weights = model.weights
+        self.device = model.device
+        self.dtype = model.dtype
+        self.ops = ops
+        cfg = self.config
+        # Precomputed rotation angles: [max_position, rotary_dim], float32 (space for time).
+        self.cos_sin_cache = build_cos_sin_cache(
+            cfg.max_position_embeddings, cfg.rotary_dim, cfg.rope_theta, self.device
+        )
+        self.scale = cfg.head_dim**-0.5
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVAccess) -> torch.Tensor:
+        """-> logits [num_seqs, vocab] for the last token of each sequence."""
+        cfg, w, ops = self.config, self.weights, self.ops
+        num_tokens = batch.num_tokens
+        h = ops("embedding", ids=batch.input_ids, weight=w.embed)  # [T] -> [T, hidden]
+        residual = None
+        for i, lw in enumerate(w.layers):
+            x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.attn_norm, eps=cfg.rms_norm_eps, residual=residual)
+            qkv = ops("qkv_proj", layer=i, x=x, w_qkv=lw.w_qkv)  # [T, hidden] -> [T, (H+2Hkv)*d]
+            q, k, v = split_qkv(qkv, cfg)  # -> [T, H, d], [T, Hkv, d], [T, Hkv, d]
+            q, k = ops("rope", layer=i, positions=batch.positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache)
+            attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
+            h = ops("o_proj", layer=i, x=attn.reshape(num_tokens, cfg.q_size), w_o=lw.w_o)  # -> [T, hidden]
+            x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual)
+            h = ops("ffn", layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
+        x, _ = ops("rmsnorm", x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
+        return ops("lm_head", hidden=x, last_token_index=batch.last_token_index, weight=w.lm_head)  # [B, vocab]

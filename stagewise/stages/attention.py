@@ -1,0 +1,123 @@
+"""Stage 6: causal self-attention over a flattened, variable-length batch.
+
+    q [Tq, H, d], k [Tk, Hkv, d], v [Tk, Hkv, d] -> out [Tq, H, d]
+
+    out = softmax(q k^T * scale + causal_mask) v        per sequence, per head
+
+Variable length: sequences are packed end to end, no padding. Sequence b owns
+query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` and key/value rows starting at
+`cu_seqlens_k[b]`; it uses `seqused_k[b]` of them when given (so a cache with
+spare capacity per sequence needs no copy), else up to `cu_seqlens_k[b+1]`.
+
+Causal mask, aligned bottom-right: when a sequence has Lq queries and Lk keys,
+its queries are the *last* Lq positions, so query i may see key j iff
+`j <= i + (Lk - Lq)`. The same rule covers prefill (Lq == Lk), decode with a
+KV cache (Lq == 1) and a prefill chunk on top of a cached prefix. A query
+row that may see no key at all (possible only when Lq > Lk, e.g. the padding
+rows of static batching) gets zeros, not NaN.
+
+GQA by index map, never by copying K/V: query head h reads KV head
+`h // (H // Hkv)`. The naive reference expresses that map as a reshape of q to
+[L, Hkv, group, d] that broadcasts against k [L, Hkv, d].
+
+The naive reference materialises the full [Lq, Lk] score matrix per head; the
+optimized FlashAttention kernel never does (tiles + online softmax).
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def naive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    seqused_k: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> [Tq, H, d]."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads  # query heads per KV head
+    out = torch.zeros_like(q)
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used = seqused_k.tolist() if seqused_k is not None else None
+    for b in range(len(cu_q) - 1):
+        q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
+        len_q = q_end - q_start
+        len_k = used[b] if used is not None else cu_k[b + 1] - k_start
+        if len_q == 0:
+            continue
+        qb = q[q_start:q_end].float().view(len_q, num_kv_heads, group, head_dim)  # [Lq, Hkv, g, d]
+        kb = k[k_start : k_start + len_k].float()  # [Lk, Hkv, d]
+        vb = v[k_start : k_start + len_k].float()  # [Lk, Hkv, d]
+        scores = torch.einsum("ikgd,jkd->kgij", qb, kb) * scale  # -> [Hkv, g, Lq, Lk]
+        i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
+        j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
+        allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
+        probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0
+        ob = torch.einsum("kgij,jkd->ikgd", probs, vb)  # -> [Lq, Hkv, g, d]
+        out[q_start:q_end] = ob.reshape(len_q, num_heads, head_dim).to(q.dtype)  # [Lq, H, d]
+    return out
+
+
+def optimized(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    seqused_k: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fallback until the Triton FlashAttention kernel lands: the naive reference."""
+    return naive(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    """Up to three sequences; the later ones sit on a cached prefix (more keys than queries)."""
+    gen = torch.Generator().manual_seed(0)
+    cuts = sorted({0, num_tokens, max(1, num_tokens // 3), max(1, (2 * num_tokens) // 3)})
+    q_lens = [b - a for a, b in zip(cuts, cuts[1:])]
+    prefixes = [0, 5, 17][: len(q_lens)]
+    k_lens = [lq + p for lq, p in zip(q_lens, prefixes)]
+    cu_q = torch.tensor([0] + q_lens).cumsum(0)
+    cu_k = torch.tensor([0] + k_lens).cumsum(0)
+    q = torch.randn(num_tokens, config.num_heads, config.head_dim, generator=gen)
+    k = torch.randn(int(cu_k[-1]), config.num_kv_heads, config.head_dim, generator=gen)
+    v = torch.randn(int(cu_k[-1]), config.num_kv_heads, config.head_dim, generator=gen)
+    return {
+        "q": q.to(device, dtype),
+        "k": k.to(device, dtype),
+        "v": v.to(device, dtype),
+        "cu_seqlens_q": cu_q.to(device, torch.int32),
+        "cu_seqlens_k": cu_k.to(device, torch.int32),
+        "scale": config.head_dim**-0.5,
+    }
+
+
+STAGE = Stage(
+    name="attention",
+    summary="causal softmax(q k^T / sqrt(d)) v per sequence; GQA by head index map",
+    shapes="q [T, H, d], k/v [T_kv, Hkv, d] -> [T, H, d]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton FlashAttention pending)",
+    example_inputs=example_inputs,
+    outputs=("out",),
+    axes={
+        "q": "num_tokens heads head_dim",
+        "k": "num_kv_tokens kv_heads head_dim",
+        "v": "num_kv_tokens kv_heads head_dim",
+        "cu_seqlens_q": "num_seqs+1",
+        "cu_seqlens_k": "num_seqs+1",
+        "seqused_k": "num_seqs",
+        "out": "num_tokens heads head_dim",
+    },
+)

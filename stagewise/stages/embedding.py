@@ -1,0 +1,45 @@
+"""Stage 2: embedding lookup — token ids become rows of the embedding table.
+
+    ids [T] -> hidden_states [T, hidden]
+
+The naive reference is one indexing expression, `weight[ids]`: a gather of
+`T` rows out of a `[vocab, hidden]` table. There is no arithmetic at all; the
+stage is pure memory traffic (T * hidden * bytes read and written), which is
+why the optimized version is a plain gather kernel that copies one row per
+program with wide, coalesced loads.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """ids [T] int64, weight [vocab, hidden] -> [T, hidden]."""
+    return weight[ids]  # [vocab, hidden][T] -> [T, hidden]
+
+
+def optimized(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Fallback until the Triton gather kernel lands: the naive reference."""
+    return naive(ids, weight)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (num_tokens,), generator=gen)
+    weight = torch.randn(config.vocab_size, config.hidden_size, generator=gen).to(dtype)
+    return {"ids": ids.to(device), "weight": weight.to(device)}
+
+
+STAGE = Stage(
+    name="embedding",
+    summary="look up one row of the embedding table per token id",
+    shapes="[T] -> [T, hidden]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    example_inputs=example_inputs,
+    outputs=("hidden_states",),
+    axes={"ids": "num_tokens", "weight": "vocab hidden", "hidden_states": "num_tokens hidden"},
+)

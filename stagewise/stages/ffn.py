@@ -1,0 +1,61 @@
+"""Stage 7: the SwiGLU feed-forward network with a fused gate/up GEMM.
+
+    x [T, hidden] @ w_gate_up [hidden, 2*inter] -> gate_up [T, 2*inter]
+    silu_and_mul(gate_up)                       -> h [T, inter]       silu(gate) * up
+    h @ w_down [inter, hidden]                  -> out [T, hidden]
+
+W_gate and W_up read the same input, so their columns are concatenated into
+one wide weight and one GEMM replaces two. `silu_and_mul` reads both halves of
+that output and writes their product: fused, it touches the [T, 2*inter]
+tensor once instead of materialising silu(gate) in between.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2*inter] -> silu(gate) * up [T, inter]."""
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, 2*inter] -> 2 x [T, inter]
+    return torch.nn.functional.silu(gate) * up  # [T, inter]
+
+
+def naive(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden]."""
+    gate_up = x @ w_gate_up  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    h = silu_and_mul_naive(gate_up)  # [T, 2*inter] -> [T, inter]
+    return h @ w_down  # [T, inter] @ [inter, hidden] -> [T, hidden]
+
+
+def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Fallback until the Triton GEMM and silu_and_mul kernels land: the naive reference."""
+    return naive(x, w_gate_up, w_down)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    hidden, inter = config.hidden_size, config.intermediate_size
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    w_gate_up = torch.randn(hidden, 2 * inter, generator=gen) / hidden**0.5
+    w_down = torch.randn(inter, hidden, generator=gen) / inter**0.5
+    return {"x": x.to(device, dtype), "w_gate_up": w_gate_up.to(device, dtype), "w_down": w_down.to(device, dtype)}
+
+
+STAGE = Stage(
+    name="ffn",
+    summary="fused gate/up GEMM, silu(gate) * up, down GEMM",
+    shapes="[T, hidden] -> [T, 2*inter] -> [T, inter] -> [T, hidden]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernels pending)",
+    example_inputs=example_inputs,
+    outputs=("out",),
+    axes={
+        "x": "num_tokens hidden",
+        "w_gate_up": "hidden 2*inter",
+        "w_down": "inter hidden",
+        "out": "num_tokens hidden",
+    },
+)

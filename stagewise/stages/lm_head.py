@@ -1,0 +1,58 @@
+"""Stage 8: LM head — only the last token of each sequence becomes logits.
+
+    hidden [T, hidden] --gather last_token_index [num_seqs]--> [num_seqs, hidden]
+    [num_seqs, hidden] @ weight^T [hidden, vocab] -> logits [num_seqs, vocab]
+
+Only the last position of each sequence predicts the next token, so the rows
+of a long prefill are dropped *before* the GEMM: a 1000-token prompt costs one
+row of the [hidden, vocab] product, not 1000. `weight` has the embedding's
+layout [vocab, hidden] because SmolLM2 ties the two matrices.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden [T, hidden], last_token_index [num_seqs], weight [vocab, hidden] -> [num_seqs, vocab]."""
+    last = hidden[last_token_index]  # [T, hidden] -> [num_seqs, hidden]
+    return last @ weight.t()  # [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
+
+
+def optimized(hidden: torch.Tensor, last_token_index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Fallback until the Triton gather + GEMM lands: the naive reference."""
+    return naive(hidden, last_token_index, weight)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(num_tokens, config.hidden_size, generator=gen)
+    # Split the tokens into up to three sequences of irregular length; keep the last index of each.
+    cuts = sorted({num_tokens, max(1, num_tokens // 3), max(1, (2 * num_tokens) // 3)})
+    last_token_index = torch.tensor([c - 1 for c in cuts], dtype=torch.long)
+    weight = torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
+    return {
+        "hidden": hidden.to(device, dtype),
+        "last_token_index": last_token_index.to(device),
+        "weight": weight.to(device, dtype),
+    }
+
+
+STAGE = Stage(
+    name="lm_head",
+    summary="gather each sequence's last token, then one GEMM against the vocab matrix",
+    shapes="[T, hidden] -> [num_seqs, hidden] -> [num_seqs, vocab]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    example_inputs=example_inputs,
+    outputs=("logits",),
+    axes={
+        "hidden": "num_tokens hidden",
+        "last_token_index": "num_seqs",
+        "weight": "vocab hidden",
+        "logits": "num_seqs vocab",
+    },
+)

@@ -1,0 +1,43 @@
+"""Attention output projection — mix the heads back into the residual stream.
+
+    attn_out [T, H * d] @ w_o [H * d, hidden] -> [T, hidden]
+
+Not one of the seeds' six named steps but a GEMM of the same size as the Q
+projection that every block runs right after attention; it is traced and
+benchmarked like the other projections.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
+    """x [T, H*d], w_o [H*d, hidden] -> [T, hidden]."""
+    return x @ w_o  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
+
+
+def optimized(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
+    """Fallback until the Triton GEMM lands: the naive reference."""
+    return naive(x, w_o)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(num_tokens, config.q_size, generator=gen)
+    w = torch.randn(config.q_size, config.hidden_size, generator=gen) / config.q_size**0.5
+    return {"x": x.to(device, dtype), "w_o": w.to(device, dtype)}
+
+
+STAGE = Stage(
+    name="o_proj",
+    summary="one GEMM from the concatenated head outputs back to hidden",
+    shapes="[T, H * d] -> [T, hidden]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    example_inputs=example_inputs,
+    outputs=("out",),
+    axes={"x": "num_tokens q_size", "w_o": "q_size hidden", "out": "num_tokens hidden"},
+)

@@ -1,0 +1,57 @@
+"""Stage 4: fused QKV projection — one GEMM produces queries, keys and values.
+
+    x [T, hidden] @ w_qkv [hidden, (H + 2*Hkv) * d] -> qkv [T, (H + 2*Hkv) * d]
+
+The three projections W_q [hidden, H*d], W_k [hidden, Hkv*d] and W_v
+[hidden, Hkv*d] are concatenated along their output columns, so the input is
+read once and one large GEMM replaces three smaller ones. With GQA the K and V
+slices are narrower than Q (SmolLM2: 576 + 192 + 192 = 960 columns). The
+caller splits the result with views (`split_qkv`), no copy.
+
+Weights are stored as [in, out] so the code reads `x @ w`, like the math.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def naive(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
+    """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]."""
+    return x @ w_qkv  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
+
+
+def optimized(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
+    """Fallback until the Triton GEMM lands: the naive reference."""
+    return naive(x, w_qkv)
+
+
+def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv [T, (H+2Hkv)*d] -> q [T, H, d], k [T, Hkv, d], v [T, Hkv, d] (views, no copy)."""
+    q, k, v = qkv.split([config.q_size, config.kv_size, config.kv_size], dim=-1)
+    num_tokens = qkv.shape[0]
+    q = q.view(num_tokens, config.num_heads, config.head_dim)  # [T, H*d] -> [T, H, d]
+    k = k.view(num_tokens, config.num_kv_heads, config.head_dim)  # [T, Hkv*d] -> [T, Hkv, d]
+    v = v.view(num_tokens, config.num_kv_heads, config.head_dim)  # [T, Hkv*d] -> [T, Hkv, d]
+    return q, k, v
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(num_tokens, config.hidden_size, generator=gen)
+    w = torch.randn(config.hidden_size, config.qkv_size, generator=gen) / config.hidden_size**0.5
+    return {"x": x.to(device, dtype), "w_qkv": w.to(device, dtype)}
+
+
+STAGE = Stage(
+    name="qkv_proj",
+    summary="one GEMM against the concatenated [W_q | W_k | W_v] weight",
+    shapes="[T, hidden] -> [T, (H + 2*Hkv) * d]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    example_inputs=example_inputs,
+    outputs=("qkv",),
+    axes={"x": "num_tokens hidden", "w_qkv": "hidden qkv_size", "qkv": "num_tokens qkv_size"},
+)

@@ -1,0 +1,73 @@
+"""Stage 3: RMSNorm — rescale each token's features to unit root-mean-square.
+
+    x [T, hidden] (+ residual [T, hidden]) -> out [T, hidden], residual_out [T, hidden]
+
+    out = weight * x / sqrt(mean(x^2) + eps)
+
+Unlike LayerNorm there is no mean subtraction and no bias: one reduction per
+row. The sum of squares is accumulated in float32 whatever the input dtype
+(bf16 would lose the small terms), then the result is cast back, exactly as
+Hugging Face's `LlamaRMSNorm` does.
+
+The residual add that precedes every norm in a Llama block is folded into the
+stage (as vLLM does): given `residual`, the stage first forms
+`x = x + residual`, returns it as the new residual stream, and normalises it.
+The optimized kernel does both in one pass over memory instead of two.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def naive(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, hidden], weight [hidden] -> (normed [T, hidden], residual_out [T, hidden])."""
+    if residual is not None:
+        x = x + residual  # [T, hidden]: the residual stream after the previous sub-block
+    residual_out = x
+    xf = x.float()
+    variance = xf.pow(2).mean(dim=-1, keepdim=True)  # [T, hidden] -> [T, 1]
+    normed = xf * torch.rsqrt(variance + eps)  # [T, hidden]
+    return weight * normed.to(x.dtype), residual_out
+
+
+def optimized(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fallback until the Triton row kernel lands: the naive reference."""
+    return naive(x, weight, eps, residual)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(num_tokens, config.hidden_size, generator=gen)
+    residual = torch.randn(num_tokens, config.hidden_size, generator=gen)
+    weight = 1.0 + 0.1 * torch.randn(config.hidden_size, generator=gen)
+    return {
+        "x": x.to(device, dtype),
+        "weight": weight.to(device, dtype),
+        "eps": config.rms_norm_eps,
+        "residual": residual.to(device, dtype),
+    }
+
+
+STAGE = Stage(
+    name="rmsnorm",
+    summary="add the residual, then scale each row to unit RMS times a learned weight",
+    shapes="[T, hidden] -> [T, hidden]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    example_inputs=example_inputs,
+    outputs=("out", "residual_out"),
+    axes={
+        "x": "num_tokens hidden",
+        "weight": "hidden",
+        "residual": "num_tokens hidden",
+        "out": "num_tokens hidden",
+        "residual_out": "num_tokens hidden",
+    },
+)

