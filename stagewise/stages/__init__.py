@@ -12,6 +12,7 @@ from stagewise.stages import (
     kv_store,
     lm_head,
     o_proj,
+    paged_attention,
     qkv_proj,
     rmsnorm,
     rope,
@@ -22,7 +23,20 @@ from stagewise.stages.base import Stage
 
 STAGES: dict[str, Stage] = {
     module.STAGE.name: module.STAGE
-    for module in (tokenize, embedding, rmsnorm, qkv_proj, rope, kv_store, attention, o_proj, ffn, lm_head, sampling)
+    for module in (
+        tokenize,
+        embedding,
+        rmsnorm,
+        qkv_proj,
+        rope,
+        kv_store,
+        attention,
+        paged_attention,
+        o_proj,
+        ffn,
+        lm_head,
+        sampling,
+    )
 }
 
 __all__ = ["STAGES", "Stage"]

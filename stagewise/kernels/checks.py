@@ -1,0 +1,58 @@
+"""Launcher-side checks: every kernel states the layout it assumes and rejects anything else.
+
+A Triton kernel trusts its pointers and strides; a wrong layout gives a silent
+wrong answer or an out-of-bounds read, not an error. So each public launcher
+checks its inputs first and raises `KernelInputError` with one clear line.
+"""
+
+import torch
+
+from stagewise.errors import StagewiseError
+
+
+class KernelInputError(StagewiseError):
+    """A tensor passed to a kernel launcher has the wrong shape, dtype, device or layout."""
+
+
+def check_dtype(kernel: str, name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise KernelInputError(f"{kernel}: {name} has dtype {str(t.dtype).removeprefix('torch.')}, expected {names}")
+
+
+def check_dim(kernel: str, name: str, t: torch.Tensor, ndim: int) -> None:
+    if t.dim() != ndim:
+        raise KernelInputError(f"{kernel}: {name} must be {ndim}-D, got shape {list(t.shape)}")
+
+
+def check_shape(kernel: str, name: str, t: torch.Tensor, shape: tuple) -> None:
+    """`shape` may hold None for a free dimension."""
+    ok = t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape))
+    if not ok:
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise KernelInputError(f"{kernel}: {name} has shape {list(t.shape)}, expected {want}")
+
+
+def check_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise KernelInputError(
+            f"{kernel}: {name} must be contiguous (got strides {list(t.stride())}); call .contiguous()"
+        )
+
+
+def check_last_dim_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise KernelInputError(f"{kernel}: {name} must have a contiguous last dimension (strides {list(t.stride())})")
+
+
+def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise KernelInputError(f"{kernel}: tensors are on different devices: {devices}")
+    if next(iter(devices.values())).type not in ("cpu", "cuda"):
+        raise KernelInputError(f"{kernel}: tensors must be on cpu (interpreter) or cuda, got {devices}")
+
+
+def check_head_dim(kernel: str, head_dim: int) -> None:
+    if head_dim not in (16, 32, 64, 128, 256):
+        raise KernelInputError(f"{kernel}: head_dim {head_dim} is not supported; use 16, 32, 64, 128 or 256")

@@ -1,0 +1,120 @@
+"""Attention over a paged KV cache: keys and values are read through a block table.
+
+    q [T, H, d], k_cache / v_cache [num_blocks, block_size, Hkv, d],
+    block_table [B, max_blocks_per_seq], seq_lens [B], cu_seqlens_q [B+1] -> out [T, H, d]
+
+The cache is a pool of fixed-size blocks (`block_size` tokens each, 16 by
+default). Sequence b's token at position p lives in physical block
+`block_table[b, p // block_size]`, at offset `p % block_size` — so a sequence
+needs no contiguous memory, only a row of block ids (the seeds' "address array").
+
+Sequence b has `seq_lens[b]` tokens in the cache (this step's new tokens
+already stored) and `q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]` queries:
+its *last* q_len positions. The causal mask is aligned bottom-right, as in the
+contiguous `attention` stage, so one function serves decode (q_len 1), a
+whole prefill (q_len == seq_len) and a chunk of a prefill on top of a cached
+prefix (chunked prefill, prefix-cache hits).
+
+GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
+
+The naive reference gathers each sequence's K/V blocks into a contiguous
+tensor and calls the `attention` reference; the optimized kernel reads the
+blocks in place, one block-table lookup per tile, with the online softmax.
+"""
+
+import torch
+
+from stagewise.config import ModelConfig
+from stagewise.stages import attention
+from stagewise.stages.base import Stage
+
+
+def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [num_blocks, block_size, Hkv, d], one block-table row -> [seq_len, Hkv, d] (a copy)."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)  # ceil
+    blocks = cache[block_table_row[:num_blocks].long()]  # [n_blocks, block_size, Hkv, d]
+    return blocks.reshape(-1, *cache.shape[2:])[:seq_len]  # [seq_len, Hkv, d]
+
+
+def naive(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Gather each sequence's K/V through its block table, then causal varlen attention."""
+    lens = seq_lens.tolist()
+    ks = [gather_kv(k_cache, block_table[b], n) for b, n in enumerate(lens)]
+    vs = [gather_kv(v_cache, block_table[b], n) for b, n in enumerate(lens)]
+    k = torch.cat(ks)  # [sum(seq_lens), Hkv, d]
+    v = torch.cat(vs)
+    cu_k = torch.tensor([0, *lens], device=q.device).cumsum(0).to(torch.int32)  # [B+1]
+    return attention.naive(q, k, v, cu_seqlens_q, cu_k, scale)
+
+
+def optimized(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Fallback until the Triton paged-attention kernel lands: the naive reference."""
+    return naive(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale)
+
+
+def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_size: int = 16) -> dict:
+    """Three sequences: a decode, a prefill chunk on a cached prefix, a fresh prefill; blocks shuffled."""
+    gen = torch.Generator().manual_seed(0)
+    q_lens = [1, max(1, num_tokens // 2), 0]
+    q_lens[2] = max(0, num_tokens - q_lens[0] - q_lens[1])
+    q_lens = [n for n in q_lens if n > 0]
+    prefixes = [37, 5, 0][: len(q_lens)]
+    seq_lens = [p + n for p, n in zip(prefixes, q_lens)]
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    max_blocks = max(blocks_per_seq)
+    num_blocks = sum(blocks_per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(blocks_per_seq):
+        block_table[b, :n] = perm[start : start + n]
+        start += n
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    q = torch.randn(sum(q_lens), config.num_heads, config.head_dim, generator=gen)
+    return {
+        "q": q.to(device, dtype),
+        "k_cache": torch.randn(shape, generator=gen).to(device, dtype),
+        "v_cache": torch.randn(shape, generator=gen).to(device, dtype),
+        "block_table": block_table.to(device),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        "cu_seqlens_q": torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32),
+        "scale": config.head_dim**-0.5,
+    }
+
+
+STAGE = Stage(
+    name="paged_attention",
+    summary="causal attention reading K/V blocks through each sequence's block table",
+    shapes="q [T, H, d], cache [num_blocks, block_size, Hkv, d] -> [T, H, d]",
+    naive=naive,
+    optimized=optimized,
+    optimized_kind="fallback: naive PyTorch (Triton paged attention pending)",
+    example_inputs=example_inputs,
+    outputs=("out",),
+    axes={
+        "q": "num_tokens heads head_dim",
+        "k_cache": "num_blocks block_size kv_heads head_dim",
+        "v_cache": "num_blocks block_size kv_heads head_dim",
+        "block_table": "num_seqs max_blocks_per_seq",
+        "seq_lens": "num_seqs",
+        "cu_seqlens_q": "num_seqs+1",
+        "out": "num_tokens heads head_dim",
+    },
+)
