@@ -49,7 +49,7 @@ def generate(
     model: str = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory"),
     backend: str = typer.Option("naive", help="naive (PyTorch) or triton, for every stage"),
     stage_backend: list[str] = typer.Option([], help="per-stage override, e.g. attention=naive (repeatable)"),
-    mode: str = typer.Option("kv", help="naive (recompute every step) or kv (contiguous KV cache)"),
+    mode: str = typer.Option("paged", help="paged (continuous batching), kv (static batching) or naive (recompute)"),
     max_tokens: int = typer.Option(64, help="most tokens to generate per prompt"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_k: int = typer.Option(-1, help="keep the k most likely tokens (0 or -1 = off)"),

@@ -8,6 +8,7 @@ Triton ships wheels for Linux only; elsewhere asking for the triton backend
 explains why it is unavailable instead of failing on an import.
 """
 
+import importlib.util
 import os
 import platform
 import sys
@@ -21,9 +22,9 @@ _announced = False
 
 def triton_unavailable_reason() -> str | None:
     """None when Triton can be imported, else a one-line reason."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    # find_spec, not import: importing triton before TRITON_INTERPRET is set would build its
+    # language helpers (tl.sum, tl.max, ...) for the GPU path, and the interpreter would then fail.
+    if importlib.util.find_spec("triton") is None:
         if platform.system() != "Linux":
             return f"Triton has no wheels for {platform.system()}; use backend='naive' here (Linux only)"
         return "Triton is not installed; pip install triton (Linux), or use backend='naive'"
@@ -40,6 +41,11 @@ def configure_triton() -> str:
         return "interpreter"
     if torch.cuda.is_available():
         return "cuda"
+    if "triton" in sys.modules:
+        raise RuntimeError(
+            "triton was imported before stagewise.kernels chose the CPU interpreter; "
+            "import stagewise.kernels first or set TRITON_INTERPRET=1"
+        )
     os.environ["TRITON_INTERPRET"] = "1"
     if not _announced and not os.environ.get("STAGEWISE_QUIET"):
         print(

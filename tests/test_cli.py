@@ -64,7 +64,7 @@ def test_trace_prints_every_stage_with_config_shapes():
 
     cfg = PRESETS["tiny"]
     for name in STAGES:
-        if name != "paged_attention":  # mode kv uses the contiguous cache
+        if name != "attention":  # mode paged reads K/V through the block table: paged_attention
             assert name in out, f"stage {name} missing from the trace"
     assert f"hidden={cfg.hidden_size}" in out
     assert f"heads={cfg.num_heads}, head_dim={cfg.head_dim}" in out

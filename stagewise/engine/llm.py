@@ -5,9 +5,17 @@
     for event in llm.stream(["Tell me a story"], SamplingParams(max_tokens=64)):
         print(event.text, end="")
 
-Modes: "naive" recomputes the whole sequence every step (no cache), "kv" runs
-static batches over a contiguous per-request KV cache. `backend` picks naive
-PyTorch or Triton for every stage; `stage_backends` overrides single stages.
+Modes: "paged" (default) is continuous batching over a paged KV cache, "naive"
+recomputes the whole sequence every step (no cache), "kv" runs static batches
+over a contiguous per-request KV cache. `backend` picks naive PyTorch or
+Triton for every stage; `stage_backends` overrides single stages.
+
+Stepping the engine by hand (paged mode), one iteration at a time:
+
+    llm.add_request("Hello", SamplingParams(max_tokens=4))
+    while llm.has_unfinished_requests():
+        for event in llm.step():
+            print(event.request_id, event.token_id, event.text)
 """
 
 import itertools
@@ -16,6 +24,7 @@ from collections.abc import Iterator
 
 from stagewise.config import DEFAULT_MODEL, EngineConfig
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
+from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.recompute_runner import RecomputeRunner
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
@@ -28,7 +37,7 @@ from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel, load_model
 from stagewise.trace.hooks import active_tracer
 
-MODES = ("naive", "kv")
+MODES = ("paged", "kv", "naive")
 
 
 class LLM:
@@ -36,7 +45,7 @@ class LLM:
         self,
         model: str | LoadedModel = DEFAULT_MODEL,
         backend: str = "naive",
-        mode: str = "kv",
+        mode: str = "paged",
         device: str | None = None,
         dtype=None,
         stage_backends: dict[str, str] | None = None,
@@ -55,6 +64,13 @@ class LLM:
         self.max_model_len = min(self.engine_config.max_model_len or limit, limit)
         self._ids = itertools.count()
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
+        # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's lifetime
+        self.engine = (
+            PagedRunner(self.model, self.tokenizer.eos_id, self.max_model_len, self.engine_config)
+            if mode == "paged"
+            else None
+        )
+        self._stepped: dict[str, int] = {}  # request id -> index, for requests added with add_request
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -107,6 +123,10 @@ class LLM:
     def _runner(self):
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         eos = self.tokenizer.eos_id
+        if self.mode == "paged":
+            if self.engine.has_unfinished():
+                raise StagewiseError("requests added with add_request are still running; step() them to the end first")
+            return self.engine
         if self.mode == "naive":
             return RecomputeRunner(self.model, eos, self.max_model_len)
         return StaticBatchRunner(self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs)
@@ -121,13 +141,13 @@ class LLM:
     def _stream_requests(self, requests: list[Request]) -> Iterator[TokenEvent]:
         index = {r.request_id: i for i, r in enumerate(requests)}
         runner = self._runner()
-        self.last_stats = runner.stats
         tracer = active_tracer()
         if tracer is not None:
             tracer.model = self.describe()
         for req, token, delta in runner.run(requests):
             reason = req.finish_reason.value if req.finish_reason else None
             yield TokenEvent(req.request_id, index[req.request_id], token, delta, req.finished, reason)
+        self.last_stats = runner.stats
         if tracer is not None:
             tracer.summary = run_summary(requests, runner.stats)
 
@@ -160,3 +180,34 @@ class LLM:
         for _ in self._stream_requests(requests):
             pass
         return [RequestOutput.of(r) for r in requests]
+
+    # ---- stepping by hand (paged mode) ------------------------------------------------------
+
+    def _require_paged(self, what: str) -> PagedRunner:
+        if self.engine is None:
+            raise StagewiseError(f"{what} needs mode='paged' (this LLM runs mode='{self.mode}')")
+        return self.engine
+
+    def add_request(self, prompt: str, params: SamplingParams | None = None, chat: bool = False) -> str:
+        """Queue one request in the engine; returns its id. Run it with `step()`."""
+        engine = self._require_paged("add_request")
+        req = self.make_request(prompt, params if params is not None else SamplingParams(), chat)
+        engine.add(req)
+        self._stepped[req.request_id] = len(self._stepped)
+        return req.request_id
+
+    def step(self) -> list[TokenEvent]:
+        """Run one engine iteration; returns the tokens sampled in it (one per request that sampled)."""
+        engine = self._require_paged("step")
+        if not engine.has_unfinished():
+            return []
+        events = []
+        for req, token, delta in engine.step():
+            reason = req.finish_reason.value if req.finish_reason else None
+            events.append(
+                TokenEvent(req.request_id, self._stepped.get(req.request_id, -1), token, delta, req.finished, reason)
+            )
+        return events
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine is not None and self.engine.has_unfinished()

@@ -1,6 +1,6 @@
 """Counters every runner keeps about the work it did (for benchmarks and traces)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -8,4 +8,12 @@ class RunStats:
     steps: int = 0  # forward passes run
     tokens_computed: int = 0  # rows pushed through the model, padding included
     padding_tokens: int = 0  # rows that were padding or belonged to finished requests (wasted work)
-    kv_cache_bytes: int = 0  # largest KV cache allocated during the run
+    kv_cache_bytes: int = 0  # KV cache allocated for the run
+    preemptions: int = 0  # requests sent back to waiting because blocks ran out (paged)
+    blocks_in_use: list[int] = field(default_factory=list)  # KV blocks held after each step (paged)
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (paged)
+    prefix_hit_tokens: int = 0  # of those, tokens whose K/V were reused (paged)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0

@@ -59,4 +59,6 @@ class LlamaModel:
             x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual)
             h = ops("ffn", layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
         x, _ = ops("rmsnorm", x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
+        if batch.last_token_index.numel() == 0:  # a step of prefill chunks only: nothing to predict yet
+            return x.new_empty(0, cfg.vocab_size)
         return ops("lm_head", hidden=x, last_token_index=batch.last_token_index, weight=w.lm_head)  # [B, vocab]

@@ -20,6 +20,18 @@ GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 The naive reference gathers each sequence's K/V blocks into a contiguous
 tensor and calls the `attention` reference; the optimized kernel reads the
 blocks in place, one block-table lookup per tile, with the online softmax.
+
+What the kernel (`kernels/paged_attention.py`) does differently: no gather
+copy and no score matrix. A tile of BLOCK_N keys finds each key's physical
+block through the block table (slot = block_id * block_size + offset) and is
+folded into a running max, sum and accumulator per query row — the online
+softmax of FlashAttention — so K/V are read once, straight from the cache
+blocks, wherever they lie. The rows of a tile are the G query heads that share
+one KV head (times the queries of a prefill chunk), so in decode each KV block
+is read once per GQA group, not once per query head. For a few long sequences
+(too few programs to fill a GPU) the keys are split across programs and the
+partial (max, sum, acc) states merged by a second small kernel (split-K,
+"flash decoding").
 """
 
 import torch
@@ -65,8 +77,10 @@ def optimized(
     cu_seqlens_q: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Fallback until the Triton paged-attention kernel lands: the naive reference."""
-    return naive(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale)
+    """Triton paged attention: K/V tiles read in place through the block table, online softmax."""
+    from stagewise.kernels.paged_attention import paged_attention  # lazily: importing kernels picks GPU or interpreter
+
+    return paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale)  # -> [T, H, d]
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_size: int = 16) -> dict:
@@ -105,7 +119,7 @@ STAGE = Stage(
     shapes="q [T, H, d], cache [num_blocks, block_size, Hkv, d] -> [T, H, d]",
     naive=naive,
     optimized=optimized,
-    optimized_kind="fallback: naive PyTorch (Triton paged attention pending)",
+    optimized_kind="triton: paged attention through block_table",
     example_inputs=example_inputs,
     outputs=("out",),
     axes={

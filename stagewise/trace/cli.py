@@ -36,7 +36,7 @@ def trace(
     model: str = typer.Option("smollm2-135m", help="preset (smollm2-135m, tiny, llama-3-405b, ...), .gguf or HF dir"),
     max_tokens: int = typer.Option(3, help="tokens to generate per prompt"),
     backend: str = typer.Option("naive", help="naive or triton"),
-    mode: str = typer.Option("kv", help="naive or kv"),
+    mode: str = typer.Option("paged", help="paged (continuous batching), kv (static batching) or naive"),
     layers: str = typer.Option("first", help="'first', 'all', or indices like 0,5-7"),
     steps: str | None = typer.Option(None, help="engine steps to expand, e.g. 0,1 (default: all)"),
     stage: list[str] = typer.Option([], help="show only these stages (repeatable)"),

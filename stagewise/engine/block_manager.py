@@ -1,0 +1,168 @@
+"""The block manager: which physical KV blocks each request owns, with prefix caching.
+
+The paged KV cache is a pool of `num_blocks` blocks of `block_size` token
+slots. A request owns a list of block ids (its row of the block table); token
+at position p lives in block `blocks[p // block_size]`, slot offset
+`p % block_size`. Blocks are handed out from a free queue and returned to it
+when the request finishes or is preempted — no request needs contiguous
+memory, and at most `block_size - 1` slots per request are wasted.
+
+Prefix caching (on by default): when a block is full, its content is named by
+a chained hash — hash(parent block's hash, the block's token ids) — so equal
+hashes mean equal prefixes, and K/V of a full block depend only on that
+prefix. A new request looks up the hashes of its prompt's full blocks, takes
+the longest run of hits (reference count + 1, shared, never written again)
+and starts with `num_computed_tokens` already past them. The last prompt
+token is never taken from the cache: its logits are needed, so it must be
+computed. A freed block keeps its hash and stays findable until the free
+queue hands it out again (eviction, least recently freed first).
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from stagewise.engine.request import Request
+
+NO_HASH = None
+
+
+@dataclass
+class Block:
+    block_id: int  # index into the cache's num_blocks axis
+    ref_count: int = 0  # requests holding this block; 0 = in the free queue
+    block_hash: int | None = NO_HASH  # chained hash once full and registered, else None
+
+
+@dataclass
+class PrefixCacheStats:
+    queried_tokens: int = 0  # prompt tokens looked up in the cache
+    hit_tokens: int = 0  # of those, tokens whose K/V were reused
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+@dataclass
+class BlockManager:
+    num_blocks: int  # blocks in the pool
+    block_size: int  # token slots per block
+    enable_prefix_caching: bool = True  # share full prompt blocks between requests
+    blocks: list[Block] = field(init=False)
+    free_queue: deque = field(init=False)  # block ids with ref_count 0, least recently freed first
+    cached: dict = field(init=False)  # block hash -> block id, for registered full blocks
+    req_blocks: dict = field(init=False)  # request id -> list of block ids (its block-table row)
+    req_hashes: dict = field(init=False)  # request id -> chained hashes of its registered full blocks
+    stats: PrefixCacheStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free_queue = deque(range(self.num_blocks))
+        self.cached, self.req_blocks, self.req_hashes = {}, {}, {}
+        self.stats = PrefixCacheStats()
+
+    # ---- queries ----
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)  # ceil
+
+    def block_ids(self, req: Request) -> list[int]:
+        return self.req_blocks.get(req.request_id, [])
+
+    # ---- prefix cache ----
+
+    def block_hashes(self, token_ids: list[int], parent: int | None = None) -> list[int]:
+        """Chained hashes of every full block of `token_ids`."""
+        hashes = []
+        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
+            parent = hash((parent, tuple(token_ids[start : start + self.block_size])))
+            hashes.append(parent)
+        return hashes
+
+    def find_cached_prefix(self, req: Request) -> list[int]:
+        """Block ids of the longest cached prefix usable by `req` (never covering its last token)."""
+        if not self.enable_prefix_caching:
+            return []
+        usable = (req.num_tokens - 1) // self.block_size  # full blocks strictly before the last token
+        hits = []
+        for h in self.block_hashes(req.all_token_ids[: usable * self.block_size]):
+            if h not in self.cached:
+                break
+            hits.append(self.cached[h])
+        return hits
+
+    def record_lookup(self, req: Request, num_cached_tokens: int) -> None:
+        """Count one admitted request's prefix-cache lookup in the hit statistics."""
+        self.stats.queried_tokens += req.num_tokens
+        self.stats.hit_tokens += num_cached_tokens
+
+    # ---- allocation ----
+
+    def allocate(self, req: Request, num_new_tokens: int, cached_prefix: list[int] = ()) -> bool:
+        """Make room for `num_new_tokens` more tokens of `req` (after any cached prefix).
+
+        Returns False, changing nothing, when the free queue is too short.
+        """
+        owned = self.req_blocks.get(req.request_id, [])
+        reuse = [b for b in cached_prefix if self.blocks[b].ref_count == 0]  # cached blocks now in the free queue
+        computed = req.num_computed_tokens + len(cached_prefix) * self.block_size
+        need = max(0, self.blocks_needed(computed + num_new_tokens) - len(owned) - len(cached_prefix))
+        if need + len(reuse) > self.num_free_blocks:
+            return False
+        for b in cached_prefix:  # take shared references on the hits
+            if self.blocks[b].ref_count == 0:
+                self.free_queue.remove(b)
+            self.blocks[b].ref_count += 1
+        new = [self._pop_free() for _ in range(need)]
+        self.req_blocks[req.request_id] = [*owned, *cached_prefix, *new]
+        if cached_prefix:
+            self.req_hashes[req.request_id] = [self.blocks[b].block_hash for b in cached_prefix]
+        return True
+
+    def _pop_free(self) -> int:
+        block_id = self.free_queue.popleft()
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict: its old content is about to be overwritten
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = NO_HASH
+        block.ref_count = 1
+        return block_id
+
+    def register_full_blocks(self, req: Request, num_computed_tokens: int) -> None:
+        """Name the blocks of `req` that are full up to `num_computed_tokens`, so others can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self.req_hashes.setdefault(req.request_id, [])
+        num_full = num_computed_tokens // self.block_size
+        if num_full <= len(hashes):
+            return
+        tokens = req.all_token_ids
+        parent = hashes[-1] if hashes else None
+        start = len(hashes) * self.block_size
+        new_hashes = self.block_hashes(tokens[start : num_full * self.block_size], parent)
+        owned = self.req_blocks[req.request_id]
+        for i, h in enumerate(new_hashes, start=len(hashes)):
+            block = self.blocks[owned[i]]
+            if h not in self.cached:  # an equal block registered earlier keeps the name
+                block.block_hash = h
+                self.cached[h] = block.block_id
+            hashes.append(h)
+
+    def free(self, req: Request) -> None:
+        """Drop `req`'s references; blocks reaching 0 go to the free queue (tail blocks first)."""
+        for block_id in reversed(self.req_blocks.pop(req.request_id, [])):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_queue.append(block_id)
+        self.req_hashes.pop(req.request_id, None)

@@ -1,0 +1,124 @@
+"""The paged KV cache: one tensor of fixed-size blocks, and the block table that maps into it.
+
+    kv:          [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]   (2 = K and V)
+    block_table: [max_num_reqs, max_num_blocks_per_req] int32; row r = physical block ids of one request
+
+    slot = block_id * block_size + offset        (where a token's K/V live)
+    block_id = slot // block_size,  offset = slot % block_size
+
+The number of blocks comes from a memory budget: a byte count, or a fraction
+of the memory that is free (capped at what `max_num_seqs` requests of
+`max_model_len` tokens could ever use). `describe()` says how many tokens
+that holds.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.config import EngineConfig, ModelConfig
+from stagewise.errors import StagewiseError
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V, every layer, every KV head: 2 * L * Hkv * d * bytes."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def num_blocks_for_budget(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dtype, device) -> int:
+    per_block = ecfg.block_size * kv_bytes_per_token(cfg, dtype)
+    if ecfg.kv_cache_bytes is not None:
+        budget = ecfg.kv_cache_bytes
+    else:
+        useful = ecfg.max_num_seqs * -(-max_model_len // ecfg.block_size) * per_block
+        budget = min(int(free_memory_bytes(device) * ecfg.kv_cache_fraction), useful)
+    num_blocks = budget // per_block
+    if num_blocks < 1:
+        raise StagewiseError(f"a KV budget of {budget} bytes holds no block of {per_block} bytes; raise kv_cache_bytes")
+    return int(num_blocks)
+
+
+class PagedKVCache:
+    def __init__(
+        self, cfg: ModelConfig, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int, dtype, device
+    ):
+        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        # torch.empty: every slot is written by kv_store before attention ever reads it
+        self.kv = torch.empty(shape, dtype=dtype, device=device)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_blocks_per_req = -(-max_model_len // block_size)
+        self.block_table = torch.zeros(max_num_reqs, self.max_blocks_per_req, dtype=torch.int32, device=device)
+        self.free_rows = list(range(max_num_reqs))[::-1]  # block-table rows not owned by a request
+        self.row_of: dict[str, int] = {}  # request id -> its block-table row
+
+    def num_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def describe(self) -> str:
+        tokens = self.num_blocks * self.block_size
+        mib = self.num_bytes() / 2**20
+        return f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {tokens} tokens, {mib:.1f} MiB"
+
+    def row(self, request_id: str) -> int:
+        if request_id not in self.row_of:
+            self.row_of[request_id] = self.free_rows.pop()
+        return self.row_of[request_id]
+
+    def release_row(self, request_id: str) -> None:
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self.free_rows.append(row)
+
+    def write_row(self, request_id: str, block_ids: list[int]) -> int:
+        """Copy a request's block list into its block-table row; returns the row index."""
+        row = self.row(request_id)
+        self.block_table[row, : len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        return row
+
+
+@dataclass
+class PagedKVStep:
+    """How one step's tokens store and read K/V in a `PagedKVCache`."""
+
+    cache: PagedKVCache
+    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset for every scheduled token
+    block_table: torch.Tensor  # [B, max_blocks] int32: the rows of this step's sequences
+    seq_lens: torch.Tensor  # [B] int32: tokens in the cache per sequence after this step
+    cu_seqlens_q: torch.Tensor  # [B+1] int32: this step's query rows per sequence
+
+    def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        k_cache, v_cache = self.cache.kv[layer, 0], self.cache.kv[layer, 1]  # [num_blocks, block_size, Hkv, d]
+        flat = (-1, *k_cache.shape[2:])  # the same memory seen as [num_slots, Hkv, d]
+        ops(
+            "kv_store",
+            layer=layer,
+            k=k,
+            v=v,
+            k_cache=k_cache.view(flat),
+            v_cache=v_cache.view(flat),
+            slot_mapping=self.slot_mapping,
+        )
+        return ops(
+            "paged_attention",
+            layer=layer,
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_table=self.block_table,
+            seq_lens=self.seq_lens,
+            cu_seqlens_q=self.cu_seqlens_q,
+            scale=scale,
+        )

@@ -1,0 +1,175 @@
+"""Mode "paged": continuous batching over the paged KV cache (the seeds' vLLM engine).
+
+One `step()`:
+
+1. the scheduler picks requests and a token count for each (running first,
+   then waiting; chunked prefill, preemption, prefix-cache hits);
+2. the runner flattens every scheduled token into one batch —
+   `input_ids [T]`, `positions [T]`, `slot_mapping [T]`, `cu_seqlens_q [B+1]`,
+   `seq_lens [B]`, the requests' `block_table` rows — prefill chunks and
+   decode tokens side by side, no padding;
+3. one forward pass; each request whose tokens are all computed samples one
+   token; finished requests leave and free their blocks at once, so a waiting
+   request can join in the very next step.
+"""
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from stagewise.config import EngineConfig
+from stagewise.engine.block_manager import BlockManager
+from stagewise.engine.paged_cache import PagedKVCache, PagedKVStep, num_blocks_for_budget
+from stagewise.engine.request import Request
+from stagewise.engine.run_stats import RunStats
+from stagewise.engine.sampler import sample_next_tokens
+from stagewise.engine.scheduler import Scheduler, SchedulerOutput
+from stagewise.engine.tracing import begin_step, end_step, request_info
+from stagewise.errors import StagewiseError
+from stagewise.models.forward_batch import ForwardBatch
+from stagewise.models.llama import LlamaModel
+
+
+class PagedRunner:
+    def __init__(self, model: LlamaModel, eos_id: int | None, max_model_len: int, ecfg: EngineConfig):
+        cfg = model.config
+        self.model = model
+        self.eos_id = eos_id
+        self.max_model_len = max_model_len
+        num_blocks = num_blocks_for_budget(cfg, ecfg, max_model_len, model.dtype, model.device)
+        self.cache = PagedKVCache(
+            cfg, num_blocks, ecfg.block_size, ecfg.max_num_seqs, max_model_len, model.dtype, model.device
+        )
+        self.block_manager = BlockManager(num_blocks, ecfg.block_size, ecfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, ecfg.max_num_seqs, ecfg.max_num_batched_tokens)
+        self.reset_stats()
+
+    # ---- requests ----
+
+    def check_fits(self, req: Request) -> None:
+        """Reject a request that could never run, instead of letting it wait forever."""
+        need = self.block_manager.blocks_needed(req.num_prompt_tokens + req.params.max_tokens)
+        if need > self.block_manager.num_blocks:
+            raise StagewiseError(
+                f"{req.request_id} needs {need} KV blocks for prompt + max_tokens, but the cache has "
+                f"{self.block_manager.num_blocks}; raise the KV budget or lower max_tokens"
+            )
+
+    def add(self, req: Request) -> None:
+        self.check_fits(req)
+        self.scheduler.add(req)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def run(self, requests: list[Request]) -> Iterator[tuple[Request, int, str]]:
+        """Run `requests` (and anything already queued) to completion; fresh stats for this run."""
+        for req in requests:
+            self.check_fits(req)
+        self.reset_stats()
+        for req in requests:
+            self.scheduler.add(req)
+        while self.has_unfinished():
+            yield from self.step()
+
+    def reset_stats(self) -> None:
+        self.stats = RunStats(kv_cache_bytes=self.cache.num_bytes())
+        self._prefix_base = (self.block_manager.stats.queried_tokens, self.block_manager.stats.hit_tokens)
+        self._preempt_base = self.scheduler.num_preemptions
+
+    # ---- one iteration ----
+
+    def step(self) -> list[tuple[Request, int, str]]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            raise RuntimeError("scheduler made no progress")  # cannot happen: every request fits alone
+        now = time.perf_counter()
+        for s in sched.scheduled:
+            s.request.first_scheduled_time = s.request.first_scheduled_time or now
+        batch, kv = self._build_batch(sched)
+        self._trace_begin(sched, batch, kv)
+        logits = self.model.forward(batch, kv)  # [num sampling requests, vocab]
+        for s in sched.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        sampling = [s.request for s in sched.scheduled if s.samples]
+        tokens = sample_next_tokens(self.model.ops, logits, sampling) if sampling else []
+        results = []
+        for req, token in zip(sampling, tokens):
+            delta = req.append_token(token, self.eos_id, self.max_model_len)
+            if req.finish_reason is not None:
+                self.scheduler.finish(req)
+                self.cache.release_row(req.request_id)
+            results.append((req, token, delta))
+        for req in sched.preempted:
+            self.cache.release_row(req.request_id)
+        self.stats.steps += 1
+        self.stats.tokens_computed += batch.num_tokens
+        self.stats.preemptions = self.scheduler.num_preemptions - self._preempt_base
+        self.stats.blocks_in_use.append(self.block_manager.num_used_blocks)
+        self.stats.prefix_queried_tokens = self.block_manager.stats.queried_tokens - self._prefix_base[0]
+        self.stats.prefix_hit_tokens = self.block_manager.stats.hit_tokens - self._prefix_base[1]
+        end_step([(r, t) for r, t, _ in results])
+        return results
+
+    def _build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, PagedKVStep]:
+        bs, device = self.cache.block_size, self.model.device
+        ids, positions, slots, q_lens, seq_lens, rows, last = [], [], [], [], [], [], []
+        for s in sched.scheduled:
+            req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
+            blocks = self.block_manager.block_ids(req)
+            ids += req.all_token_ids[start : start + n]
+            positions += range(start, start + n)
+            slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + n)]  # slot of each new token
+            rows.append(self.cache.write_row(req.request_id, blocks))
+            q_lens.append(n)
+            seq_lens.append(start + n)
+            if s.samples:
+                last.append(len(ids) - 1)
+        cu = torch.tensor([0, *q_lens]).cumsum(0)
+        max_blocks = max(-(-n // bs) for n in seq_lens)
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            cu_seqlens_q=cu.to(device=device, dtype=torch.int32),
+            last_token_index=torch.tensor(last, dtype=torch.long, device=device),
+        )
+        kv = PagedKVStep(
+            cache=self.cache,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_table=self.cache.block_table[torch.tensor(rows, device=device), :max_blocks].contiguous(),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            cu_seqlens_q=batch.cu_seqlens_q,
+        )
+        return batch, kv
+
+    def _trace_begin(self, sched: SchedulerOutput, batch: ForwardBatch, kv: PagedKVStep) -> None:
+        infos = []
+        for s in sched.scheduled:
+            r = s.request
+            phase = "decode" if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1 else "prefill"
+            if phase == "prefill" and not s.samples:
+                phase = "prefill chunk"
+            extra = {"blocks": self.block_manager.block_ids(r)}
+            if s.num_cached_tokens:
+                extra["prefix_cache_hit_tokens"] = s.num_cached_tokens
+            infos.append(request_info(r, s.num_new_tokens, phase, **extra))
+        scheduler = {
+            "waiting": [r.request_id for r in self.scheduler.waiting],
+            "preempted": [r.request_id for r in sched.preempted],
+            "admitted": [r.request_id for r in sched.admitted],
+            "kv_blocks_in_use": f"{self.block_manager.num_used_blocks} of {self.block_manager.num_blocks}",
+        }
+        begin_step(
+            self.stats.steps,
+            "paged",
+            infos,
+            {
+                "positions": batch.positions,
+                "slot_mapping": kv.slot_mapping,
+                "cu_seqlens_q": kv.cu_seqlens_q,
+                "seq_lens": kv.seq_lens,
+                "block_table": kv.block_table,
+            },
+            scheduler,
+        )

@@ -1,0 +1,124 @@
+"""The scheduler: which requests run this step, and how many tokens each.
+
+There are no prefill and decode phases here (the seeds' point, and vLLM's):
+each request only has `num_tokens` (prompt + output so far) and
+`num_computed_tokens` (K/V already in the cache, prefix-cache hits included).
+A step schedules `num_tokens - num_computed_tokens` tokens for a request — a
+whole prompt, a chunk of it, or the single token sampled last step — as long
+as four constraints hold:
+
+1. `max_num_seqs`: at most that many requests running at once;
+2. the token budget `max_num_batched_tokens` summed over the step (a long
+   prompt that does not fit is cut into chunks across steps: chunked prefill);
+3. `max_model_len`: checked when a request is submitted (prompt + max_tokens);
+4. free KV blocks: the block manager must find blocks for the new tokens.
+
+FCFS: running requests first, in arrival order, then waiting ones. When a
+running request cannot get a block, the most recently admitted running request
+is preempted by recompute — its blocks are freed, its computed tokens reset
+to 0, and it goes back to the *front* of the waiting queue; its output tokens
+are kept and recomputed with the prompt when it is resumed. No waiting
+request is admitted in a step that preempted.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from stagewise.engine.block_manager import BlockManager
+from stagewise.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed for it this step
+    num_cached_tokens: int  # tokens taken from the prefix cache when it was admitted this step
+    samples: bool  # True when this step reaches its last token, so a token is sampled
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)  # requests sent back to waiting this step
+    admitted: list[Request] = field(default_factory=list)  # waiting requests that started running
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs  # constraint 1
+        self.max_num_batched_tokens = max_num_batched_tokens  # constraint 2
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+
+        # 1) running requests, FCFS; preempt from the back when blocks run out
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not bm.allocate(req, n):
+                victim = self.running.pop()  # the most recently admitted request
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:  # req preempted itself: nothing else fits
+                break
+            self._scheduled(out, req, n, cached=0)
+            budget -= n
+            i += 1
+
+        # 2) waiting requests, FCFS, only in a step without preemption
+        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hits = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            cached = len(hits) * bm.block_size
+            n = min(req.num_tokens - req.num_computed_tokens - cached, budget)
+            if not bm.allocate(req, n, cached_prefix=hits):
+                break  # FCFS: the head waits for blocks, and so does everyone behind it
+            self.waiting.popleft()
+            if bm.enable_prefix_caching and req.num_computed_tokens == 0:
+                bm.record_lookup(req, cached)
+            req.num_computed_tokens += cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.admitted.append(req)
+            self._scheduled(out, req, n, cached)
+            budget -= n
+        return out
+
+    def _scheduled(self, out: SchedulerOutput, req: Request, n: int, cached: int) -> None:
+        samples = req.num_computed_tokens + n == req.num_tokens
+        out.scheduled.append(ScheduledRequest(req, n, cached, samples))
+        # K/V of these tokens are written during this step, before any attention reads them,
+        # so full blocks can be named now and shared by requests scheduled later in this step.
+        self.block_manager.register_full_blocks(req, req.num_computed_tokens + n)
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0  # recompute: prompt + outputs so far run again on resume
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def finish(self, req: Request) -> None:
+        req.status = RequestStatus.FINISHED
+        self.running.remove(req)
+        self.block_manager.free(req)

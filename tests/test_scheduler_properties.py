@@ -1,0 +1,130 @@
+"""Property-based tests of the block manager and scheduler, with a model-free fake step.
+
+The fake step does what the real runner does to the cache — write each
+scheduled token's "K/V" into its slot, then read every position of every
+scheduled sequence back through the block table — but the K/V of a token is
+the tuple of token ids up to it (what real K/V depend on). So a read that
+returns the wrong content means a request would attend to someone else's or
+stale keys.
+"""
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stagewise.engine.block_manager import BlockManager
+from stagewise.engine.request import Request, RequestStatus
+from stagewise.engine.sampling_params import SamplingParams
+from stagewise.engine.scheduler import Scheduler
+from stagewise.engine.text_stream import TextStream
+
+
+def make_request(i: int, prompt: list[int], max_tokens: int) -> Request:
+    return Request(
+        request_id=f"r{i}",
+        prompt="",
+        prompt_token_ids=prompt,
+        params=SamplingParams(max_tokens=max_tokens, temperature=0),
+        seed=0,
+        text_stream=TextStream(decode=lambda ids: ""),
+    )
+
+
+def check_block_invariants(bm: BlockManager, running: list[Request]) -> None:
+    refs = [0] * bm.num_blocks
+    for req in running:
+        for b in bm.block_ids(req):
+            refs[b] += 1
+    assert [blk.ref_count for blk in bm.blocks] == refs, "reference counts disagree with the owners"
+    free = list(bm.free_queue)
+    assert len(free) == len(set(free)), "a block is in the free queue twice"
+    assert all(bm.blocks[b].ref_count == 0 for b in free), "a referenced block is in the free queue"
+    assert len(free) + sum(1 for r in refs if r > 0) == bm.num_blocks, "a block leaked"
+    for h, b in bm.cached.items():
+        assert bm.blocks[b].block_hash == h
+
+
+workloads = st.lists(
+    st.tuples(st.integers(1, 70), st.integers(1, 12), st.integers(0, 3)),  # prompt len, max_tokens, prefix family
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    workload=workloads,
+    block_size=st.sampled_from([4, 16]),
+    max_num_seqs=st.integers(1, 5),
+    budget=st.integers(1, 64),
+    spare_blocks=st.integers(0, 12),
+    prefix_caching=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_scheduler_and_block_manager_invariants(
+    workload, block_size, max_num_seqs, budget, spare_blocks, prefix_caching, seed
+):
+    rng = random.Random(seed)
+    families = [[rng.randrange(50) for _ in range(64)] for _ in range(4)]  # shared prefixes
+    requests = []
+    for i, (plen, max_tokens, fam) in enumerate(workload):
+        shared = rng.randrange(plen + 1)
+        prompt = families[fam][:shared] + [rng.randrange(50) for _ in range(plen - shared)]
+        requests.append(make_request(i, prompt[:plen] or [1], max_tokens))
+    max_len = max(r.num_prompt_tokens + r.params.max_tokens for r in requests)
+    num_blocks = -(-max_len // block_size) + spare_blocks  # the largest request always fits alone
+    bm = BlockManager(num_blocks, block_size, prefix_caching)
+    sched = Scheduler(bm, max_num_seqs, budget)
+    for r in requests:
+        sched.add(r)
+    cache: dict[int, tuple] = {}  # slot -> content ("K/V") written there
+    for _ in range(10_000):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        assert out.scheduled, "no progress"
+        assert len(sched.running) <= max_num_seqs  # constraint 1
+        assert out.num_tokens <= budget  # constraint 2
+        check_block_invariants(bm, sched.running)
+        for s in out.scheduled:
+            req = s.request
+            assert req.status == RequestStatus.RUNNING
+            assert req.num_computed_tokens + s.num_new_tokens <= req.num_tokens <= max_len  # constraint 3
+            assert s.num_new_tokens > 0
+            blocks = bm.block_ids(req)
+            assert len(blocks) * block_size >= req.num_computed_tokens + s.num_new_tokens  # constraint 4
+        # who already relies on which slot: (slot -> content) for positions computed before this step
+        relied = {}
+        for req in sched.running:
+            blocks = bm.block_ids(req)
+            for p in range(req.num_computed_tokens):
+                relied[blocks[p // block_size] * block_size + p % block_size] = tuple(req.all_token_ids[: p + 1])
+        # writes: every scheduled token's K/V into its slot
+        for s in out.scheduled:
+            req, blocks = s.request, bm.block_ids(s.request)
+            for p in range(req.num_computed_tokens, req.num_computed_tokens + s.num_new_tokens):
+                slot = blocks[p // block_size] * block_size + p % block_size
+                content = tuple(req.all_token_ids[: p + 1])
+                if slot in relied:
+                    assert relied[slot] == content, "a block another request relies on was overwritten"
+                cache[slot] = content
+        # reads: every position of every scheduled sequence sees its own prefix
+        for s in out.scheduled:
+            req, blocks = s.request, bm.block_ids(s.request)
+            for p in range(req.num_computed_tokens + s.num_new_tokens):
+                slot = blocks[p // block_size] * block_size + p % block_size
+                assert cache.get(slot) == tuple(req.all_token_ids[: p + 1]), f"{req.request_id} reads wrong K/V at {p}"
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        for s in out.scheduled:
+            if s.samples:
+                req = s.request
+                req.output_token_ids.append(rng.randrange(50))
+                if len(req.output_token_ids) >= req.params.max_tokens:
+                    sched.finish(req)
+        check_block_invariants(bm, sched.running)
+    assert not sched.has_unfinished(), "some request never finished"
+    assert all(r.status == RequestStatus.FINISHED for r in requests)
+    assert bm.num_free_blocks == num_blocks and not bm.req_blocks, "blocks leaked after all requests finished"
+    assert all(b.ref_count == 0 for b in bm.blocks)
