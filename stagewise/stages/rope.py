@@ -17,6 +17,14 @@ The angles are precomputed once (space for time, as in vLLM): row p of
 `cos_sin_cache` is [cos(p * f_0..f_{d/2-1}), sin(p * f_0..f_{d/2-1})], so a
 forward pass gathers rows by position instead of calling sin/cos millions of
 times.
+
+The Triton kernel (`kernels/rope.py`) rotates q and k *in place*: one program
+per token (and block of heads) gathers its cos/sin row once, rotates all of
+that token's q and k heads with it in fp32, and writes them back over the
+inputs, so q and k are each read once and written once and nothing is
+allocated. It works directly on the strided views `split_qkv` returns. Unlike
+the naive path, which returns new tensors, `optimized` modifies q and k and
+returns those same objects; callers use the return value either way.
 """
 
 import torch
@@ -56,8 +64,10 @@ def naive(
 def optimized(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fallback until the in-place Triton kernel lands: the naive reference."""
-    return naive(positions, q, k, cos_sin_cache)
+    """Triton kernel, in place: q and k are rotated where they are and returned (the same objects)."""
+    from stagewise.kernels.rope import rope  # lazily: importing kernels picks GPU or interpreter
+
+    return rope(positions, q, k, cos_sin_cache)  # -> (q [T, H, d], k [T, Hkv, d]), modified in place
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -81,7 +91,7 @@ STAGE = Stage(
     shapes="q [T, H, d], k [T, Hkv, d] -> same shapes",
     naive=naive,
     optimized=optimized,
-    optimized_kind="fallback: naive PyTorch (Triton kernel pending)",
+    optimized_kind="triton: in place on q and k, one program per token",
     example_inputs=example_inputs,
     outputs=("q_out", "k_out"),
     axes={

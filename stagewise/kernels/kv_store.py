@@ -1,0 +1,138 @@
+"""KV store: scatter each new token's K and V into its cache slot.
+
+    k, v [T, Hkv, d], slot_mapping [T] -> k_cache, v_cache [num_slots, Hkv, d]   (in place)
+
+    k_cache[slot_mapping[t]] = k[t];  v_cache[slot_mapping[t]] = v[t];  slot -1: skip token t
+
+What it does: program (t, b) loads token t's slot; a slot of -1 (padding, or a
+token whose K/V are already cached) returns at once. Otherwise it copies a
+[BLOCK_HEADS, d] tile of k[t] and of v[t] to `cache + slot * Hkv * d`, casting
+to the cache's dtype at the store. A paged cache [num_blocks, block_size, Hkv, d]
+is passed viewed as [num_blocks * block_size, Hkv, d] (`slot = block_id *
+block_size + offset`), a contiguous per-request cache as [rows * capacity, Hkv, d];
+the kernel cannot tell the difference, which is the point of slot addressing.
+k and v may be strided views of the fused QKV output: the kernel takes their
+token and head strides, so they are never copied to contiguous memory first.
+
+Why it is memory-bound: it is a copy — 0 FLOPs, 2 * Hkv * d * bytes read and
+written per tensor and token. One launch stores both K and V (two tensors per
+program instead of two kernels), and the slot indirection replaces the naive
+reference's boolean mask, compaction and `index_copy_` (several passes and a
+host sync for the number of kept tokens) with one gather-free scatter.
+
+Out-of-range slots would silently overwrite other memory on a GPU, so the
+launcher checks `-1 <= slot < num_slots` first: one host sync (min/max of T ints).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels.checks import (
+    KernelInputError,
+    check_contiguous,
+    check_dim,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+)
+
+NAME = "kv_store"
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SLOT_DTYPES = (torch.int32, torch.int64)
+MAX_TILE = 4096  # elements of one [BLOCK_HEADS, BLOCK_D] tile: bounds registers per program
+
+
+@triton.jit
+def _kv_store_kernel(
+    k_ptr,  # [T, Hkv, d] new keys, last dim contiguous
+    k_token_stride,  # elements between tokens of k
+    k_head_stride,  # elements between heads of k
+    v_ptr,  # [T, Hkv, d] new values, last dim contiguous
+    v_token_stride,  # elements between tokens of v
+    v_head_stride,  # elements between heads of v
+    k_cache_ptr,  # [num_slots, Hkv, d] key cache, contiguous (slot stride = Hkv * d)
+    v_cache_ptr,  # [num_slots, Hkv, d] value cache, contiguous
+    slot_mapping_ptr,  # [T] int32/int64: destination slot of each token, -1 = skip
+    num_kv_heads,  # Hkv
+    HEAD_DIM: tl.constexpr,  # d
+    BLOCK_D: tl.constexpr,  # next power of 2 >= d
+    BLOCK_HEADS: tl.constexpr,  # heads per program, a power of 2
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:  # padding: nothing to store
+        return
+    heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)  # [BLOCK_HEADS]
+    dims = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    mask = (heads[:, None] < num_kv_heads) & (dims[None, :] < HEAD_DIM)  # [BLOCK_HEADS, BLOCK_D]
+    dst = slot * num_kv_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + dims[None, :]  # cache offsets
+
+    k_src = k_ptr + token * k_token_stride + heads[:, None] * k_head_stride + dims[None, :]
+    k = tl.load(k_src, mask=mask, other=0.0)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+
+    v_src = v_ptr + token * v_token_stride + heads[:, None] * v_head_stride + dims[None, :]
+    v = tl.load(v_src, mask=mask, other=0.0)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def kv_store(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k, v [T, Hkv, d] (strided along tokens allowed); caches [num_slots, Hkv, d] contiguous; slot_mapping [T]."""
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_dim(NAME, name, t, 3)
+        check_dtype(NAME, name, t, FLOAT_DTYPES)
+    check_dim(NAME, "slot_mapping", slot_mapping, 1)
+    check_dtype(NAME, "slot_mapping", slot_mapping, SLOT_DTYPES)
+    check_last_dim_contiguous(NAME, "k", k)
+    check_last_dim_contiguous(NAME, "v", v)
+    check_contiguous(NAME, "k_cache", k_cache)
+    check_contiguous(NAME, "v_cache", v_cache)
+    check_same_device(NAME, k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if v.shape != k.shape or slot_mapping.shape[0] != num_tokens:
+        raise KernelInputError(
+            f"{NAME}: k {list(k.shape)}, v {list(v.shape)} and slot_mapping {list(slot_mapping.shape)} "
+            "must agree: k and v [T, Hkv, d], slot_mapping [T]"
+        )
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise KernelInputError(
+            f"{NAME}: k_cache {list(k_cache.shape)} {k_cache.dtype} and v_cache {list(v_cache.shape)} "
+            f"{v_cache.dtype} must have the same shape and dtype"
+        )
+    num_slots = k_cache.shape[0]
+    if tuple(k_cache.shape[1:]) != (num_kv_heads, head_dim):
+        raise KernelInputError(
+            f"{NAME}: cache slots are [{k_cache.shape[1]}, {k_cache.shape[2]}] but k/v tokens are "
+            f"[{num_kv_heads}, {head_dim}] (Hkv, d); they must match"
+        )
+    if num_tokens == 0 or num_kv_heads == 0 or head_dim == 0:
+        return
+    lo, hi = torch.stack(list(torch.aminmax(slot_mapping))).tolist()  # one host sync for both bounds
+    if lo < -1 or hi >= num_slots:
+        raise KernelInputError(
+            f"{NAME}: slot_mapping must lie in [0, {num_slots}) (cache slots) or be -1 (skip); got min {lo}, max {hi}"
+        )
+    slot_mapping = slot_mapping.contiguous()  # [T]
+
+    block_d = triton.next_power_of_2(head_dim)
+    block_heads = min(triton.next_power_of_2(num_kv_heads), max(1, MAX_TILE // block_d))
+    grid = (num_tokens, triton.cdiv(num_kv_heads, block_heads))  # one program per (token, block of heads)
+    _kv_store_kernel[grid](
+        k_ptr=k,
+        k_token_stride=k.stride(0),
+        k_head_stride=k.stride(1),
+        v_ptr=v,
+        v_token_stride=v.stride(0),
+        v_head_stride=v.stride(1),
+        k_cache_ptr=k_cache,
+        v_cache_ptr=v_cache,
+        slot_mapping_ptr=slot_mapping,
+        num_kv_heads=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_HEADS=block_heads,
+        num_warps=4,
+    )

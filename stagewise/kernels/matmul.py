@@ -1,0 +1,274 @@
+"""Tiled GEMM `c = a @ b` in Triton, with an optional row gather (the LM head).
+
+    a [M, K] @ b [K, N] -> c [M, N]          fp32 accumulation, c in a's dtype
+    a[row_index] @ b    -> c [len(row_index), N]   rows read through an index, no gather copy
+
+Tiling. Each program instance owns one [BLOCK_M, BLOCK_N] tile of c. It walks
+K in steps of BLOCK_K: load a [BLOCK_M, BLOCK_K] tile of a and a [BLOCK_K,
+BLOCK_N] tile of b, `tl.dot` them (tensor cores on a GPU) into an fp32
+accumulator, and store the tile once at the end. Every load is masked, so M, N
+and K need not be multiples of the blocks. `a` and `b` may have any strides:
+activations arrive as column slices, and the LM head passes `weight.t()`, a
+transposed view of the [vocab, hidden] embedding matrix, without a copy.
+
+Grouped ordering. Program ids are handed out GROUP_M tile-rows at a time,
+walking down a column of GROUP_M tiles before moving right:
+
+    row-major:  pid 0 1 2 3 4 5 ... along the first tile-row of c, then the next row
+    grouped:    pid 0 1 2 3 go down the first GROUP_M tile-rows of column 0, then column 1 ...
+
+Tiles that run at the same time then share a few rows of a and a few columns
+of b, so each tile of a and b is fetched from DRAM once and re-read from L2 by
+its neighbours, instead of the whole of b streaming through L2 once per tile-row.
+
+Decode vs prefill. In decode M is the number of running sequences (often 1-16):
+every weight element is used by only M rows, so the GEMM is really a
+matrix-vector product, bound by how fast the weights stream from memory. A
+small BLOCK_M (16, the smallest `tl.dot` accepts) wastes little work on padded
+rows, and wide BLOCK_N / deep BLOCK_K tiles give each program long contiguous
+weight reads. In prefill M is thousands of tokens: each weight element is
+reused M times, the GEMM is compute bound, and large square-ish tiles maximise
+the flops per byte loaded into shared memory.
+
+Configs. In Triton's CPU interpreter there is no driver, so `@triton.autotune`
+with several configs cannot run: `gemm_config` picks one fixed config per shape
+class. On a CUDA GPU the launcher autotunes over a few configs per class.
+
+Interpreter quirks (triton 3.9): bf16 `tl.dot` and arithmetic are silently
+wrong and fp32 -> bf16 casts truncate instead of rounding to nearest even. So
+under the interpreter the tiles are upcast to fp32 before the dot and bf16
+stores are rounded by hand (`round_to_bf16`); the GPU path keeps bf16 tensor-core
+dots with fp32 accumulation.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels import INTERPRETER
+from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+DECODE_MAX_M = 16  # M up to this is a "decode" shape: one BLOCK_M=16 tile-row covers it
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int  # rows of a (and of c) per tile; >= 16 for tl.dot
+    block_n: int  # columns of b (and of c) per tile; >= 16
+    block_k: int  # depth of one step along the reduction dimension; >= 16
+    group_m: int  # tile-rows per group in the grouped program ordering
+    num_warps: int = 4  # GPU only: warps per program
+    num_stages: int = 3  # GPU only: software-pipelining depth of the K loop
+
+    def __post_init__(self) -> None:
+        blocks = (self.block_m, self.block_n, self.block_k)
+        if any(b < 16 or b & (b - 1) for b in blocks) or self.group_m < 1:
+            raise KernelInputError(f"matmul: blocks {blocks} must be powers of two >= 16 (tl.dot), group_m >= 1")
+
+    def triton_config(self) -> "triton.Config":
+        meta = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+        return triton.Config(meta, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def gemm_config(m: int, n: int, k: int) -> GemmConfig:
+    """One fixed config per shape class: decode (m <= 16, memory bound) or prefill (compute bound).
+
+    The interpreter always uses it; on a GPU the launcher autotunes instead, unless a config is passed
+    (a benchmark can pass this one to compare a fixed choice with the tuned one).
+    """
+    if m <= DECODE_MAX_M:
+        return GemmConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4)
+    return GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 -> fp32 holding the nearest bf16 (ties to even), so a following truncating cast is exact.
+
+    Only needed under the interpreter, whose fp32 -> bf16 cast drops the low bits instead of rounding.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr,  # [M_in, K] input rows, any strides
+    b_ptr,  # [K, N] right-hand matrix, any strides (weights, or a transposed view)
+    c_ptr,  # [M, N] output
+    row_index_ptr,  # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
+    M,  # rows of c (= len(row_index) when GATHER)
+    N,  # columns of b and c
+    K,  # reduction length
+    M_BUCKET,  # next power of two >= M: only part of the GPU autotuner's cache key, unused here
+    stride_am,  # elements between rows of a
+    stride_ak,  # elements between columns of a
+    stride_bk,  # elements between rows of b
+    stride_bn,  # elements between columns of b
+    stride_cm,  # elements between rows of c
+    stride_cn,  # elements between columns of c
+    GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: fp32 dots, bf16 rounded by hand
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 inputs: "ieee" or "tf32"
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Ceil divisions and tl.full are written out rather than calling tl.cdiv / tl.zeros: those are @jit
+    # helpers, and under the interpreter every helper call re-patches triton.language (~0.5 ms a call).
+    # Grouped ordering: consecutive pids walk down GROUP_M tile-rows, then move one tile-column right.
+    pid = tl.program_id(0)
+    tiles_m = (M + BLOCK_M - 1) // BLOCK_M  # tile-rows of c
+    tiles_n = (N + BLOCK_N - 1) // BLOCK_N  # tile-columns of c
+    pids_per_group = GROUP_M * tiles_n
+    first_tile_m = (pid // pids_per_group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_tile_m, GROUP_M)  # the last group may be short
+    tile_m = first_tile_m + (pid % pids_per_group) % rows_in_group
+    tile_n = (pid % pids_per_group) // rows_in_group
+
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of c
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] columns of c
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    if GATHER:
+        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)  # [BLOCK_M] rows of a
+    else:
+        rows_a = offs_m.to(tl.int64)  # int64: row * stride may pass 2**31 on large inputs
+    cols_b = offs_n.to(tl.int64)
+
+    a_ptrs = a_ptr + rows_a[:, None] * stride_am + offs_k[None, :] * stride_ak  # [BLOCK_M, BLOCK_K]
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + cols_b[None, :] * stride_bn  # [BLOCK_K, BLOCK_N]
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # fp32 accumulator
+    for k_step in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        k_left = K - k_step * BLOCK_K  # valid depth in this step (the last one may be partial)
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if INTERPRETED:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    if INTERPRETED and c_ptr.dtype.element_ty == tl.bfloat16:
+        acc = round_to_bf16(acc)
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + cols_b[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+# On a GPU: one autotuner per shape class, each trying a few tile shapes (never built under the interpreter).
+_DECODE_CONFIGS = [
+    GemmConfig(16, 128, 128, 1, num_warps=4, num_stages=4),
+    GemmConfig(16, 64, 128, 1, num_warps=4, num_stages=4),
+    GemmConfig(16, 32, 256, 1, num_warps=4, num_stages=3),  # narrow N tiles: more programs for small N
+    GemmConfig(16, 64, 64, 1, num_warps=2, num_stages=5),  # fits fp32 comfortably
+]
+_PREFILL_CONFIGS = [
+    GemmConfig(128, 128, 64, 8, num_warps=8, num_stages=3),
+    GemmConfig(128, 256, 64, 8, num_warps=8, num_stages=3),
+    GemmConfig(128, 64, 64, 8, num_warps=4, num_stages=4),
+    GemmConfig(64, 128, 64, 8, num_warps=4, num_stages=4),
+    GemmConfig(64, 64, 32, 8, num_warps=4, num_stages=4),  # fits fp32 comfortably
+]
+if not INTERPRETER:
+    _TUNED = {
+        # Keyed on M_BUCKET, not M, so prefill steps of every length in a bucket reuse one tuning result.
+        "decode": triton.autotune([c.triton_config() for c in _DECODE_CONFIGS], key=["N", "K"])(_matmul_kernel),
+        "prefill": triton.autotune([c.triton_config() for c in _PREFILL_CONFIGS], key=["M_BUCKET", "N", "K"])(
+            _matmul_kernel
+        ),
+    }
+
+
+def _check_inputs(a: torch.Tensor, b: torch.Tensor, row_index: torch.Tensor | None, out_dtype) -> None:
+    check_dim("matmul", "a", a, 2)
+    check_dim("matmul", "b", b, 2)
+    check_dtype("matmul", "a", a, FLOAT_DTYPES)
+    check_dtype("matmul", "b", b, FLOAT_DTYPES)
+    if a.dtype != b.dtype:
+        raise KernelInputError(f"matmul: a is {a.dtype} but b is {b.dtype}; cast one so they match")
+    if a.shape[1] != b.shape[0]:
+        raise KernelInputError(f"matmul: inner dimensions differ: a {list(a.shape)} @ b {list(b.shape)}")
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise KernelInputError(f"matmul: out_dtype {out_dtype} is not one of float32, bfloat16, float16")
+    if row_index is None:
+        check_same_device("matmul", a=a, b=b)
+        return
+    check_same_device("matmul", a=a, b=b, row_index=row_index)
+    check_dim("matmul", "row_index", row_index, 1)
+    check_dtype("matmul", "row_index", row_index, INDEX_DTYPES)
+    if row_index.numel() and bool(((row_index < 0) | (row_index >= a.shape[0])).any()):  # one sync on a GPU
+        lo, hi = int(row_index.min()), int(row_index.max())
+        raise KernelInputError(f"matmul: row_index spans [{lo}, {hi}] but a has {a.shape[0]} rows")
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    row_index: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """c = a @ b, or a[row_index] @ b; fp32 accumulation; returns a new contiguous [M, N] tensor.
+
+    a [M_in, K] and b [K, N] may be strided views (a column slice, a transposed weight).
+    row_index [M] (int32/int64): output row i is a[row_index[i]] @ b, read in place.
+    out_dtype: the output dtype (default: a's). config: a fixed tile config (default: per shape
+    class under the interpreter, autotuned per shape class on a GPU).
+    """
+    _check_inputs(a, b, row_index, out_dtype)
+    m = a.shape[0] if row_index is None else row_index.shape[0]
+    k, n = b.shape
+    c = torch.empty((m, n), device=a.device, dtype=out_dtype or a.dtype)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    use_tf32 = a.dtype == torch.float32 and not INTERPRETER and torch.backends.cuda.matmul.allow_tf32
+    args = dict(
+        a_ptr=a,
+        b_ptr=b,
+        c_ptr=c,
+        row_index_ptr=a if row_index is None else row_index,
+        M=m,
+        N=n,
+        K=k,
+        M_BUCKET=triton.next_power_of_2(m),
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_bk=b.stride(0),
+        stride_bn=b.stride(1),
+        stride_cm=c.stride(0),
+        stride_cn=c.stride(1),
+        GATHER=row_index is not None,
+        INTERPRETED=INTERPRETER,
+        INPUT_PRECISION="tf32" if use_tf32 or a.dtype != torch.float32 else "ieee",  # match torch's fp32 matmul
+    )
+    if INTERPRETER or config is not None:
+        cfg = config or gemm_config(m, n, k)
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+        _matmul_kernel[grid](
+            **args,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return c
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    if m <= DECODE_MAX_M:
+        _TUNED["decode"][grid](**args)
+    else:
+        _TUNED["prefill"][grid](**args)
+    return c

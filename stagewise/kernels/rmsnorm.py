@@ -1,0 +1,141 @@
+"""RMSNorm row kernel, with the residual add fused in.
+
+    x [T, hidden] (+ residual [T, hidden]), weight [hidden]
+        -> out [T, hidden], residual_out [T, hidden]
+
+    s = x + residual                      (if residual is given; s = x otherwise)
+    out = weight * (s / sqrt(mean(s^2) + eps)).to(x.dtype)
+
+What it does: one program per row (token). It loads the whole row at once
+(BLOCK = next power of 2 >= hidden, masked), adds the residual row, writes
+that sum out as the new residual stream, accumulates the sum of squares in
+float32, takes `tl.rsqrt`, rounds the normalised row to the input dtype,
+multiplies by the weight and stores. The row never leaves registers between
+the add and the norm.
+
+Why it is memory-bound: per element the norm does ~4 FLOPs (square, add,
+scale, weight) against 2 * bytes of traffic (read x, write out), far below any
+machine's FLOP/byte ratio. Time is bytes / bandwidth, so the win is in moving
+fewer bytes:
+
+    separate add + norm: read x, read residual, write s   (3 passes)
+                         read s, write out                (2 passes)  = 5 row passes
+    fused kernel:        read x, read residual, write s, write out    = 4 row passes
+
+and one kernel launch instead of two. The weight row (hidden elements) is
+shared by all rows and stays in cache.
+
+Rounding matches Hugging Face / the naive stage: `s` is rounded to the input
+dtype (it *is* the residual stream), the normalised row is cast to the input
+dtype *before* the multiplication by the weight, and that product is rounded
+to the output dtype (the promotion of weight and x dtypes).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels.checks import (
+    KernelInputError,
+    check_contiguous,
+    check_dim,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+)
+
+NAME = "rmsnorm"
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HIDDEN = 32768  # one row must fit in one program's registers
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr,  # [T, hidden] input rows, last dim contiguous
+    x_row_stride,  # elements between consecutive rows of x
+    residual_ptr,  # [T, hidden] residual rows (read only when HAS_RESIDUAL), last dim contiguous
+    residual_row_stride,  # elements between consecutive rows of residual
+    weight_ptr,  # [hidden] learned scale, contiguous
+    out_ptr,  # [T, hidden] normalised output, contiguous (row stride = hidden)
+    residual_out_ptr,  # [T, hidden] x + residual, contiguous (written only when HAS_RESIDUAL)
+    hidden,  # row width, in elements
+    eps,  # added to the mean square before rsqrt
+    HAS_RESIDUAL: tl.constexpr,  # fuse `x + residual` in front of the norm
+    BLOCK_SIZE: tl.constexpr,  # next power of 2 >= hidden: the whole row in one tile
+):
+    row = tl.program_id(0).to(tl.int64)  # int64: T * hidden may exceed 2^31
+    cols = tl.arange(0, BLOCK_SIZE)  # [BLOCK_SIZE]
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)  # [BLOCK_SIZE], input dtype
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
+        # Add in fp32 and round once to the input dtype: exactly what `x + residual` does in PyTorch.
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(residual_out_ptr + row * hidden + cols, x, mask=mask)  # the new residual stream
+    xf = x.to(tl.float32)  # accumulate in fp32 whatever the input dtype (masked lanes are 0)
+    mean_square = tl.sum(xf * xf, axis=0) / hidden  # scalar
+    rstd = tl.rsqrt(mean_square + eps)
+    normed = (xf * rstd).to(x_ptr.dtype.element_ty)  # cast to the input dtype before the weight, like HF
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    out = w.to(tl.float32) * normed.to(tl.float32)  # exact in fp32 for 16-bit inputs: one rounding at the store
+    tl.store(out_ptr + row * hidden + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _num_warps(block_size: int) -> int:
+    """More warps for wider rows, so each thread holds a few vectors, not hundreds of registers."""
+    if block_size >= 8192:
+        return 16
+    if block_size >= 2048:
+        return 8
+    return 4
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, hidden], weight [hidden], residual [T, hidden] or None -> (out, residual_out).
+
+    Without `residual`, `residual_out` is `x` itself (the same object); with it,
+    `residual_out` is a new tensor holding `x + residual`. Inputs are not modified.
+    """
+    check_dim(NAME, "x", x, 2)
+    check_dtype(NAME, "x", x, FLOAT_DTYPES)
+    check_dtype(NAME, "weight", weight, FLOAT_DTYPES)
+    check_last_dim_contiguous(NAME, "x", x)
+    num_tokens, hidden = x.shape
+    check_shape(NAME, "weight", weight, (hidden,))
+    check_contiguous(NAME, "weight", weight)
+    if hidden > MAX_HIDDEN:
+        raise KernelInputError(f"{NAME}: hidden {hidden} is wider than one program's row ({MAX_HIDDEN})")
+    if residual is not None:
+        check_shape(NAME, "residual", residual, (num_tokens, hidden))
+        check_last_dim_contiguous(NAME, "residual", residual)
+        if residual.dtype != x.dtype:
+            raise KernelInputError(f"{NAME}: residual has dtype {residual.dtype}, but x has {x.dtype}; they must match")
+        check_same_device(NAME, x=x, weight=weight, residual=residual)
+    else:
+        check_same_device(NAME, x=x, weight=weight)
+
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)  # what `weight * normed` gives in PyTorch
+    out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
+    residual_out = x if residual is None else torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    if num_tokens == 0:
+        return out, residual_out
+
+    block_size = triton.next_power_of_2(hidden)
+    _rmsnorm_kernel[(num_tokens,)](
+        x_ptr=x,
+        x_row_stride=x.stride(0),
+        residual_ptr=x if residual is None else residual,  # any valid pointer when unused
+        residual_row_stride=x.stride(0) if residual is None else residual.stride(0),
+        weight_ptr=weight,
+        out_ptr=out,
+        residual_out_ptr=residual_out,  # never written when HAS_RESIDUAL is False
+        hidden=hidden,
+        eps=float(eps),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_SIZE=block_size,
+        num_warps=_num_warps(block_size),
+    )
+    return out, residual_out

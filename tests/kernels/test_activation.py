@@ -1,0 +1,77 @@
+"""The fused Triton `silu_and_mul` (`kernels/activation.py`) against the naive ffn reference."""
+
+import math
+
+import pytest
+import torch
+
+from stagewise.stages.ffn import silu_and_mul_naive
+from tests.helpers import TOLERANCES, assert_close
+
+activation = pytest.importorskip("stagewise.kernels.activation")
+silu_and_mul, KernelInputError = activation.silu_and_mul, activation.KernelInputError
+
+# Kernel vs an fp32 reference from the same inputs: the kernel computes in fp32 and rounds once at the
+# store (half an ulp: 2**-9 relative in bf16, 2**-12 in fp16); allow two ulps for GPU math differences.
+ROUNDING_TOL = {  # (atol, rtol)
+    torch.float32: TOLERANCES[torch.float32],
+    torch.bfloat16: (1e-4, 2**-7),
+    torch.float16: (1e-5, 2**-10),
+}
+
+
+def test_worked_example():
+    # gate = [0, 1, -1], up = [2, 3, 4]; silu(g) = g / (1 + e^-g)
+    gate_up = torch.tensor([[0.0, 1.0, -1.0, 2.0, 3.0, 4.0]])
+    sig1 = 1 / (1 + math.exp(-1))  # 0.7310586
+    expected = torch.tensor([[0.0, 1 * sig1 * 3, -1 * (1 - sig1) * 4]])  # [0, 2.1931758, -1.0757656]
+    assert_close(silu_and_mul(gate_up), expected, 1e-6, 1e-6, what="worked example")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("inter", [24, 100, 1100])  # 1100 > one 1024-column block: two column programs per row
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+def test_matches_naive_reference(num_tokens, inter, dtype):
+    gen = torch.Generator().manual_seed(num_tokens * 1000 + inter)
+    gate_up = (3 * torch.randn(num_tokens, 2 * inter, generator=gen)).to(dtype)
+    out = silu_and_mul(gate_up)
+    assert out.shape == (num_tokens, inter) and out.dtype == dtype and out.is_contiguous()
+    expected = silu_and_mul_naive(gate_up.float())
+    assert_close(out, expected, *ROUNDING_TOL[dtype], what=f"silu_and_mul T={num_tokens} inter={inter} {dtype}")
+
+
+def test_strided_rows():
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randn(9, 2 * 100 + 13, generator=gen)
+    gate_up = wide[:, 7 : 7 + 200]  # rows strided by 213, starting 7 columns in; last dim contiguous
+    assert not gate_up.is_contiguous()
+    assert_close(silu_and_mul(gate_up), silu_and_mul_naive(gate_up), *TOLERANCES[torch.float32], what="strided")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's numpy exp(200) = inf
+def test_saturates_without_nan():
+    gate_up = torch.tensor([[-200.0, 200.0, 0.5, 2.0]])  # exp(200) overflows fp32: sigmoid must still be 0 or 1
+    out = silu_and_mul(gate_up)
+    assert torch.isfinite(out).all()
+    assert_close(out, torch.tensor([[-0.0, 400.0]]), 1e-6, 1e-6, what="saturation")
+
+
+def test_empty():
+    assert silu_and_mul(torch.randn(0, 8)).shape == (0, 4)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: torch.randn(4, 7), r"last dimension must be even"),
+        (lambda: torch.randn(8, 4).t(), r"must have a contiguous last dimension"),
+        (lambda: torch.randn(4, 16)[:, ::2], r"must have a contiguous last dimension"),
+        (lambda: torch.randn(2, 4, 8), r"gate_up must be 2-D"),
+        (lambda: torch.ones(4, 8, dtype=torch.int64), r"gate_up has dtype int64"),
+    ],
+    ids=["odd", "transposed", "step-2", "3d", "int"],
+)
+def test_launcher_errors(make, message):
+    with pytest.raises(KernelInputError, match=message) as err:
+        silu_and_mul(make())
+    assert str(err.value).startswith("silu_and_mul:")
