@@ -6,7 +6,7 @@ d = head_dim). Presets cover the default model, a tiny random model for tests,
 and shape-only Llama 3 models that run on the `meta` device.
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from stagewise.errors import StagewiseError
 
@@ -158,10 +158,25 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one engine step
     max_model_len: int | None = None  # longest prompt + output; None = the model's limit
     block_size: int = 16  # tokens per KV block (paged mode)
+    num_kv_blocks: int | None = None  # KV cache size in blocks; overrides both budgets below
     kv_cache_bytes: int | None = None  # KV memory budget in bytes; None = kv_cache_fraction
     kv_cache_fraction: float = 0.25  # share of free memory for KV when no byte budget is given
     enable_prefix_caching: bool = True  # reuse full KV blocks shared by prompts
-    extra: dict = field(default_factory=dict)  # knobs for experiments, never read by core code
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+        }
+        for opt in ("max_model_len", "num_kv_blocks", "kv_cache_bytes"):
+            if getattr(self, opt) is not None:
+                positive[opt] = getattr(self, opt)
+        for name, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise StagewiseError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0.0 < self.kv_cache_fraction <= 1.0:
+            raise StagewiseError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction!r}")
 
     def with_updates(self, **kwargs) -> "EngineConfig":
         return replace(self, **kwargs)

@@ -54,6 +54,8 @@ class BlockManager:
     req_blocks: dict = field(init=False)  # request id -> list of block ids (its block-table row)
     req_hashes: dict = field(init=False)  # request id -> chained hashes of its registered full blocks
     stats: PrefixCacheStats = field(init=False)
+    num_allocated: int = field(init=False, default=0)  # blocks ever taken from the free queue
+    num_freed: int = field(init=False, default=0)  # blocks ever returned to the free queue
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -135,6 +137,7 @@ class BlockManager:
                 del self.cached[block.block_hash]
             block.block_hash = NO_HASH
         block.ref_count = 1
+        self.num_allocated += 1
         return block_id
 
     def register_full_blocks(self, req: Request, num_computed_tokens: int) -> None:
@@ -165,4 +168,5 @@ class BlockManager:
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
                 self.free_queue.append(block_id)
+                self.num_freed += 1
         self.req_hashes.pop(req.request_id, None)

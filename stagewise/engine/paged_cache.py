@@ -39,6 +39,10 @@ def free_memory_bytes(device: torch.device) -> int:
 
 def num_blocks_for_budget(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dtype, device) -> int:
     per_block = ecfg.block_size * kv_bytes_per_token(cfg, dtype)
+    if ecfg.num_kv_blocks is not None:
+        if ecfg.num_kv_blocks < 1:
+            raise StagewiseError(f"num_kv_blocks must be >= 1, got {ecfg.num_kv_blocks}")
+        return ecfg.num_kv_blocks
     if ecfg.kv_cache_bytes is not None:
         budget = ecfg.kv_cache_bytes
     else:
@@ -52,7 +56,15 @@ def num_blocks_for_budget(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: i
 
 class PagedKVCache:
     def __init__(
-        self, cfg: ModelConfig, num_blocks: int, block_size: int, max_num_reqs: int, max_model_len: int, dtype, device
+        self,
+        cfg: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        max_num_reqs: int,
+        max_model_len: int,
+        dtype,
+        device,
+        table_device=None,
     ):
         shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # torch.empty: every slot is written by kv_store before attention ever reads it
@@ -60,7 +72,8 @@ class PagedKVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_blocks_per_req = -(-max_model_len // block_size)
-        self.block_table = torch.zeros(max_num_reqs, self.max_blocks_per_req, dtype=torch.int32, device=device)
+        table_device = table_device or device  # the CPU for shape-only (meta) models
+        self.block_table = torch.zeros(max_num_reqs, self.max_blocks_per_req, dtype=torch.int32, device=table_device)
         self.free_rows = list(range(max_num_reqs))[::-1]  # block-table rows not owned by a request
         self.row_of: dict[str, int] = {}  # request id -> its block-table row
 

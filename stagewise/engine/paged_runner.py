@@ -39,7 +39,14 @@ class PagedRunner:
         self.max_model_len = max_model_len
         num_blocks = num_blocks_for_budget(cfg, ecfg, max_model_len, model.dtype, model.device)
         self.cache = PagedKVCache(
-            cfg, num_blocks, ecfg.block_size, ecfg.max_num_seqs, max_model_len, model.dtype, model.device
+            cfg,
+            num_blocks,
+            ecfg.block_size,
+            ecfg.max_num_seqs,
+            max_model_len,
+            model.dtype,
+            model.device,
+            model.batch_device,
         )
         self.block_manager = BlockManager(num_blocks, ecfg.block_size, ecfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, ecfg.max_num_seqs, ecfg.max_num_batched_tokens)
@@ -73,6 +80,9 @@ class PagedRunner:
         while self.has_unfinished():
             yield from self.step()
 
+    _freed_after_last_step = 0  # blocks released by requests that finished in the previous step
+    _block_moves = (0, 0)  # (allocated, freed) while scheduling the current step
+
     def reset_stats(self) -> None:
         self.stats = RunStats(kv_cache_bytes=self.cache.num_bytes())
         self._prefix_base = (self.block_manager.stats.queried_tokens, self.block_manager.stats.hit_tokens)
@@ -81,7 +91,10 @@ class PagedRunner:
     # ---- one iteration ----
 
     def step(self) -> list[tuple[Request, int, str]]:
+        bm = self.block_manager
+        before = (bm.num_allocated, bm.num_freed)
         sched = self.scheduler.schedule()
+        self._block_moves = (bm.num_allocated - before[0], bm.num_freed - before[1])  # during scheduling
         if not sched.scheduled:
             raise RuntimeError("scheduler made no progress")  # cannot happen: every request fits alone
         now = time.perf_counter()
@@ -95,6 +108,7 @@ class PagedRunner:
         sampling = [s.request for s in sched.scheduled if s.samples]
         tokens = sample_next_tokens(self.model.ops, logits, sampling) if sampling else []
         results = []
+        freed_before = self.block_manager.num_freed
         for req, token in zip(sampling, tokens):
             delta = req.append_token(token, self.eos_id, self.max_model_len)
             if req.finish_reason is not None:
@@ -103,6 +117,7 @@ class PagedRunner:
             results.append((req, token, delta))
         for req in sched.preempted:
             self.cache.release_row(req.request_id)
+        self._freed_after_last_step = self.block_manager.num_freed - freed_before
         self.stats.steps += 1
         self.stats.tokens_computed += batch.num_tokens
         self.stats.preemptions = self.scheduler.num_preemptions - self._preempt_base
@@ -113,7 +128,7 @@ class PagedRunner:
         return results
 
     def _build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, PagedKVStep]:
-        bs, device = self.cache.block_size, self.model.device
+        bs, device = self.cache.block_size, self.model.batch_device
         ids, positions, slots, q_lens, seq_lens, rows, last = [], [], [], [], [], [], []
         for s in sched.scheduled:
             req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
@@ -158,7 +173,11 @@ class PagedRunner:
             "waiting": [r.request_id for r in self.scheduler.waiting],
             "preempted": [r.request_id for r in sched.preempted],
             "admitted": [r.request_id for r in sched.admitted],
-            "kv_blocks_in_use": f"{self.block_manager.num_used_blocks} of {self.block_manager.num_blocks}",
+            "kv_blocks_in_use": self.block_manager.num_used_blocks,
+            "kv_blocks_total": self.block_manager.num_blocks,
+            "blocks_allocated": self._block_moves[0],
+            "blocks_freed_by_preemption": self._block_moves[1],
+            "blocks_freed_by_finished_last_step": self._freed_after_last_step,
         }
         begin_step(
             self.stats.steps,

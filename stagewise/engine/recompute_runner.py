@@ -36,7 +36,7 @@ class RecomputeRunner:
                 r.status = RequestStatus.RUNNING
                 r.first_scheduled_time = r.first_scheduled_time or now
             seqs = [r.all_token_ids for r in active]  # the whole sequence, every step
-            batch = ForwardBatch.from_sequences(seqs, [0] * len(seqs), self.model.device)
+            batch = ForwardBatch.from_sequences(seqs, [0] * len(seqs), self.model.batch_device)
             infos = [
                 request_info(r, r.num_tokens, "prefill" if not r.output_token_ids else "recompute") for r in active
             ]

@@ -10,6 +10,8 @@ from stagewise.stages.sampling import SamplingTensors
 def sample_next_tokens(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list[int]:
     """logits [num_seqs, vocab] (row b = requests[b]) -> one token id per request."""
     vocab = logits.shape[-1]
+    if logits.is_meta:  # a shape-only model has no numbers: sample from all-zero logits (token 0, greedy)
+        logits = torch.zeros(logits.shape, dtype=logits.dtype)
     if any(r.params.repetition_penalty != 1.0 for r in requests):
         seen = torch.stack([r.seen_mask(vocab) for r in requests])  # [B, vocab] bool
     else:

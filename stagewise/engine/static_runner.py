@@ -85,7 +85,7 @@ class StaticBatchRunner:
             yield from self._step(reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_rows, wasted)
 
     def _step(self, reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_tokens, wasted):
-        device = self.model.device
+        device = self.model.batch_device
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),

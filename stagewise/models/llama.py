@@ -35,6 +35,9 @@ class LlamaModel:
         self.device = model.device
         self.dtype = model.dtype
         self.ops = ops
+        # Batch metadata (ids, positions, cu_seqlens, slot_mapping, ...) lives with the weights, except for
+        # shape-only models on the meta device: there it stays on the CPU, where the stages can read it.
+        self.batch_device = torch.device("cpu") if self.device.type == "meta" else self.device
         cfg = self.config
         # Precomputed rotation angles: [max_position, rotary_dim], float32 (space for time).
         self.cos_sin_cache = build_cos_sin_cache(

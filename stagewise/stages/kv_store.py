@@ -28,9 +28,11 @@ def naive(
 ) -> None:
     """k, v [T, Hkv, d]; k_cache, v_cache [num_slots, Hkv, d]; slot_mapping [T] (-1 = skip)."""
     keep = slot_mapping >= 0  # [T] bool
-    slots = slot_mapping[keep].long()  # [T_kept]
-    k_cache.index_copy_(0, slots, k[keep].to(k_cache.dtype))  # cache[slots[i]] = k[i]
-    v_cache.index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    if not bool(keep.all()):  # drop the padding tokens
+        slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
+    slots = slot_mapping.long().to(k_cache.device)  # [T_kept]
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))  # cache[slots[i]] = k[i]
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def optimized(

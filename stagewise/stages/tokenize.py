@@ -279,4 +279,6 @@ STAGE = Stage(
     optimized=optimized,
     optimized_kind="rust tokenizers",
     example_inputs=example_inputs,
+    outputs=("ids",),
+    axes={"ids": "num_tokens"},
 )

@@ -6,6 +6,7 @@ which layers and steps to expand and can filter by stage.
 """
 
 from rich.console import Group
+from rich.markup import escape
 from rich.text import Text
 from rich.tree import Tree
 
@@ -29,12 +30,31 @@ def stage_line(rec: StageRecord, with_time: bool) -> Text:
     line.append(f" {rec.backend:<6}", style="dim")
     ins = ", ".join(f"{t.name} {t.label()}" for t in rec.inputs if not t.name.startswith("sampling."))
     outs = ", ".join(f"{t.name} {t.label()}" for t in rec.outputs)
+    if "text" in rec.scalars:  # tokenize: show the text it reads
+        ins = f"text {rec.scalars['text']!r}" + (f", {ins}" if ins else "")
     line.append(f" {ins}")
     line.append(" -> ", style="bold")
     line.append(outs or "(in place)", style="green")
     if with_time and rec.dur_us is not None:
         line.append(f"  {rec.dur_us / 1000:.2f} ms", style="dim")
     return line
+
+
+def scheduler_lines(info: dict) -> list[str]:
+    """The scheduler's decision in two short lines (queues, then KV blocks)."""
+    info = dict(info)
+    lines = []
+    queues = [f"{k} {info.pop(k)}" for k in ("admitted", "preempted", "waiting") if k in info]
+    if queues:
+        lines.append("queues: " + " · ".join(queues))
+    if "kv_blocks_in_use" in info:
+        used, total = info.pop("kv_blocks_in_use"), info.pop("kv_blocks_total", "?")
+        moves = [f"+{info.pop('blocks_allocated', 0)} allocated"]
+        moves.append(f"-{info.pop('blocks_freed_by_preemption', 0)} freed by preemption")
+        moves.append(f"-{info.pop('blocks_freed_by_finished_last_step', 0)} freed by requests finished last step")
+        lines.append(f"KV blocks in use {used} of {total} ({', '.join(moves)})")
+    lines += [f"{k}: {v}" for k, v in info.items()]
+    return lines
 
 
 def model_header(model: dict) -> Text:
@@ -65,20 +85,22 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
             if k not in ("request_id", "num_computed_tokens", "num_tokens", "num_scheduled", "phase")
         )
         sched.add(
-            f"{r['request_id']}: {r['phase']} · num_computed_tokens {r['num_computed_tokens']} -> "
-            f"{r['num_computed_tokens'] + r['num_scheduled']} of num_tokens {r['num_tokens']} "
-            f"(+{r['num_scheduled']}){extra}"
+            escape(
+                f"{r['request_id']}: {r['phase']} · num_computed_tokens {r['num_computed_tokens']} -> "
+                f"{r['num_computed_tokens'] + r['num_scheduled']} of num_tokens {r['num_tokens']} "
+                f"(+{r['num_scheduled']}){extra}"
+            )
         )
-    for key, value in step.scheduler.items():
-        sched.add(f"{key}: {value}")
+    for line in scheduler_lines(step.scheduler):
+        sched.add(escape(line))
     meta = node.add("[bold]batch[/]")
     for key, value in step.batch.items():
         if isinstance(value, list) and value and isinstance(value[0], list):
             rows = meta.add(f"{key}")
             for i, row in enumerate(value):
-                rows.add(f"row {i}: {short_list(row)}")
+                rows.add(escape(f"row {i}: {short_list(row)}"))
         else:
-            meta.add(f"{key} {short_list(value) if isinstance(value, list) else value}")
+            meta.add(escape(f"{key} {short_list(value) if isinstance(value, list) else value}"))
     num_layers = 1 + max((s.layer for s in step.stages if s.layer is not None), default=-1)
     shown = set(range(num_layers)) if layers == "all" else {i for i in layers if i < num_layers}
     layer_nodes: dict[int, Tree] = {}
@@ -102,7 +124,8 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
             summarised = True
     for rid, tok in step.sampled.items():
         piece = repr(decode([tok])) if decode else ""
-        node.add(f"[bold green]{rid}[/] sampled token {tok} {piece} · text so far: {step.text.get(rid, '')!r}")
+        text = escape(f"sampled token {tok} {piece} · text so far: {step.text.get(rid, '')!r}")
+        node.add(f"[bold green]{escape(rid)}[/] {text}")
 
 
 def render_tree(

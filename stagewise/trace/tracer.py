@@ -116,7 +116,9 @@ class Tracer:
         inputs, scalars = [], {}
         for name, value in kwargs.items():
             inputs += _tensor_records(name, value, spec.axes)
-            if isinstance(value, int | float | str) and not isinstance(value, bool) and name != "text":
+            if isinstance(value, str):
+                scalars[name] = value if len(value) <= 80 else value[:77] + "..."
+            elif isinstance(value, int | float) and not isinstance(value, bool):
                 scalars[name] = value
         outs = result if isinstance(result, tuple) else (result,)
         outputs = []

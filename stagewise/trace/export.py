@@ -1,0 +1,173 @@
+"""Trace exports: a stable JSON document (with its JSON Schema) and Chrome trace events.
+
+JSON (`to_json`, schema `TRACE_SCHEMA`, version 1) — what notebooks and tests read:
+
+    {
+      "schema": "stagewise.trace", "version": 1,
+      "model":   {name, num_layers, hidden_size, num_heads, num_kv_heads, group_size, head_dim, ..., mode, backend},
+      "prelude": [stage, ...],               stage calls before step 0 (tokenize)
+      "steps":   [{index, mode, requests: [{request_id, num_computed_tokens, num_tokens, num_scheduled, phase}],
+                   batch: {positions, slot_mapping, cu_seqlens_q, seq_lens, block_table, ...},
+                   scheduler: {...}, stages: [stage, ...], sampled: {id: token}, text: {id: str},
+                   start_us, dur_us}],
+      "summary": {requests, prompt_tokens, output_tokens, steps, ttft_ms, tbt_ms, ...}
+    }
+    stage = {stage, layer, backend, inputs: [tensor], outputs: [tensor], scalars, start_us, dur_us}
+    tensor = {name, shape: [int], dtype, axes: [str] | null}
+
+Chrome trace (`to_chrome`): the Trace Event Format that Perfetto and
+chrome://tracing open — one complete event ("X", `ts`/`dur` in microseconds)
+per engine step and per stage call (stages nested inside their step), counter
+events ("C") for KV blocks in use, and metadata events ("M") naming the tracks.
+"""
+
+from stagewise.trace.tracer import Tracer
+
+SCHEMA_NAME = "stagewise.trace"
+SCHEMA_VERSION = 1
+
+_TENSOR = {
+    "type": "object",
+    "required": ["name", "shape", "dtype", "axes"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "dtype": {"type": "string"},
+        "axes": {"type": ["array", "null"], "items": {"type": "string"}},
+    },
+}
+_STAGE = {
+    "type": "object",
+    "required": ["stage", "layer", "backend", "inputs", "outputs", "scalars", "start_us", "dur_us"],
+    "properties": {
+        "stage": {"type": "string"},
+        "layer": {"type": ["integer", "null"]},
+        "backend": {"enum": ["naive", "triton"]},
+        "inputs": {"type": "array", "items": _TENSOR},
+        "outputs": {"type": "array", "items": _TENSOR},
+        "scalars": {"type": "object"},
+        "start_us": {"type": "number"},
+        "dur_us": {"type": ["number", "null"]},
+    },
+}
+_REQUEST = {
+    "type": "object",
+    "required": ["request_id", "num_computed_tokens", "num_tokens", "num_scheduled", "phase"],
+    "properties": {
+        "request_id": {"type": "string"},
+        "num_computed_tokens": {"type": "integer", "minimum": 0},
+        "num_tokens": {"type": "integer", "minimum": 1},
+        "num_scheduled": {"type": "integer", "minimum": 0},
+        "phase": {"type": "string"},
+    },
+}
+TRACE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "stagewise trace",
+    "type": "object",
+    "required": ["schema", "version", "model", "prelude", "steps", "summary"],
+    "properties": {
+        "schema": {"const": SCHEMA_NAME},
+        "version": {"const": SCHEMA_VERSION},
+        "model": {
+            "type": "object",
+            "required": ["name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"],
+        },
+        "prelude": {"type": "array", "items": _STAGE},
+        "steps": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "mode", "requests", "batch", "scheduler", "stages", "sampled", "text"],
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0},
+                    "mode": {"enum": ["naive", "kv", "paged"]},
+                    "requests": {"type": "array", "items": _REQUEST},
+                    "batch": {"type": "object"},
+                    "scheduler": {"type": "object"},
+                    "stages": {"type": "array", "items": _STAGE},
+                    "sampled": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "text": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "start_us": {"type": "number"},
+                    "dur_us": {"type": "number"},
+                },
+            },
+        },
+        "summary": {"type": "object"},
+    },
+}
+
+
+def to_json(tracer: Tracer) -> dict:
+    return {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION, **tracer.to_dict()}
+
+
+def _stage_name(rec) -> str:
+    where = "final" if rec.layer is None else f"L{rec.layer}"
+    return f"{rec.stage} ({where})"
+
+
+def _shape_args(rec) -> dict:
+    args = {t.name: t.label() for t in rec.inputs if not t.name.startswith("sampling.")}
+    args.update({f"-> {t.name}": t.label() for t in rec.outputs})
+    args["backend"] = rec.backend
+    return args
+
+
+def to_chrome(tracer: Tracer) -> dict:
+    """Trace Event Format: {"traceEvents": [...], "displayTimeUnit": "ms"}."""
+    pid = 1
+    events = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "stagewise engine"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "engine steps"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "stages"}},
+    ]
+    for rec in tracer.prelude:
+        events.append(
+            {
+                "name": _stage_name(rec),
+                "cat": "stage",
+                "ph": "X",
+                "ts": rec.start_us,
+                "dur": rec.dur_us or 0.0,
+                "pid": pid,
+                "tid": 2,
+                "args": _shape_args(rec),
+            }
+        )
+    for step in tracer.steps:
+        requests = {r["request_id"]: f"{r['phase']} +{r['num_scheduled']}" for r in step.requests}
+        events.append(
+            {
+                "name": f"step {step.index} ({step.num_tokens} tokens)",
+                "cat": "step",
+                "ph": "X",
+                "ts": step.start_us,
+                "dur": step.dur_us,
+                "pid": pid,
+                "tid": 1,
+                "args": requests,
+            }
+        )
+        for rec in step.stages:
+            events.append(
+                {
+                    "name": _stage_name(rec),
+                    "cat": "stage",
+                    "ph": "X",
+                    "ts": rec.start_us,
+                    "dur": rec.dur_us or 0.0,
+                    "pid": pid,
+                    "tid": 2,
+                    "args": _shape_args(rec),
+                }
+            )
+        in_use = step.scheduler.get("kv_blocks_in_use")
+        if isinstance(in_use, int):
+            events.append(
+                {"name": "KV blocks in use", "ph": "C", "ts": step.start_us, "pid": pid, "args": {"blocks": in_use}}
+            )
+        events.append(
+            {"name": "tokens in step", "ph": "C", "ts": step.start_us, "pid": pid, "args": {"tokens": step.num_tokens}}
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
