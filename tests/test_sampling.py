@@ -255,9 +255,14 @@ def test_stage_example_inputs_run():
         kwargs = STAGE.example_inputs(config, num_seqs, torch.device("cpu"), torch.bfloat16)
         tokens = STAGE.run("naive", **kwargs)
         assert tokens.shape == (num_seqs,) and tokens.dtype == torch.int64
-        assert torch.equal(tokens, STAGE.run("triton", **kwargs))
         probs = processed_probs(**kwargs)
         assert bool(probs[torch.arange(num_seqs), tokens].gt(0).all())
+        # The Triton path draws from its own random stream: greedy rows agree exactly, random rows
+        # stay inside the allowed set (the distributions are compared in tests/kernels).
+        fast = STAGE.run("triton", **kwargs)
+        greedy = kwargs["sampling"].greedy
+        assert torch.equal(fast[greedy], tokens[greedy])
+        assert bool(probs[torch.arange(num_seqs), fast].gt(0).all())
 
 
 # ---- SamplingParams validation ----

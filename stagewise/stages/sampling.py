@@ -37,14 +37,19 @@ so far. A request's tokens therefore depend only on (seed, offset) and its own
 logits, never on which other requests share the batch. Streams differ between
 CPU and CUDA generators (different torch RNGs).
 
-What the optimized (Triton) version will change: one fused kernel per row
-reads the logits once and applies penalty, temperature and the three filters
-in registers; the top-k and top-p thresholds (p_cut above) are found without
-a full sort (a search over threshold values counting mass above each); the
-draw is Gumbel-max, argmax(log p + Gumbel noise), with the noise from a
-counter-based stream keyed by (seed, offset, token index), so it is
-reproducible and batch-independent but not token-for-token equal to this
-reference's `torch.multinomial` draws (same distribution, different stream).
+What the optimized (Triton) version changes (`stagewise.kernels.sampling`):
+one fused kernel, one program per row, streams the row's logits in blocks and
+applies penalty, temperature and the three filters in registers, never
+writing a [B, V] intermediate. min_p is a direct threshold (min_p / S, with S
+the softmax denominator); the top-k and top-p thresholds (p_cut above) are
+found without a sort, by an exact search over the float bits of the
+threshold, 5 bits per pass over the row (counting, then summing the mass,
+above 32 candidate thresholds at once; 6 passes each), so ties behave as
+here. The draw is Gumbel-max, argmax(log p + Gumbel noise), with the noise
+from Philox keyed by the row's `stream_seed(seed, offset)` and the token
+index: reproducible and batch-independent, but not token-for-token equal to
+this reference's `torch.multinomial` draws (same distribution, different
+stream). Greedy rows give the same token as here.
 """
 
 from dataclasses import dataclass
@@ -211,8 +216,14 @@ def naive(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     return tokens  # [B] int64
 
 
-optimized = naive  # fallback until the fused Triton sampling kernel lands
-OPTIMIZED_KIND = "fallback: naive PyTorch (Triton kernel pending)"
+def optimized(logits: Tensor, sampling: SamplingTensors) -> Tensor:
+    """The fused Triton kernel: [B, V] logits -> [B] int64 token ids (same distribution, own random stream)."""
+    from stagewise.kernels.sampling import sample  # lazy: importing kernels first picks GPU or interpreter
+
+    return sample(logits, sampling)  # [B, V] -> [B]
+
+
+OPTIMIZED_KIND = "triton: fused penalty/temperature/min_p/top-k/top-p + Gumbel-max, no sort"
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype) -> dict:
@@ -243,4 +254,6 @@ STAGE = Stage(
     optimized=optimized,
     optimized_kind=OPTIMIZED_KIND,
     example_inputs=example_inputs,
+    outputs=("next_tokens",),
+    axes={"logits": "num_seqs vocab", "next_tokens": "num_seqs"},
 )
