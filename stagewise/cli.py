@@ -115,15 +115,18 @@ def stages():
     Console().print(table)
 
 
-def _register_trace() -> None:
+def _register_commands() -> None:
+    """Commands that live next to their subject (trace/, bench/), imported only when the CLI runs."""
+    from stagewise.bench.calc_cli import calc
     from stagewise.trace.cli import trace
 
     app.command(name="trace")(trace)
+    app.command(name="calc")(calc)
 
 
 def main() -> None:
     """Entry point of the `stagewise` script."""
-    _register_trace()
+    _register_commands()
     run(app)
 
 

@@ -1,0 +1,190 @@
+"""The seeds' arithmetic for any model and any hardware: the `stagewise calc` calculator.
+
+    from stagewise.bench.calc import summarize
+    from stagewise.bench.hardware import HARDWARE
+    from stagewise.config import PRESETS
+    summarize(PRESETS["llama-3-8b"], HARDWARE["h100"], context=8192, batch=16, dtype="bf16")
+
+answers, for one model, one machine, one context length N and one batch B:
+what the weights and the KV cache weigh (MHA vs the model's real GQA), how
+many FLOPs a token costs, what one naive recompute step costs against one
+KV-cached step, where prefill and decode sit on the roofline (arithmetic
+intensity vs the ridge point), their speed-of-light times (TTFT, time per
+output token) and the largest batch whose KV cache still fits.
+
+The pieces, each a short module that reads top to bottom:
+
+- `calc_counts`  parameters, FLOPs and KV bytes; exact counts and the seeds' shortcuts
+- `calc_steps`   one prefill / decode / naive step on the roofline; memory capacity
+- `calc_seeds`   the seeds' worked numbers next to ours (`seeds_worked_examples()`)
+
+Every number is a `Quantity` (value, unit, formula), so `summarize()` is a
+JSON-ready dict and `stagewise calc --explain` can show each formula.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from stagewise.bench.calc_counts import (
+    Quantity,
+    attention_flops,
+    kv_bytes,
+    kv_bytes_per_token,
+    linear_coefficient,
+    linear_flops,
+    matmul_parameters,
+    parameters,
+    seeds_attention_flops,
+    seeds_linear_flops,
+    seeds_params_flops,
+    weight_bytes,
+)
+from stagewise.bench.calc_seeds import Row, SeedsAssumptions, seeds_worked_examples
+from stagewise.bench.calc_steps import Capacity, Step, capacity, decode_step, naive_step, prefill_step
+from stagewise.bench.hardware import DTYPE_BYTES, HARDWARE, Hardware, canonical_dtype, probe_this_machine
+from stagewise.config import PRESETS, ModelConfig
+from stagewise.errors import StagewiseError
+
+__all__ = [
+    "Analysis",
+    "Quantity",
+    "Row",
+    "SeedsAssumptions",
+    "analyze",
+    "load_hardware",
+    "load_model_config",
+    "seeds_worked_examples",
+    "summarize",
+]
+
+
+def load_model_config(model: str) -> ModelConfig:
+    """A preset name, a Hugging Face `config.json` file, or a directory holding one.
+
+    Only the sizes are read, so a config with RoPE scaling (Llama 3.1's
+    `rope_scaling: llama3`) or another Llama-like architecture is fine here.
+    """
+    if model in PRESETS:
+        return PRESETS[model]
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise StagewiseError(f"unknown model '{model}'; choose one of {', '.join(PRESETS)} or a config.json path")
+    try:
+        raw = json.loads(path.read_text())
+        heads = raw["num_attention_heads"]
+        return ModelConfig(
+            name=str(model),
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            shape_only=True,
+        )
+    except json.JSONDecodeError as exc:
+        raise StagewiseError(f"{path} is not valid JSON: {exc.msg}") from None
+    except (KeyError, TypeError) as exc:
+        raise StagewiseError(f"{path} lacks the size field {exc}; is it a Hugging Face config.json?") from None
+
+
+def load_hardware(name: str, probe_seconds: float = 3.0) -> Hardware:
+    """A preset name ('h100', 'h200', 'a100', 'h100-seeds'), or 'probe' to measure this machine."""
+    if name.strip().lower() == "probe":
+        return probe_this_machine(seconds=probe_seconds)
+    if name.strip().lower() not in HARDWARE:
+        raise StagewiseError(f"unknown hardware '{name}'; choose one of {', '.join(HARDWARE)} or probe")
+    return HARDWARE[name.strip().lower()]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    model: ModelConfig  # the architecture
+    hardware: Hardware  # the machine
+    dtype: str  # canonical compute/storage dtype ("bf16", ...)
+    dtype_bytes: int  # bytes per weight and per KV element
+    context: int  # N, tokens in the sequence (the prompt for a prefill)
+    batch: int  # B, sequences processed together
+    parameters: Quantity  # exact parameter count
+    matmul_parameters: Quantity  # weights a token is multiplied by (blocks + LM head)
+    weight_bytes: Quantity  # weights in memory
+    linear_coefficient: Quantity  # per-block matmul weights / hidden^2 (the seeds' 11)
+    linear_flops_per_token: Quantity  # 2 * matmul parameters
+    attention_flops_at_n: Quantity  # QK^T + PV for one token attending to N keys
+    seeds_linear_flops_per_token: Quantity  # seeds: 2 * P
+    seeds_attention_flops_at_n: Quantity  # seeds: 4 * L * N * hidden
+    kv_per_token: Quantity  # the model's real Hkv
+    kv_per_token_mha: Quantity  # if Hkv = H
+    kv_at_n: Quantity  # one sequence of N tokens, real Hkv
+    kv_at_n_mha: Quantity  # one sequence of N tokens, MHA
+    naive_step_seeds: Quantity  # seeds ch.5: 2*L*11*N*hidden^2 + 4*L*N^2*hidden
+    naive_over_cached: Quantity  # FLOPs of a naive step / FLOPs of a KV-cached step
+    prefill: Step  # B prompts of N tokens: speed-of-light TTFT
+    decode: Step  # one token for B sequences at context N: time per output token
+    naive: Step  # one token by recomputing all N tokens (no cache)
+    decode_tokens_per_s: Quantity  # B / decode time
+    capacity: Capacity  # largest batch whose KV fits next to the weights
+
+
+def analyze(config: ModelConfig, hardware: Hardware, context: int, batch: int = 1, dtype: str = "bf16") -> Analysis:
+    """Every number of the calculator for one (model, hardware, N, B, dtype)."""
+    if context <= 0:
+        raise StagewiseError(f"context must be > 0 tokens, got {context}")
+    if batch <= 0:
+        raise StagewiseError(f"batch must be > 0 sequences, got {batch}")
+    dt = canonical_dtype(dtype)
+    hardware.peak_flops(dt)  # fails early, with one line, on a dtype the hardware lacks
+    nbytes = DTYPE_BYTES[dt]
+    cfg, L, hidden = config, config.num_layers, config.hidden_size
+    seeds_lin, seeds_att = seeds_linear_flops(L, hidden, context), seeds_attention_flops(L, hidden, context, context)
+    args = (cfg, hardware, dt, nbytes, context, batch)
+    prefill, decode, naive = prefill_step(*args), decode_step(*args), naive_step(*args)
+    ratio = naive.flops.value / decode.flops.value
+    return Analysis(
+        model=cfg,
+        hardware=hardware,
+        dtype=dt,
+        dtype_bytes=nbytes,
+        context=context,
+        batch=batch,
+        parameters=parameters(cfg),
+        matmul_parameters=matmul_parameters(cfg),
+        weight_bytes=weight_bytes(cfg, nbytes),
+        linear_coefficient=linear_coefficient(cfg),
+        linear_flops_per_token=linear_flops(cfg, 1),
+        attention_flops_at_n=attention_flops(cfg, context, 1),
+        seeds_linear_flops_per_token=seeds_params_flops(cfg.num_parameters(), 1),
+        seeds_attention_flops_at_n=seeds_attention_flops(L, hidden, 1, context),
+        kv_per_token=kv_bytes_per_token(cfg, nbytes),
+        kv_per_token_mha=kv_bytes_per_token(cfg, nbytes, mha=True),
+        kv_at_n=kv_bytes(cfg, nbytes, context),
+        kv_at_n_mha=kv_bytes(cfg, nbytes, context, mha=True),
+        naive_step_seeds=Quantity(
+            seeds_lin.value + seeds_att.value, "FLOP", f"({seeds_lin.formula}) + ({seeds_att.formula})"
+        ),
+        naive_over_cached=Quantity(ratio, "x", "naive step FLOPs / KV-cached decode step FLOPs"),
+        prefill=prefill,
+        decode=decode,
+        naive=naive,
+        decode_tokens_per_s=Quantity(batch / decode.time.value, "tokens/s", "B / time per output token"),
+        capacity=capacity(cfg, hardware, nbytes, context),
+    )
+
+
+def summarize(config: ModelConfig, hardware: Hardware, context: int, batch: int = 1, dtype: str = "bf16") -> dict:
+    """`analyze()` as a JSON-ready dict: every Quantity is {"value", "unit", "formula"}."""
+    result = analyze(config, hardware, context, batch, dtype)
+    out = asdict(result)  # nested dataclasses (Quantity, Step, Hardware, ...) become dicts
+    out["hardware"]["ridge_point"] = hardware.ridge_point(result.dtype)
+    return out
+
+
+def seeds_table() -> list[dict]:
+    """`seeds_worked_examples()` as JSON-ready dicts (with the relative difference)."""
+    return [{**asdict(row), "rel_diff": row.rel_diff} for row in seeds_worked_examples()]

@@ -1,0 +1,212 @@
+"""`stagewise calc`: the seeds' back-of-envelope arithmetic, for any model on any hardware.
+
+    stagewise calc                                      # Llama 3 405B on an H100, N = 100k, batch 1
+    stagewise calc --model llama-3-8b --context 8192 --batch 32 --explain
+    stagewise calc --hardware h100-seeds --seeds        # the seeds' worked numbers next to ours
+    stagewise calc --model smollm2-135m --hardware probe --dtype fp32 --plot plots/
+
+The command only formats: every number comes from `stagewise.bench.calc`.
+Run this module directly (`python -m stagewise.bench.calc_cli`) for the same
+command on its own.
+"""
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stagewise.bench.calc import Analysis, Quantity, analyze, load_hardware, load_model_config, seeds_table
+from stagewise.bench.calc_seeds import seeds_worked_examples
+from stagewise.errors import StagewiseError
+
+_PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+
+
+def si(value: float, unit: str) -> str:
+    """1.216e17, 'FLOP' -> '121.6 PFLOP' (decimal prefixes, as the seeds use)."""
+    for scale, prefix in _PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {prefix}{unit}"
+    return f"{value:.4g} {unit}"
+
+
+def seconds(value: float) -> str:
+    if value >= 3600:
+        return f"{value / 3600:.3g} h"
+    if value >= 60:
+        return f"{value / 60:.3g} min"
+    for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if value >= scale:
+            return f"{value / scale:.3g} {name}"
+    return f"{value * 1e9:.3g} ns"
+
+
+def human(q: Quantity) -> str:
+    """A Quantity for a table cell."""
+    if q.unit == "s":
+        return seconds(q.value)
+    if q.unit == "B":
+        if q.value < 1000:
+            return f"{int(q.value)} B"
+        exact = f"{int(q.value):,} B = " if q.value < 1e8 else ""
+        return exact + si(q.value, "B")
+    if q.unit == "params":
+        return f"{int(q.value):,} ({si(q.value, '').strip()})"
+    if q.unit in ("FLOP", "FLOP/s"):
+        return si(q.value, q.unit)
+    if q.unit in ("sequences",):
+        return f"{int(q.value):,} {q.unit}"
+    return f"{q.value:,.4g} {q.unit}"
+
+
+def _quantity_table(title: str, rows: list[tuple[str, Quantity]], explain: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    if explain:
+        table.add_column("formula", overflow="fold")
+    for label, q in rows:
+        table.add_row(label, human(q), *([q.formula] if explain else []))
+    return table
+
+
+def _steps_table(a: Analysis, explain: bool) -> Table:
+    hw, n, b = a.hardware, a.context, a.batch
+    table = Table(
+        title=f"One step at the speed of light on {hw.name} ({a.dtype}), N={n:,}, B={b}", title_justify="left"
+    )
+    for col in ("step", "FLOPs", "bytes moved", "FLOP/B", "ridge", "compute", "memory", "time", "verdict"):
+        table.add_column(col, justify="left" if col in ("step", "verdict") else "right")
+    if explain:
+        table.add_column("FLOPs = / bytes =", overflow="fold")
+    for step in (a.prefill, a.decode, a.naive):
+        table.add_row(
+            step.name,
+            si(step.flops.value, "FLOP"),
+            si(step.bytes.value, "B"),
+            f"{step.intensity.value:,.4g}",
+            f"{step.ridge.value:,.4g}",
+            seconds(step.compute_time.value),
+            seconds(step.memory_time.value),
+            seconds(step.time.value),
+            step.bound,
+            *([f"{step.flops.formula}\n{step.bytes.formula}"] if explain else []),
+        )
+    return table
+
+
+def _print_analysis(console: Console, a: Analysis, explain: bool) -> None:
+    cfg, hw, cap = a.model, a.hardware, a.capacity
+    shape = (
+        f"L={cfg.num_layers} hidden={cfg.hidden_size} inter={cfg.intermediate_size} H={cfg.num_heads} "
+        f"Hkv={cfg.num_kv_heads} d={cfg.head_dim} V={cfg.vocab_size}"
+    )
+    console.print(f"[bold]{cfg.name}[/bold]  {shape}")
+    ridge = hw.ridge_point(a.dtype)
+    console.print(
+        f"[bold]{hw.name}[/bold]  {si(hw.peak_flops(a.dtype), 'FLOP/s')} {a.dtype}, "
+        f"{si(hw.memory_bandwidth, 'B/s')}, {si(hw.memory_bytes, 'B')}, ridge {ridge:,.4g} FLOP/B"
+        + (f"  ({hw.notes})" if explain and hw.notes else "")
+    )
+    if a.context > cfg.max_position_embeddings:
+        console.print(f"note: N={a.context:,} exceeds the model's {cfg.max_position_embeddings:,} positions (what-if)")
+    rows = [
+        ("parameters (exact)", a.parameters),
+        ("weights in memory", a.weight_bytes),
+        ("matmul weights per block / hidden^2 (seeds: 11)", a.linear_coefficient),
+        ("linear FLOPs per token (2 x matmul params)", a.linear_flops_per_token),
+        ("  seeds' 2P", a.seeds_linear_flops_per_token),
+        (f"attention FLOPs of one token at N={a.context:,}", a.attention_flops_at_n),
+        ("  seeds' 4*L*N*hidden", a.seeds_attention_flops_at_n),
+        (f"KV per token ({cfg.num_kv_heads} KV heads)", a.kv_per_token),
+        (f"KV per token as MHA ({cfg.num_heads} KV heads)", a.kv_per_token_mha),
+        (f"KV of one sequence, N={a.context:,}", a.kv_at_n),
+        ("  as MHA", a.kv_at_n_mha),
+    ]
+    console.print(_quantity_table("The model, per token", rows, explain))
+    console.print(_steps_table(a, explain))
+    fits = "" if cap.free_for_kv.value > 0 else " (the weights alone do not fit: try --devices or fp8)"
+    rows = [
+        (f"TTFT, {a.batch} prompt(s) of {a.context:,} tokens", a.prefill.time),
+        ("time per output token (decode)", a.decode.time),
+        ("decode throughput", a.decode_tokens_per_s),
+        ("naive step of one sequence, seeds' formula (FLOPs)", a.naive_step_seeds),
+        ("naive step / KV-cached step (FLOPs)", a.naive_over_cached),
+        ("memory left for the KV cache" + fits, cap.free_for_kv),
+        (f"largest batch at N={a.context:,} ({cfg.num_kv_heads} KV heads)", cap.max_batch),
+        ("  as MHA", cap.max_batch_mha),
+    ]
+    console.print(_quantity_table("Speed of light and capacity", rows, explain))
+
+
+def _print_seeds(console: Console, explain: bool) -> None:
+    table = Table(title="The seeds' worked numbers (Llama 3 405B, fp16, 1 PFLOP/s, 3.3 TB/s)", title_justify="left")
+    for col in ("ch", "quantity", "unit", "seed", "ours", "diff", "exact (real 405B)", "where the seeds simplify"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("seed", "ours", "diff") else "left")
+    if explain:
+        table.add_column("our formula", overflow="fold")
+    for r in seeds_worked_examples():
+        ok = "" if abs(r.rel_diff) <= r.tolerance else " !"
+        exact = "same" if r.exact is None else f"{r.exact:,.5g}"
+        cells = [r.chapter, r.quantity, r.unit, f"{r.seed:,.5g}", f"{r.ours:,.5g}", f"{r.rel_diff:+.2%}{ok}", exact]
+        table.add_row(*cells, r.note, *([r.formula] if explain else []))
+    console.print(table)
+
+
+def calc(
+    model: str = typer.Option("llama-3-405b", help="preset name or a Hugging Face config.json (or its directory)"),
+    hardware: str = typer.Option("h100", help="h100, h200, a100, h100-seeds, or probe (measure this machine)"),
+    context: int = typer.Option(100_000, help="N: tokens in the sequence (prompt length for the prefill)"),
+    batch: int = typer.Option(1, help="B: sequences processed together"),
+    dtype: str = typer.Option("bf16", help="weights and KV cache dtype: bf16, fp16, fp32 or fp8"),
+    devices: int = typer.Option(1, help="this many identical devices as one (ideal tensor parallelism)"),
+    explain: bool = typer.Option(False, "--explain", help="show the formula next to each number"),
+    seeds: bool = typer.Option(False, "--seeds", help="print the seeds' worked examples next to ours"),
+    plot: str | None = typer.Option(None, help="write roofline.png and kv_memory.png into this directory"),
+    json_out: str | None = typer.Option(None, help="write every number (and formula) to this JSON file"),
+):
+    """Back-of-envelope inference numbers: FLOPs, bytes, KV cache, roofline, speed of light, max batch."""
+    from dataclasses import asdict
+
+    config = load_model_config(model)
+    hw = load_hardware(hardware).scaled(devices)
+    result = analyze(config, hw, context=context, batch=batch, dtype=dtype)
+    console = Console()
+    _print_analysis(console, result, explain)
+    if seeds:
+        _print_seeds(console, explain)
+    if plot is not None:
+        from stagewise.bench.calc_plots import plot_kv_memory, plot_roofline, points_from_steps
+
+        out = Path(plot)
+        suffix = f" N={context:,} B={batch}"
+        steps = (result.prefill, result.decode, result.naive)
+        plot_roofline(hw, points_from_steps(steps, suffix), out / "roofline.png", dtype=result.dtype)
+        top = max(4 * context, config.max_position_embeddings)
+        contexts = sorted({int(1000 * (top / 1000) ** (i / 40)) for i in range(41)} | {context})
+        plot_kv_memory([config], contexts, out / "kv_memory.png", result.dtype_bytes, hw)
+        console.print(f"wrote {out / 'roofline.png'} and {out / 'kv_memory.png'}")
+    if json_out is not None:
+        data = {"analysis": asdict(result), "ridge_point": hw.ridge_point(result.dtype)}
+        if seeds:
+            data["seeds"] = seeds_table()
+        try:
+            Path(json_out).write_text(json.dumps(data, indent=2))
+        except OSError as exc:
+            raise StagewiseError(f"cannot write {json_out}: {exc.strerror}") from None
+        console.print(f"wrote {json_out}")
+
+
+def main() -> None:
+    """`python -m stagewise.bench.calc_cli ...`: the calc command alone, with the CLI's exit-2 errors."""
+    from stagewise.cli import run
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(calc)
+    run(app)
+
+
+if __name__ == "__main__":
+    main()
