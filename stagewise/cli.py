@@ -117,11 +117,13 @@ def stages():
 
 def _register_commands() -> None:
     """Commands that live next to their subject (trace/, bench/), imported only when the CLI runs."""
+    from stagewise.bench.bench_cli import bench_app
     from stagewise.bench.calc_cli import calc
     from stagewise.trace.cli import trace
 
     app.command(name="trace")(trace)
     app.command(name="calc")(calc)
+    app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

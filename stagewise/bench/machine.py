@@ -1,0 +1,107 @@
+"""What machine a number was measured on: embedded in every benchmark result file.
+
+A timing without its machine is not a result. `machine_info()` records the CPU
+model, logical cores, the threads torch uses, RAM, the GPU (if any), the
+versions of python / torch / triton / transformers / stagewise and the date;
+`machine_tag()` turns that into a short folder name such as
+`amd-epyc-2t` or `nvidia-h200`, so results from different machines sit side by
+side under `benchmarks/results/<tag>/`.
+"""
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+
+def _cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else whatever `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def _ram_bytes() -> int | None:
+    """Total physical memory in bytes (Linux /proc/meminfo, or sysconf), None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # the file says kB
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    """Installed version of `package` without importing it (importing triton early would pick a mode)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict:
+    """Everything needed to know where a benchmark ran; JSON-serializable."""
+    gpu = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu = {
+            "name": props.name,
+            "memory_GB": round(props.total_memory / 1e9, 1),
+            "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda,
+        }
+    ram = _ram_bytes()
+    from stagewise import __version__
+
+    return {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "ram_GB": round(ram / 1e9, 1) if ram else None,
+        "gpu": gpu,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "stagewise": __version__,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"\((r|tm)\)|cpu|processor|\d+-core", " ", text.lower())
+    text = re.sub(r"@.*$", "", text)  # drop the clock speed ("@ 2.10GHz")
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def machine_tag(info: dict | None = None) -> str:
+    """A short folder name for this machine: the GPU's name, or the CPU's name plus torch threads."""
+    info = info or machine_info()
+    if info.get("gpu"):
+        return _slug(info["gpu"]["name"])
+    return f"{_slug(info['cpu'])}-{info['torch_threads']}t"
+
+
+def write_result_json(result: dict, path: str | Path) -> Path:
+    """Write a benchmark result (with its `machine` entry) as indented JSON; parent folders are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return path

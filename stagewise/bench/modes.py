@@ -1,0 +1,237 @@
+"""`stagewise bench modes`: naive recompute vs KV cache vs paged KV, one prompt, growing outputs.
+
+What the seeds predict (chapters 5 and 6), for a context of N tokens, L layers,
+hidden size d:
+
+    naive step  (recompute all N tokens):  O(L * (N * d^2 + N^2 * d))
+    cached step (one new token, K/V kept): O(L * (d^2 + N * d))
+
+So the time to produce one more token grows with the context in naive mode
+(linearly at first, the N^2 attention term taking over for long contexts) and
+stays nearly flat with a KV cache (the d^2 GEMV term dominates; attention
+adds a little per token of context). We measure it: every mode generates the
+same greedy tokens for the same prompt, for growing output lengths; the gaps
+between consecutive tokens give the time per token at each context length,
+and non-negative least-squares fits of those curves
+
+    naive:  t(N) = a + b*N + c*N^2        kv, paged:  t(N) = a + b*N
+
+are drawn over the measurements. Before any number is reported, the token ids
+of every run are compared with the first run of that output length: a mode
+that produced different tokens did different work, and its timing means
+nothing (StagewiseError).
+"""
+
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from stagewise import LLM
+from stagewise.bench.machine import machine_info
+from stagewise.bench.plots import plot_throughput, plot_time_per_token, save_figure
+from stagewise.bench.timing import alternating, stream_timed
+from stagewise.bench.workloads import BenchRequest, single_prompt
+from stagewise.config import EngineConfig
+from stagewise.errors import StagewiseError
+from stagewise.models.registry import LoadedModel, load_model
+
+DEFAULT_OUTPUT_LENGTHS = (16, 64, 256, 512)
+MODES = ("naive", "kv", "paged")
+FIT_POWERS = {"naive": (0, 1, 2), "kv": (0, 1), "paged": (0, 1)}  # the seeds' per-step cost in N
+
+
+@dataclass(frozen=True)
+class ModesSettings:
+    model: str = "smollm2-135m"  # preset, .gguf or Hugging Face directory
+    backend: str = "naive"  # stage backend: naive or triton
+    device: str | None = None  # cpu / cuda; None = cuda when available
+    dtype: str | None = None  # float32 / bfloat16; None = the loader's default for the device
+    prompt_tokens: int = 32  # length of the one prompt
+    output_lengths: tuple[int, ...] = DEFAULT_OUTPUT_LENGTHS  # max_tokens of each measured run
+    repeats: int = 3  # timed runs per (mode, output length), alternating the modes
+    warmup_tokens: int = 4  # one untimed run of this many tokens per mode first
+    modes: tuple[str, ...] = MODES  # which modes to compare
+    seed: int = 0  # prompt seed
+
+
+def check_identical(tokens: dict[str, list[int]], what: str) -> None:
+    """Raise StagewiseError naming the first position where two runs' token ids differ."""
+    (ref_name, ref), *others = tokens.items()
+    for name, ids in others:
+        if ids != ref:
+            pos = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
+            raise StagewiseError(
+                f"{what}: '{name}' produced different tokens than '{ref_name}' (first difference at output "
+                f"token {pos}: {ref[pos : pos + 3]} vs {ids[pos : pos + 3]}); "
+                "timings of different outputs are not compared"
+            )
+
+
+def run_notes(backend: str, loaded: LoadedModel) -> list[str]:
+    """Caveats a reader of the numbers must see (stored in the JSON, printed under the table)."""
+    notes = []
+    if backend == "triton" and loaded.device.type == "cpu":
+        notes.append("Triton kernels ran in the CPU interpreter: correctness only, not a speed measurement")
+    return notes
+
+
+def fit_cost(context: list[int], ms: list[float], powers: tuple[int, ...]) -> dict:
+    """Non-negative least squares ms ~ sum_k coef_k * N^powers_k; returns coefficients, a label and R^2.
+
+    Costs cannot be negative, so every subset of the terms is fitted and the best fit whose
+    coefficients are all >= 0 wins (at most 3 terms: 7 small solves; a constant alone always qualifies
+    when the times are positive).
+    """
+    n = np.asarray(context, dtype=np.float64)
+    y = np.asarray(ms, dtype=np.float64)
+    best = None
+    for mask in range(1, 2 ** len(powers)):
+        used = [p for k, p in enumerate(powers) if mask >> k & 1]
+        basis = np.stack([n**p for p in used], axis=1)  # [points, terms]
+        coef, *_ = np.linalg.lstsq(basis, y, rcond=None)
+        if (coef < 0).any():
+            continue
+        sse = float(((y - basis @ coef) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, dict(zip(used, coef)))
+    sse, chosen = best if best is not None else (float(((y - y.mean()) ** 2).sum()), {0: float(y.mean())})
+    coef = [float(chosen.get(p, 0.0)) for p in powers]
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    names = {0: "", 1: "·N", 2: "·N²"}
+    label = " + ".join(f"{c:.3g}{names[p]}" for c, p in zip(coef, powers)) + " ms"
+    return {"powers": list(powers), "coef_ms": coef, "label": label, "r2": 1 - sse / ss_tot if ss_tot > 0 else 1.0}
+
+
+def eval_fit(fit: dict, context: list[int]) -> list[float]:
+    return [sum(c * n**p for c, p in zip(fit["coef_ms"], fit["powers"])) for n in context]
+
+
+def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
+    """Run the comparison; returns the result dict (settings, raw runs, summary, curves, fits)."""
+    for mode in settings.modes:
+        if mode not in MODES:
+            raise StagewiseError(f"unknown mode '{mode}'; use {', '.join(MODES)}")
+    if not settings.output_lengths or min(settings.output_lengths) < 2:
+        raise StagewiseError("output lengths must be >= 2 tokens (a time between tokens needs two)")
+    if settings.repeats < 1:
+        raise StagewiseError(f"repeats must be >= 1, got {settings.repeats}")
+    dtype = getattr(torch, settings.dtype) if settings.dtype else None
+    loaded = loaded or load_model(settings.model, settings.device, dtype)
+    prompt = single_prompt(loaded.tokenizer, settings.prompt_tokens, settings.seed)
+    lengths = sorted(set(settings.output_lengths))
+    ecfg = EngineConfig(max_num_seqs=1, max_model_len=settings.prompt_tokens + max(lengths) + 1)
+    llms = {m: LLM(loaded, backend=settings.backend, mode=m, engine_config=ecfg) for m in settings.modes}
+    warm = BenchRequest(prompt, settings.prompt_tokens, settings.warmup_tokens).params()
+    for llm in llms.values():
+        stream_timed(llm, [prompt], [warm])
+
+    total = sum(lengths) * len(settings.modes) * settings.repeats
+    task = progress.add_task("modes", total=total) if progress is not None else None
+    runs, reference = [], {}
+    for length in lengths:
+        params = BenchRequest(prompt, settings.prompt_tokens, length).params()
+        for rep, mode in alternating(list(settings.modes), settings.repeats):
+            if progress is not None:
+                progress.update(task, description=f"{mode:>5} {length:>4} tokens, run {rep + 1}/{settings.repeats}")
+            on_event = (lambda e, now: progress.advance(task)) if progress is not None else None
+            (req,) = stream_timed(llms[mode], [prompt], [params], on_event)
+            reference.setdefault(length, (mode, req.token_ids))
+            ref_mode, ref_ids = reference[length]
+            check_identical({ref_mode: ref_ids, f"{mode} (run {rep + 1})": req.token_ids}, f"{length} tokens")
+            m = req.metrics()
+            runs.append(
+                {
+                    "mode": mode,
+                    "output_tokens": length,
+                    "repeat": rep,
+                    "ttft_ms": 1000 * m.ttft,
+                    "latency_s": m.latency,
+                    "tokens_per_s": length / m.latency,
+                    "tbt_ms": [round(1000 * g, 4) for g in m.tbt],
+                }
+            )
+    result = {
+        "benchmark": "modes",
+        "machine": machine_info(),
+        "settings": asdict(settings),
+        "model": {k: v for k, v in next(iter(llms.values())).describe().items() if k != "mode"},
+        "prompt": prompt,
+        "prompt_tokens": settings.prompt_tokens,
+        "outputs_identical": True,
+        "notes": run_notes(settings.backend, loaded),
+        "token_ids": {str(length): ids for length, (_, ids) in reference.items()},
+        "runs": runs,
+    }
+    result.update(summarize_modes(runs, settings))
+    return result
+
+
+def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
+    """Medians over repeats per (mode, length); the time-per-token curve and its fit from the longest runs."""
+    summary: dict[str, dict] = {}
+    curves, fits = {}, {}
+    longest = max(r["output_tokens"] for r in runs)
+    for mode in settings.modes:
+        summary[mode] = {}
+        for length in sorted({r["output_tokens"] for r in runs}):
+            rs = [r for r in runs if r["mode"] == mode and r["output_tokens"] == length]
+            summary[mode][str(length)] = {
+                "ttft_ms": statistics.median(r["ttft_ms"] for r in rs),
+                "tbt_ms": statistics.median(statistics.median(r["tbt_ms"]) for r in rs),
+                "latency_s": statistics.median(r["latency_s"] for r in rs),
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+            }
+        gaps = [r["tbt_ms"] for r in runs if r["mode"] == mode and r["output_tokens"] == longest]
+        ms = [statistics.median(col) for col in zip(*gaps)]  # per position, the median over repeats
+        context = [settings.prompt_tokens + i + 1 for i in range(len(ms))]  # the step that made token i+1
+        curves[mode] = {"context_len": context, "ms_per_token": ms}
+        if len(ms) >= len(FIT_POWERS[mode]):
+            fits[mode] = fit_cost(context, ms, FIT_POWERS[mode])
+    return {"summary": summary, "time_per_token": curves, "fits": fits}
+
+
+def modes_table(result: dict):
+    """A rich Table of the summary, with the speed-up of each mode over naive recompute."""
+    from rich.table import Table
+
+    table = Table(title=f"naive vs kv vs paged — prompt of {result['prompt_tokens']} tokens (medians)")
+    for col in ("mode", "output tokens", "TTFT ms", "ms/token (TBT)", "tokens/s", "total s", "vs naive"):
+        table.add_column(col, justify="right")
+    summary = result["summary"]
+    for mode, by_length in summary.items():
+        for length, s in by_length.items():
+            base = summary.get("naive", {}).get(length, {}).get("tokens_per_s")
+            speedup = f"{s['tokens_per_s'] / base:.1f}x" if base else "-"
+            table.add_row(
+                mode,
+                length,
+                f"{s['ttft_ms']:.1f}",
+                f"{s['tbt_ms']:.2f}",
+                f"{s['tokens_per_s']:.1f}",
+                f"{s['latency_s']:.2f}",
+                speedup,
+            )
+    return table
+
+
+def plot_modes(result: dict, path) -> None:
+    """Two panels: time per token vs context (with fits), tokens/s per output length."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    curves = result["time_per_token"]
+    series = {m: (c["context_len"], c["ms_per_token"]) for m, c in curves.items()}
+    fits = {
+        m: (curves[m]["context_len"], eval_fit(f, curves[m]["context_len"]), f["label"])
+        for m, f in result["fits"].items()
+    }
+    plot_time_per_token(series, fits, ax=left)
+    by_length = {
+        length: {mode: result["summary"][mode][length]["tokens_per_s"] for mode in result["summary"]}
+        for length in next(iter(result["summary"].values()))
+    }
+    plot_throughput(by_length, "output tokens/s", "tokens/s per output length (x: output tokens)", ax=right)
+    fig.suptitle(f"{result['model']['name']} — {result['model']['backend']} stages, {result['model']['device']}")
+    save_figure(fig, path)
