@@ -20,6 +20,7 @@ Stepping the engine by hand (paged mode), one iteration at a time:
 
 import itertools
 import random
+import time
 from collections.abc import Iterator
 
 from stagewise.config import DEFAULT_MODEL, EngineConfig
@@ -80,8 +81,11 @@ class LLM:
             return prompt
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
 
-    def make_request(self, prompt: str, params: SamplingParams, chat: bool = False) -> Request:
+    def make_request(
+        self, prompt: str, params: SamplingParams, chat: bool = False, arrival_time: float | None = None
+    ) -> Request:
         """Validate and tokenize one prompt; raises StagewiseError on bad input."""
+        arrival_time = arrival_time if arrival_time is not None else time.perf_counter()
         if not isinstance(prompt, str):
             raise StagewiseError(f"a prompt must be a string, got {type(prompt).__name__}")
         if not isinstance(params, SamplingParams):
@@ -105,6 +109,7 @@ class LLM:
             prompt_token_ids=ids,
             params=params,
             seed=seed,
+            arrival_time=arrival_time,
             text_stream=TextStream(decode=lambda t: tok.decode(t, skip_special_tokens=True), stop=params.stop),
         )
 
@@ -116,7 +121,8 @@ class LLM:
         per_prompt = params if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise StagewiseError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams")
-        return [self.make_request(p, sp, chat) for p, sp in zip(prompts, per_prompt)]
+        arrival = time.perf_counter()  # all prompts of one call arrive together, before any tokenization
+        return [self.make_request(p, sp, chat, arrival) for p, sp in zip(prompts, per_prompt)]
 
     # ---- running ----------------------------------------------------------------------------
 

@@ -22,6 +22,17 @@ GQA by index map, never by copying K/V: query head h reads KV head
 
 The naive reference materialises the full [Lq, Lk] score matrix per head; the
 optimized FlashAttention kernel never does (tiles + online softmax).
+
+What the kernel (`kernels/flash_attention.py`) does differently: one program
+holds a tile of BLOCK_M query rows of one head in registers and streams the
+sequence's K/V past it BLOCK_N keys at a time. It cannot take a softmax over a
+row it never holds whole, so it keeps a running max m, a running sum l and an
+accumulator acc per row; each new tile raises m if needed, rescales l and acc
+by exp(m_old - m_new) and adds its own exp(s - m_new) terms (the online
+softmax, `kernels/attention_common.py`). At the end out = acc / l. Per head
+the naive path writes and re-reads S and P, O(N^2) bytes of memory traffic;
+the kernel reads Q, K, V and writes out once: O(N). Causal tiles stop at the
+diagonal, so keys no query of the tile may see are never loaded.
 """
 
 import torch
@@ -76,8 +87,10 @@ def optimized(
     scale: float,
     seqused_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Fallback until the Triton FlashAttention kernel lands: the naive reference."""
-    return naive(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k)
+    """Triton FlashAttention: K/V tiles stream past a query tile, online softmax, no [Lq, Lk] matrix."""
+    from stagewise.kernels.flash_attention import flash_attention  # lazily: importing kernels picks GPU or interpreter
+
+    return flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k)  # -> [Tq, H, d]
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -108,7 +121,7 @@ STAGE = Stage(
     shapes="q [T, H, d], k/v [T_kv, Hkv, d] -> [T, H, d]",
     naive=naive,
     optimized=optimized,
-    optimized_kind="fallback: naive PyTorch (Triton FlashAttention pending)",
+    optimized_kind="triton: FlashAttention, tiles + online softmax",
     example_inputs=example_inputs,
     outputs=("out",),
     axes={

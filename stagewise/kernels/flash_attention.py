@@ -1,0 +1,238 @@
+"""FlashAttention for a packed, variable-length batch (prefill, and any causal varlen attention).
+
+    q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> out [Tq, H, d]
+
+Semantics are the `attention` stage's (stages/attention.py): sequence b owns
+query rows cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys from cu_seqlens_k[b],
+seqused_k[b] of them (else up to cu_seqlens_k[b+1]); causal mask aligned
+bottom-right (query i sees key j iff j <= i + Lk - Lq); rows that see no key
+give 0; query head h reads KV head h // (H // Hkv).
+
+Tiles. One program owns BLOCK_M query rows of one sequence and one query
+head: grid (query tile, sequence, head); tiles past a sequence's end return at
+once. The program loads its Q tile once, then walks the sequence's keys
+BLOCK_N at a time, folding each K/V tile into the running (acc, m, l) of the
+online softmax (attention_common.py). The [Lq, Lk] score matrix never exists:
+per head, HBM traffic is Q + K + V + out — O(N) — instead of also writing and
+reading S and P — O(N^2).
+
+Causal tiles. The query rows m0 .. m0+BLOCK_M-1 see keys up to j = i + Lk - Lq:
+
+    keys [0, full)        every row of the tile sees them: no mask work at all
+    keys [full, hi)       the diagonal band: mask j <= i + Lk - Lq and j < Lk
+    keys [hi, Lk)         no row sees them: never loaded
+
+so a causal prefill loads about half of K/V, and only diagonal tiles pay
+for the mask.
+
+Strides: q/k/v may be strided views (q is a view of the fused qkv output:
+token stride (H + 2 Hkv) d, head stride d); only the last dimension must be
+contiguous. bf16/fp16 inputs: on a GPU the dots run on 16-bit tensor cores
+with fp32 accumulation; in the CPU interpreter (whose bf16 arithmetic is not
+trustworthy) every tile is converted to fp32 after the load.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels import INTERPRETER
+from stagewise.kernels.attention_common import (
+    M_INIT,
+    attend_tile,
+    check_cu_seqlens_q,
+    check_index,
+    check_qkv,
+    qk_scale_log2,
+)
+from stagewise.kernels.checks import KernelInputError, check_same_device
+
+NAME = "flash_attention"
+INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}  # the interpreter pays per op, not per FLOP: few, small tiles
+
+
+def _gpu_configs() -> list:
+    """A few tile shapes to autotune on a GPU (configs that do not fit are pruned by Triton)."""
+    shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+        for bm, bn, warps, stages in shapes
+    ]
+
+
+def _flash_attention_kernel(
+    q_ptr,  # [Tq, H, d] queries, last dim contiguous
+    k_ptr,  # [Tk, Hkv, d] keys, last dim contiguous
+    v_ptr,  # [Tk, Hkv, d] values, last dim contiguous
+    out_ptr,  # [Tq, H, d] output
+    cu_seqlens_q_ptr,  # [B+1] int32: query rows of each sequence
+    cu_seqlens_k_ptr,  # [B+1] int32: first key row of each sequence
+    seqused_k_ptr,  # [B] int32: keys used per sequence (read only when HAS_SEQUSED_K)
+    qk_scale,  # softmax scale * log2(e)
+    q_len_bucket,  # next power of two >= the longest query run: only an autotune key (short and long tune apart)
+    stride_q_token,  # elements between consecutive query tokens
+    stride_q_head,  # elements between consecutive query heads
+    stride_k_token,  # elements between consecutive key tokens
+    stride_k_head,  # elements between consecutive KV heads of k
+    stride_v_token,  # elements between consecutive value tokens
+    stride_v_head,  # elements between consecutive KV heads of v
+    stride_o_token,  # elements between consecutive output tokens
+    stride_o_head,  # elements between consecutive output heads
+    GROUP: tl.constexpr,  # query heads per KV head, H // Hkv
+    HEAD_DIM: tl.constexpr,  # d (a power of two)
+    BLOCK_M: tl.constexpr,  # query rows per tile
+    BLOCK_N: tl.constexpr,  # keys per tile
+    HAS_SEQUSED_K: tl.constexpr,  # key counts come from seqused_k, not from cu_seqlens_k
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 before the dots (interpreter, fp32 inputs)
+):
+    q_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    m0 = q_block * BLOCK_M  # first query row of this tile, within the sequence
+    if m0 >= q_len:
+        return  # this sequence has fewer query tiles than the longest one
+    k_start = tl.load(cu_seqlens_k_ptr + seq)
+    if HAS_SEQUSED_K:
+        k_len = tl.load(seqused_k_ptr + seq)
+    else:
+        k_len = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    shift = k_len - q_len  # bottom-right causal alignment: row i sees keys j <= i + shift
+    kv_head = head // GROUP  # GQA: an index map, no copy of K/V
+
+    rows = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows within the sequence
+    dims = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    row_ok = rows < q_len
+    q_rows = (q_start + rows).to(tl.int64)  # int64: row * stride may pass 2^31
+    q_ptrs = q_ptr + q_rows[:, None] * stride_q_token + head * stride_q_head + dims[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+    if FP32_DOTS:
+        q = q.to(tl.float32)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    last_row = tl.minimum(m0 + BLOCK_M, q_len) - 1
+    hi = tl.maximum(tl.minimum(k_len, last_row + shift + 1), 0)  # keys past hi: no row of the tile sees them
+    full = tl.maximum(tl.minimum(k_len, m0 + shift + 1), 0)  # keys before full: every row sees them
+    full = (full // BLOCK_N) * BLOCK_N  # whole tiles only
+    k_base = k_ptr + kv_head * stride_k_head + dims[None, :]
+    v_base = v_ptr + kv_head * stride_v_head + dims[None, :]
+
+    for n0 in range(0, full, BLOCK_N):  # tiles below the diagonal: no masks
+        keys = (k_start + n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
+        k = tl.load(k_base + keys[:, None] * stride_k_token)  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(v_base + keys[:, None] * stride_v_token)
+        if FP32_DOTS:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, FP32_DOTS)
+
+    for n0 in range(full, hi, BLOCK_N):  # the diagonal band: causal and length masks
+        cols = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions within the sequence
+        col_ok = cols < k_len
+        keys = (k_start + cols).to(tl.int64)
+        k = tl.load(k_base + keys[:, None] * stride_k_token, mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + keys[:, None] * stride_v_token, mask=col_ok[:, None], other=0.0)
+        if FP32_DOTS:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        visible = (cols[None, :] <= rows[:, None] + shift) & col_ok[None, :]  # [BLOCK_M, BLOCK_N]
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, FP32_DOTS)
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0 and l == 0 -> writes 0
+    out = acc / l_safe[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_o_token + head * stride_o_head + dims[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
+    """fp32 tiles and head_dim 256 need twice the shared memory (too big ones take minutes of ptxas, then fail)."""
+    args = {**named_args, **kwargs}
+    if args["FP32_DOTS"]:
+        max_tile = 64 * 32  # fp32 is the exactness path, not the fast one
+    elif args["HEAD_DIM"] > 128:
+        max_tile = 64 * 64
+    else:
+        return configs
+    return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= max_tile]
+
+
+_flash_attention_kernel = triton.jit(_flash_attention_kernel)
+if not INTERPRETER:  # autotune needs a driver: on a GPU only
+    _flash_attention_kernel = triton.autotune(
+        configs=_gpu_configs(),
+        key=["q_len_bucket", "HEAD_DIM", "GROUP", "FP32_DOTS"],
+        prune_configs_by={"early_config_prune": _prune_configs},
+    )(_flash_attention_kernel)
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    seqused_k: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1] int32, seqused_k [B] int32 or None -> [Tq, H, d].
+
+    Reads cu_seqlens_q (and the key counts) on the host once, to size the grid
+    and to check every sequence's rows lie inside q and k.
+    """
+    num_heads, num_kv_heads, head_dim = check_qkv(NAME, q, k, v, kv_ndim=3)
+    check_index(NAME, "cu_seqlens_q", cu_seqlens_q, None)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if num_seqs < 0:
+        raise KernelInputError(f"{NAME}: cu_seqlens_q is empty; it needs B+1 offsets")
+    check_index(NAME, "cu_seqlens_k", cu_seqlens_k, num_seqs + 1)
+    if seqused_k is not None:
+        check_index(NAME, "seqused_k", seqused_k, num_seqs)
+        check_same_device(
+            NAME, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k
+        )
+    else:
+        check_same_device(NAME, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    qk_scale = qk_scale_log2(scale)
+
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    check_cu_seqlens_q(NAME, cu_q, q.shape[0])
+    used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
+    for b in range(num_seqs):
+        if used[b] < 0 or cu_k[b] < 0 or cu_k[b] + used[b] > k.shape[0]:
+            raise KernelInputError(
+                f"{NAME}: sequence {b} reads keys {cu_k[b]}..{cu_k[b] + used[b]} of k, which has {k.shape[0]} rows"
+            )
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [Tq, H, d]; every row is written
+    max_q_len = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
+    if max_q_len == 0:
+        return out
+    blocks = INTERPRETER_BLOCKS if INTERPRETER else {}  # on a GPU autotune picks BLOCK_M / BLOCK_N
+    grid = lambda meta: (triton.cdiv(max_q_len, meta["BLOCK_M"]), num_seqs, num_heads)
+    _flash_attention_kernel[grid](
+        q_ptr=q,
+        k_ptr=k,
+        v_ptr=v,
+        out_ptr=out,
+        cu_seqlens_q_ptr=cu_seqlens_q,
+        cu_seqlens_k_ptr=cu_seqlens_k,
+        seqused_k_ptr=seqused_k if seqused_k is not None else cu_seqlens_k,  # unread without HAS_SEQUSED_K
+        qk_scale=qk_scale,
+        q_len_bucket=min(triton.next_power_of_2(max_q_len), 8192),
+        stride_q_token=q.stride(0),
+        stride_q_head=q.stride(1),
+        stride_k_token=k.stride(0),
+        stride_k_head=k.stride(1),
+        stride_v_token=v.stride(0),
+        stride_v_head=v.stride(1),
+        stride_o_token=out.stride(0),
+        stride_o_head=out.stride(1),
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        HAS_SEQUSED_K=seqused_k is not None,
+        FP32_DOTS=INTERPRETER or q.dtype == torch.float32,
+        **blocks,
+    )
+    return out

@@ -1,0 +1,105 @@
+"""Split-K for decode attention (flash decoding): when to split, and how the pieces merge.
+
+A decode step has one query per sequence. Paged attention gives one program
+per (sequence, KV head), so 2 long sequences x 8 KV heads = 16 programs on a
+GPU with 132 SMs: most of the chip idles while 16 programs walk thousands of
+keys. Split-K cuts each sequence's keys into NUM_SPLITS ranges, one program
+per range. Program s ends with the online-softmax state of its own keys,
+
+    m_s (max score), l_s = sum exp(x - m_s), acc_s = sum exp(x - m_s) v     (base 2 in the kernels)
+
+and the states merge exactly, like two steps of the online softmax:
+
+    M = max_s m_s,   w_s = exp(m_s - M),   out = sum_s w_s acc_s / sum_s w_s l_s
+
+A split that saw no key has l_s = 0 and acc_s = 0 and drops out; a row with
+no key anywhere has sum_s w_s l_s = 0 and gets 0.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+MIN_KEYS_PER_SPLIT = 256  # below this, a split's fixed cost (partials, reduce) outweighs its keys
+MAX_SPLITS = 16  # bounds the partial buffers and the reduce's work
+PROGRAMS_PER_SM = 2  # aim: about two programs per SM, so none idles while another finishes
+
+
+def num_sms(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device; None on the CPU interpreter (programs run one by one)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(num_programs: int, max_seq_len: int, sms: int | None) -> int:
+    """How many programs share one (query tile, sequence, KV head)'s keys; 1 = no split.
+
+    Split only when the unsplit grid leaves SMs idle and the keys are long
+    enough that each split still gets MIN_KEYS_PER_SPLIT of them. On the CPU
+    interpreter (sms None) programs run one after another, so splitting only adds work.
+    """
+    if sms is None or num_programs >= sms:
+        return 1
+    by_occupancy = triton.cdiv(PROGRAMS_PER_SM * sms, num_programs)
+    by_length = max_seq_len // MIN_KEYS_PER_SPLIT
+    splits = min(MAX_SPLITS, by_occupancy, by_length)
+    return splits if splits >= 2 else 1
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    acc_part_ptr,  # [T, H, NUM_SPLITS, d] fp32 unnormalised partial outputs
+    m_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running max (base-2 units)
+    l_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running sum
+    out_ptr,  # [T, H, d] output
+    stride_a_token,  # elements between consecutive tokens of acc_part
+    stride_a_head,  # elements between consecutive heads of acc_part
+    stride_a_split,  # elements between consecutive splits of acc_part
+    stride_ml_token,  # elements between consecutive tokens of m_part / l_part
+    stride_ml_head,  # elements between consecutive heads of m_part / l_part
+    stride_o_token,  # elements between consecutive output tokens
+    stride_o_head,  # elements between consecutive output heads
+    NUM_SPLITS: tl.constexpr,  # partials per row
+    SPLITS_POW2: tl.constexpr,  # next power of two >= NUM_SPLITS (tile width)
+    HEAD_DIM: tl.constexpr,  # d
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_POW2)  # [SPLITS_POW2]
+    split_ok = splits < NUM_SPLITS
+    dims = tl.arange(0, HEAD_DIM)
+    ml = token * stride_ml_token + head * stride_ml_head + splits
+    m = tl.load(m_part_ptr + ml, mask=split_ok, other=float("-inf"))  # padding lanes get weight exp2(-inf) = 0
+    l_s = tl.load(l_part_ptr + ml, mask=split_ok, other=0.0)
+    a_ptrs = acc_part_ptr + token * stride_a_token + head * stride_a_head + splits[:, None] * stride_a_split
+    acc = tl.load(a_ptrs + dims[None, :], mask=split_ok[:, None], other=0.0)  # [SPLITS_POW2, HEAD_DIM]
+    m_max = tl.max(m, axis=0)
+    w = tl.math.exp2(m - m_max)  # [SPLITS_POW2]: each split's sums rescaled to the common max
+    l_total = tl.sum(w * l_s, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_total > 0.0, l_total, 1.0)  # [HEAD_DIM]
+    o_ptrs = out_ptr + token * stride_o_token + head * stride_o_head + dims
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
+
+
+def split_k_reduce(acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor) -> None:
+    """acc_part [T, H, S, d], m_part / l_part [T, H, S] (fp32, from the split kernel) -> out [T, H, d], in place."""
+    num_tokens, num_heads, num_splits, head_dim = acc_part.shape
+    if num_tokens == 0:
+        return
+    _split_k_reduce_kernel[(num_tokens, num_heads)](
+        acc_part_ptr=acc_part,
+        m_part_ptr=m_part,
+        l_part_ptr=l_part,
+        out_ptr=out,
+        stride_a_token=acc_part.stride(0),
+        stride_a_head=acc_part.stride(1),
+        stride_a_split=acc_part.stride(2),
+        stride_ml_token=m_part.stride(0),
+        stride_ml_head=m_part.stride(1),
+        stride_o_token=out.stride(0),
+        stride_o_head=out.stride(1),
+        NUM_SPLITS=num_splits,
+        SPLITS_POW2=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+    )

@@ -1,0 +1,182 @@
+"""Triton FlashAttention (varlen, causal, GQA) vs the naive attention reference.
+
+Chain: the online softmax equals the full softmax -> a hand-checkable example ->
+irregular packed batches (prefill, chunks on a prefix, decode, rows with no key,
+empty sequences) in both dtypes -> a contiguous cache with gaps (seqused_k) ->
+strided q/k/v views of a fused qkv -> the registry stage -> the launcher's errors.
+"""
+
+import pytest
+import torch
+
+from stagewise.config import PRESETS
+from stagewise.kernels.attention_common import online_softmax_reference
+from stagewise.kernels.checks import KernelInputError
+from stagewise.kernels.flash_attention import flash_attention
+from stagewise.stages import STAGES
+from stagewise.stages.attention import naive
+from tests.helpers import assert_close
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+# The reference runs in fp32 on the very same (bf16-rounded) inputs, so for fp32 only the order
+# of the additions (tile by tile, exp2 instead of exp) differs: ~1e-6 relative, well inside 1e-5.
+# bf16 (8 significant bits): the output is rounded once to bf16 — to nearest on a GPU (<= 2^-8
+# relative), by truncation in Triton's interpreter (< 2^-7, one ulp) — and on a GPU P is also
+# rounded to bf16 before P @ V (<= 2^-8 per weight; the errors average out over the keys). Outputs are weighted means of
+# N(0, 1) values, |out| <~ 3, so 1e-2 absolute + 1e-2 relative covers both with margin.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}
+
+
+def packed_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, dtype, seed=0):
+    """Random q [sum q_lens, H, d], k/v [sum k_lens, Hkv, d] and their cu_seqlens."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
+    k = torch.randn(sum(k_lens), num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(sum(k_lens), num_kv_heads, head_dim, generator=gen)
+    return {
+        "q": q.to(DEVICE, dtype),
+        "k": k.to(DEVICE, dtype),
+        "v": v.to(DEVICE, dtype),
+        "cu_seqlens_q": torch.tensor([0, *q_lens]).cumsum(0).to(DEVICE, torch.int32),
+        "cu_seqlens_k": torch.tensor([0, *k_lens]).cumsum(0).to(DEVICE, torch.int32),
+        "scale": head_dim**-0.5,
+    }
+
+
+def reference(inputs: dict) -> torch.Tensor:
+    """The naive stage in fp32 on the same (possibly bf16-rounded) inputs."""
+    floats = {n: t.float() if n in ("q", "k", "v") else t for n, t in inputs.items()}
+    return naive(**floats)
+
+
+def test_online_softmax_tile_by_tile_equals_full_softmax():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(5, 11, generator=gen) * 4
+    scores[1, 7:] = float("-inf")  # a causal-like mask
+    scores[3] = float("-inf")  # a row that sees nothing -> 0
+    values = torch.randn(11, 4, generator=gen)
+    full = torch.softmax(scores.double(), dim=-1).nan_to_num(0.0) @ values.double()
+    for block_n in (1, 3, 4, 11):
+        assert_close(online_softmax_reference(scores, values, block_n), full, 1e-12, 1e-12, f"block_n={block_n}")
+
+
+def test_worked_example_uniform_attention():
+    """q = 0 makes every visible key equally likely: causal row i is the mean of v[0..i]."""
+    v = torch.arange(3 * 16, dtype=torch.float32).view(3, 1, 16)  # [3 tokens, 1 head, d 16]
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    out = flash_attention(torch.zeros(3, 1, 16), torch.randn(3, 1, 16), v, cu, cu, scale=0.25)
+    expected = torch.stack([v[0], (v[0] + v[1]) / 2, (v[0] + v[1] + v[2]) / 3])
+    assert_close(out, expected, 1e-5, 1e-6, "mean of the visible values")
+
+
+CASES = {  # name: (q_lens, k_lens, H, Hkv, d)
+    "prefill, GQA 1": ([7, 33, 1], [7, 33, 1], 2, 2, 64),
+    "decode and chunk on a prefix, GQA 3": ([1, 7, 1], [33, 20, 1], 9, 3, 64),
+    "more queries than keys, GQA 4": ([7, 5], [3, 0], 4, 1, 128),
+    "empty sequences, tiny model": ([0, 7, 0, 1], [5, 7, 0, 3], 6, 2, 16),
+    "head_dim 32": ([17], [17], 2, 1, 32),
+    "long prefix: many key tiles": ([1, 3], [150, 97], 4, 2, 64),
+    "first query one key before a tile edge; last key opens a tile": ([10, 1], [40, 33], 1, 1, 32),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_naive_on_packed_batches(case, dtype):
+    q_lens, k_lens, num_heads, num_kv_heads, head_dim = CASES[case]
+    inputs = packed_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, dtype)
+    out = flash_attention(**inputs)
+    assert out.dtype == dtype and out.shape == inputs["q"].shape
+    assert_close(out, reference(inputs), *TOL[dtype], case)
+
+
+def test_empty_batch():
+    inputs = packed_batch([], [], 4, 2, 64, torch.float32)
+    assert flash_attention(**inputs).shape == (0, 4, 64)
+
+
+def test_head_dim_256():
+    inputs = packed_batch([5], [9], 2, 1, 256, torch.float32)
+    assert_close(flash_attention(**inputs), reference(inputs), *TOL[torch.float32], "head_dim 256")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_seqused_k_reads_a_cache_with_gaps(dtype):
+    """A contiguous cache: row b owns slots [b * 40, b * 40 + 40) and uses seqused_k[b] of them.
+
+    The unused slots hold NaN: one read of them would poison the output.
+    """
+    capacity, used, q_lens = 40, [33, 1, 17], [1, 1, 17]
+    inputs = packed_batch(q_lens, [capacity] * 3, 4, 1, 64, dtype, seed=1)
+    for b, n in enumerate(used):
+        inputs["k"][b * capacity + n : (b + 1) * capacity] = float("nan")
+        inputs["v"][b * capacity + n : (b + 1) * capacity] = float("nan")
+    inputs["seqused_k"] = torch.tensor(used, dtype=torch.int32, device=DEVICE)
+    out = flash_attention(**inputs)
+    assert torch.isfinite(out.float()).all()
+    assert_close(out, reference(inputs), *TOL[dtype], "seqused_k")
+
+
+def test_strided_views_of_a_fused_qkv():
+    """q, k, v as split_qkv makes them: token stride (H + 2 Hkv) d, head stride d."""
+    num_heads, num_kv_heads, head_dim, lens = 6, 2, 16, [7, 12]
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(sum(lens), (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(DEVICE)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q = q.view(-1, num_heads, head_dim)  # [T, H, d] with token stride (H + 2 Hkv) d
+    k, v = k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
+    assert not q.is_contiguous() and q.stride(0) == (num_heads + 2 * num_kv_heads) * head_dim
+    cu = torch.tensor([0, *lens]).cumsum(0).to(DEVICE, torch.int32)
+    inputs = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "scale": head_dim**-0.5}
+    assert_close(flash_attention(**inputs), reference(inputs), *TOL[torch.float32], "strided views")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+def test_registry_stage_optimized_matches_naive(num_tokens, dtype):
+    stage = STAGES["attention"]
+    assert stage.optimized_kind.startswith("triton")
+    inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
+    # both paths round their output to dtype once; the tolerance covers one rounding each
+    assert_close(stage.optimized(**inputs), stage.naive(**inputs), *TOL[dtype], f"attention stage, T={num_tokens}")
+
+
+def _bad(**changes):
+    """Valid inputs (prefill of 7 and 5 tokens, GQA 2) with some entries replaced."""
+    inputs = packed_batch([7, 5], [7, 5], 4, 2, 64, torch.float32)
+    inputs.update({n: f(inputs) if callable(f) else f for n, f in changes.items()})
+    return inputs
+
+
+ERRORS = {  # name: (inputs, words the message must contain)
+    "head_dim 48": (packed_batch([3], [3], 2, 1, 48, torch.float32), "head_dim 48"),
+    "head_dim 96": (packed_batch([3], [3], 2, 1, 96, torch.float32), "head_dim 96"),
+    "kv heads do not divide H": (packed_batch([3], [3], 6, 4, 64, torch.float32), "H % Hkv"),
+    "integer q": (_bad(q=lambda i: i["q"].to(torch.int32)), "dtype"),
+    "mixed dtypes": (_bad(k=lambda i: i["k"].to(torch.bfloat16)), "share one dtype"),
+    "k/v head_dim differs from q": (_bad(k=lambda i: i["k"][..., :32], v=lambda i: i["v"][..., :32]), "head_dim"),
+    "cu_seqlens_k too long": (
+        _bad(cu_seqlens_k=lambda i: torch.cat([i["cu_seqlens_k"], i["cu_seqlens_k"][-1:]])),
+        "cu_seqlens_k",
+    ),
+    "cu_seqlens int64": (_bad(cu_seqlens_q=lambda i: i["cu_seqlens_q"].long()), "cu_seqlens_q"),
+    "cu_seqlens_q misses rows": (_bad(cu_seqlens_q=lambda i: i["cu_seqlens_q"] - 1), "cu_seqlens_q"),
+    "keys past the end of k": (
+        _bad(seqused_k=lambda i: torch.tensor([7, 9], dtype=torch.int32, device=DEVICE)),
+        "reads keys",
+    ),
+    "seqused_k wrong length": (
+        _bad(seqused_k=lambda i: torch.tensor([7], dtype=torch.int32, device=DEVICE)),
+        "seqused_k",
+    ),
+    "last dim strided": (_bad(q=lambda i: i["q"].transpose(1, 2).contiguous().transpose(1, 2)), "last dimension"),
+    "zero scale": (_bad(scale=0.0), "scale"),
+}
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_launcher_rejects_bad_inputs(name):
+    inputs, words = ERRORS[name]
+    with pytest.raises(KernelInputError, match=words):
+        flash_attention(**inputs)

@@ -1,0 +1,50 @@
+"""The whole model with Triton kernels (CPU interpreter here) against the naive PyTorch stages."""
+
+import pytest
+import torch
+
+from stagewise import LLM, SamplingParams
+from stagewise.config import EngineConfig
+from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.models.llama import LlamaModel
+from stagewise.models.ops import StageOps
+from stagewise.stages import STAGES
+from tests.helpers import assert_close
+
+PROMPTS = ["Hello there, how are you?", "A", "The quick brown fox jumps over the lazy dog again"]
+
+
+@pytest.mark.parametrize("mode", ["paged", "kv", "naive"])
+def test_tiny_triton_greedy_tokens_equal_naive(tiny, mode):
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    ecfg = EngineConfig(max_num_batched_tokens=16)  # paged: chunked prefill through the Triton kernels too
+    naive = LLM(tiny, backend="naive", mode=mode, engine_config=ecfg).generate(PROMPTS, params)
+    triton = LLM(tiny, backend="triton", mode=mode, engine_config=ecfg).generate(PROMPTS, params)
+    assert [o.token_ids for o in triton] == [o.token_ids for o in naive]
+
+
+def test_tiny_triton_every_stage_is_a_kernel(tiny):
+    llm = LLM(tiny, backend="triton")
+    assert set(llm.ops.backends.values()) == {"triton"}
+    for name, stage in STAGES.items():
+        if name != "tokenize":  # its optimized path is the Rust tokenizers library
+            assert stage.optimized_kind.startswith("triton"), name
+
+
+def test_per_stage_override(tiny):
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    mixed = LLM(tiny, backend="triton", stage_backends={"paged_attention": "naive", "sampling": "naive"})
+    assert mixed.ops.backends["paged_attention"] == "naive" and mixed.ops.backends["ffn"] == "triton"
+    ref = LLM(tiny).generate(PROMPTS, params)
+    assert [o.token_ids for o in mixed.generate(PROMPTS, params)] == [o.token_ids for o in ref]
+
+
+@pytest.mark.model
+def test_real_model_triton_prefill_logits_match_naive(smollm):
+    """SmolLM2's next-token logits after a short prompt, every stage a Triton kernel (interpreter)."""
+    ids = smollm.tokenizer.encode("The capital of France is")
+    batch = ForwardBatch.from_sequences([ids], [0], "cpu")
+    naive = LlamaModel(smollm, StageOps("naive")).forward(batch, NoKVCache(batch.cu_seqlens_q))
+    triton = LlamaModel(smollm, StageOps("triton")).forward(batch, NoKVCache(batch.cu_seqlens_q))
+    assert_close(triton, naive, 2e-3, 2e-3, "real model, triton vs naive logits")
+    assert torch.equal(triton.argmax(-1), naive.argmax(-1))
