@@ -21,7 +21,9 @@ GQA by index map, never by copying K/V: query head h reads KV head
 [L, Hkv, group, d] that broadcasts against k [L, Hkv, d].
 
 The naive reference materialises the full [Lq, Lk] score matrix per head; the
-optimized FlashAttention kernel never does (tiles + online softmax).
+optimized FlashAttention kernel never does (tiles + online softmax). For
+speed on a CPU it batches the sequences that have one query (decode) into one
+product, and handles longer query runs one sequence at a time.
 
 What the kernel (`kernels/flash_attention.py`) does differently: one program
 holds a tile of BLOCK_M query rows of one head in registers and streams the
@@ -41,6 +43,47 @@ from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
 
 
+def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One sequence: q [Lq, H, d] (its last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] in float32."""
+    len_q, num_heads, head_dim = q.shape
+    len_k, num_kv_heads = k.shape[0], k.shape[1]
+    group = num_heads // num_kv_heads  # query heads per KV head
+    qg = q.float().view(len_q, num_kv_heads, group, head_dim)  # [Lq, Hkv, g, d]: head h -> (h // g, h % g)
+    scores = torch.einsum("ikgd,jkd->kgij", qg, k.float()) * scale  # -> [Hkv, g, Lq, Lk]
+    i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
+    j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
+    allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
+    probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0, not NaN
+    out = torch.einsum("kgij,jkd->ikgd", probs, v.float())  # -> [Lq, Hkv, g, d]
+    return out.reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
+
+
+def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: torch.Tensor, scale: float):
+    """B sequences with one query each (decode): q [B, H, d], k/v [B, S, Hkv, d] padded, kv_lens [B] -> [B, H, d].
+
+    The one query is each sequence's last position, so it may see every key up to its length:
+    the only mask is the padding beyond `kv_lens[b]`. Computed in float64 and returned as float32:
+    a batched product's rounding depends on the batch size and the padding, and float64 keeps that
+    below float32's resolution, so a request gets the same numbers whoever shares its batch.
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    max_len, num_kv_heads = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    j = torch.arange(max_len, device=q.device)  # [S]
+    valid = j[None, :] < kv_lens.to(q.device)[:, None]  # [B, S]: keys that exist
+    # Padding slots may hold anything (an unwritten cache block, NaN): zero them, or 0 * NaN poisons the sum.
+    k = torch.where(valid[:, :, None, None], k.double(), 0.0)  # [B, S, Hkv, d]
+    v = torch.where(valid[:, :, None, None], v.double(), 0.0)
+    qg = q.double().view(num_seqs, num_kv_heads, group, head_dim)  # [B, Hkv, g, d]
+    scores = torch.einsum("bkgd,bjkd->bkgj", qg, k) * scale  # -> [B, Hkv, g, S]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # [B, Hkv, g, S]
+    out = torch.einsum("bkgj,bjkd->bkgd", probs, v)  # -> [B, Hkv, g, d]
+    return out.reshape(num_seqs, num_heads, head_dim).float()  # [B, H, d]
+
+
 def naive(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -50,31 +93,31 @@ def naive(
     scale: float,
     seqused_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> [Tq, H, d]."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads  # query heads per KV head
+    """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> [Tq, H, d].
+
+    Sequences with one query (decode) run together in one batched product over their keys
+    gathered into a padded [B, S] layout; longer query runs (prefill) run one sequence at a time.
+    """
     out = torch.zeros_like(q)
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    used = seqused_k.tolist() if seqused_k is not None else None
+    used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
+    single = [b for b in range(len(cu_q) - 1) if cu_q[b + 1] - cu_q[b] == 1 and used[b] > 0]
+    if single:
+        max_len = max(used[b] for b in single)
+        offsets = torch.arange(max_len)  # [S]
+        starts = torch.tensor([cu_k[b] for b in single])  # [B1]
+        index = (starts[:, None] + offsets[None, :]).clamp(max=k.shape[0] - 1)  # [B1, S] rows of k
+        lens = torch.tensor([used[b] for b in single])  # [B1]
+        rows = torch.tensor([cu_q[b] for b in single])  # [B1]: the query row of each sequence
+        index, rows = index.to(k.device), rows.to(q.device)
+        o = single_query_attention(q[rows], k[index], v[index], lens, scale)  # [B1, H, d]
+        out[rows] = o.to(q.dtype)
     for b in range(len(cu_q) - 1):
         q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
-        len_q = q_end - q_start
-        len_k = used[b] if used is not None else cu_k[b + 1] - k_start
-        if len_q == 0:
+        if b in single or q_end == q_start:
             continue
-        qb = q[q_start:q_end].float().view(len_q, num_kv_heads, group, head_dim)  # [Lq, Hkv, g, d]
-        kb = k[k_start : k_start + len_k].float()  # [Lk, Hkv, d]
-        vb = v[k_start : k_start + len_k].float()  # [Lk, Hkv, d]
-        scores = torch.einsum("ikgd,jkd->kgij", qb, kb) * scale  # -> [Hkv, g, Lq, Lk]
-        i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
-        j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
-        allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
-        probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0
-        ob = torch.einsum("kgij,jkd->ikgd", probs, vb)  # -> [Lq, Hkv, g, d]
-        out[q_start:q_end] = ob.reshape(len_q, num_heads, head_dim).to(q.dtype)  # [Lq, H, d]
+        kb, vb = k[k_start : k_start + used[b]], v[k_start : k_start + used[b]]  # [Lk, Hkv, d] views
+        out[q_start:q_end] = causal_attention_one_sequence(q[q_start:q_end], kb, vb, scale).to(q.dtype)
     return out
 
 

@@ -17,9 +17,11 @@ prefix (chunked prefill, prefix-cache hits).
 
 GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 
-The naive reference gathers each sequence's K/V blocks into a contiguous
-tensor and calls the `attention` reference; the optimized kernel reads the
-blocks in place, one block-table lookup per tile, with the online softmax.
+The naive reference gathers every sequence's K/V blocks into a padded
+[B, max_blocks * block_size] tensor with one indexing op, then runs the
+`attention` reference's math (decode rows batched, prefill runs per
+sequence); the optimized kernel reads the blocks in place, one block-table
+lookup per tile, with the online softmax.
 
 What the kernel (`kernels/paged_attention.py`) does differently: no gather
 copy and no score matrix. A tile of BLOCK_N keys finds each key's physical
@@ -41,12 +43,14 @@ from stagewise.stages import attention
 from stagewise.stages.base import Stage
 
 
-def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """cache [num_blocks, block_size, Hkv, d], one block-table row -> [seq_len, Hkv, d] (a copy)."""
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)  # ceil
-    blocks = cache[block_table_row[:num_blocks].long()]  # [n_blocks, block_size, Hkv, d]
-    return blocks.reshape(-1, *cache.shape[2:])[:seq_len]  # [seq_len, Hkv, d]
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, Hkv, d], block_table [B, max_blocks] -> [B, max_blocks * block_size, Hkv, d].
+
+    One indexing op gathers every sequence's blocks in logical order (a copy); position p of
+    sequence b lands at [b, p], read from slot block_table[b, p // block_size] * block_size + p % block_size.
+    """
+    blocks = cache[block_table.long().to(cache.device)]  # [B, max_blocks, block_size, Hkv, d]
+    return blocks.flatten(1, 2)  # [B, max_blocks * block_size, Hkv, d]
 
 
 def naive(
@@ -58,14 +62,24 @@ def naive(
     cu_seqlens_q: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Gather each sequence's K/V through its block table, then causal varlen attention."""
-    lens = seq_lens.tolist()
-    ks = [gather_kv(k_cache, block_table[b], n) for b, n in enumerate(lens)]
-    vs = [gather_kv(v_cache, block_table[b], n) for b, n in enumerate(lens)]
-    k = torch.cat(ks)  # [sum(seq_lens), Hkv, d]
-    v = torch.cat(vs)
-    cu_k = torch.tensor([0, *lens], device=q.device).cumsum(0).to(torch.int32)  # [B+1]
-    return attention.naive(q, k, v, cu_seqlens_q, cu_k, scale)
+    """Gather each sequence's K/V through its block table, then causal attention per sequence."""
+    k = gather_kv(k_cache, block_table)  # [B, S, Hkv, d], S = max_blocks * block_size
+    v = gather_kv(v_cache, block_table)
+    out = torch.zeros_like(q)
+    cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    single = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]  # decode: one query each
+    if single:
+        rows = torch.tensor([cu_q[b] for b in single], device=q.device)  # their query rows
+        idx = torch.tensor(single, device=k.device)
+        o = attention.single_query_attention(q[rows], k[idx], v[idx], torch.tensor([lens[b] for b in single]), scale)
+        out[rows] = o.to(q.dtype)  # [B1, H, d]
+    for b in range(len(lens)):
+        if b in single or cu_q[b + 1] == cu_q[b]:
+            continue
+        qb = q[cu_q[b] : cu_q[b + 1]]  # [Lq, H, d]: the last Lq positions of the sequence
+        ob = attention.causal_attention_one_sequence(qb, k[b, : lens[b]], v[b, : lens[b]], scale)
+        out[cu_q[b] : cu_q[b + 1]] = ob.to(q.dtype)
+    return out
 
 
 def optimized(
