@@ -10,7 +10,6 @@ import pytest
 
 from stagewise import LLM, SamplingParams
 from stagewise.config import EngineConfig
-from stagewise.stages import STAGES
 from stagewise.trace.export import TRACE_SCHEMA, to_chrome, to_json
 from stagewise.trace.render_table import render_markdown
 from stagewise.trace.tracer import Tracer
