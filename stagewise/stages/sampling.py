@@ -130,6 +130,8 @@ class SamplingTensors:
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
     """Make seen tokens less likely: positive logits / penalty, negative logits * penalty."""
+    if bool((penalty == 1.0).all()):  # off for every row: nothing to change (and three [B, V] passes saved)
+        return logits
     penalty = penalty[:, None]  # [B] -> [B, 1]
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)  # [B, V]
     return torch.where(seen, penalized, logits)  # [B, V]

@@ -1,0 +1,82 @@
+"""The teaching notebooks: each executes top to bottom, imports stagewise, redefines nothing, draws.
+
+Notebooks live in `notebooks/` as a jupytext percent-format `.py` (the source, reviewable in git)
+paired with an `.ipynb` without outputs (what Jupyter opens). They run here with
+STAGEWISE_NOTEBOOK_QUICK=1, which shrinks workloads without changing what they teach.
+"""
+
+import re
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+EXPECTED = [
+    "00_pipeline",
+    "01_tokenize",
+    "02_embedding_rmsnorm",
+    "03_qkv_gqa",
+    "04_rope",
+    "05_attention",
+    "06_ffn",
+    "07_lm_head_sampling",
+    "08_kv_cache",
+    "09_paged_kv_cache",
+    "10_continuous_batching",
+    "11_roofline",
+    "12_triton_kernels",
+]
+FORBIDDEN = [
+    (r"@triton\.jit", "defines a Triton kernel"),
+    (r"^\s*import triton", "imports triton directly (kernels live in stagewise.kernels)"),
+    (r"^\s*def (naive|optimized)\b", "re-implements a stage"),
+    (r"^\s*class \w*(Scheduler|BlockManager|Tokenizer|Tracer)\b", "re-implements an engine part"),
+]
+
+
+def code_of(nb) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_is_paired_stripped_and_uses_the_package(name):
+    ipynb, py = NOTEBOOKS / f"{name}.ipynb", NOTEBOOKS / f"{name}.py"
+    assert ipynb.is_file() and py.is_file(), f"{name}: both the .ipynb and its jupytext .py must exist"
+    nb = nbformat.read(ipynb, as_version=4)
+    source = jupytext.read(py)
+    assert [c.source for c in nb.cells] == [c.source for c in source.cells], f"{name}: .ipynb out of sync with .py"
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name}: outputs not stripped"
+    code = code_of(nb)
+    assert re.search(r"^\s*(from|import) stagewise", code, re.M), f"{name} does not import stagewise"
+    for pattern, why in FORBIDDEN:
+        assert not re.search(pattern, code, re.M), f"{name} {why}"
+    assert "plt." in code or "matplotlib" in code, f"{name} draws no figure"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_executes_and_draws(name, monkeypatch):
+    monkeypatch.setenv("STAGEWISE_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()  # raises CellExecutionError on the first failing cell
+    images = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
+    assert images, f"{name} executed but showed no figure"
+
+
+def test_no_unexpected_notebooks():
+    found = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+    assert found == EXPECTED, f"notebooks/ holds {found}; update EXPECTED (and the README list) when adding one"
+
+
+def test_readme_lists_every_notebook():
+    readme = (NOTEBOOKS.parent / "README.md").read_text()
+    for name in EXPECTED:
+        assert f"notebooks/{name}.ipynb" in readme, f"README does not list {name}"
+
+
