@@ -123,6 +123,7 @@ def modes(
     output_lengths: str | None = typer.Option(None, help="comma-separated max_tokens (default 16,64,256,512)"),
     modes: str = typer.Option("naive,kv,paged", help="comma-separated modes to compare"),
     repeats: int | None = typer.Option(None, help="timed runs per mode and length (default 3; quick 1)"),
+    compare: list[str] = typer.Option([], help="add a system: transformers (HF generate on the same prompt)"),
 ):
     """Naive recompute vs KV cache vs paged KV: same prompt, same tokens, growing outputs."""
     from stagewise.bench.modes import ModesSettings, modes_table, plot_modes, run_modes
@@ -139,6 +140,7 @@ def modes(
         else ((8, 32) if quick else (16, 64, 256, 512)),
         repeats=repeats or (1 if quick else 3),
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        compare=tuple(c.strip() for item in compare for c in item.split(",") if c.strip()),
     )
     with progress_bar(console) as progress:
         result = run_modes(settings, progress=progress)

@@ -39,7 +39,8 @@ from stagewise.models.registry import LoadedModel, load_model
 
 DEFAULT_OUTPUT_LENGTHS = (16, 64, 256, 512)
 MODES = ("naive", "kv", "paged")
-FIT_POWERS = {"naive": (0, 1, 2), "kv": (0, 1), "paged": (0, 1)}  # the seeds' per-step cost in N
+FIT_POWERS = {"naive": (0, 1, 2), "kv": (0, 1), "paged": (0, 1), "transformers": (0, 1)}  # per-step cost in N
+COMPARE = ("transformers",)  # other systems that can run the same prompt
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class ModesSettings:
     repeats: int = 3  # timed runs per (mode, output length), alternating the modes
     warmup_tokens: int = 4  # one untimed run of this many tokens per mode first
     modes: tuple[str, ...] = MODES  # which modes to compare
+    compare: tuple[str, ...] = ()  # other systems on the same prompt: "transformers" (HF generate, KV-cached)
     seed: int = 0  # prompt seed
 
 
@@ -113,6 +115,9 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     for mode in settings.modes:
         if mode not in MODES:
             raise StagewiseError(f"unknown mode '{mode}'; use {', '.join(MODES)}")
+    for name in settings.compare:
+        if name not in COMPARE:
+            raise StagewiseError(f"unknown system '{name}' for --compare; use {', '.join(COMPARE)}")
     if not settings.output_lengths or min(settings.output_lengths) < 2:
         raise StagewiseError("output lengths must be >= 2 tokens (a time between tokens needs two)")
     if settings.repeats < 1:
@@ -126,17 +131,31 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     warm = BenchRequest(prompt, settings.prompt_tokens, settings.warmup_tokens).params()
     for llm in llms.values():
         stream_timed(llm, [prompt], [warm])
+    hf = None
+    if "transformers" in settings.compare:
+        from stagewise.bench.hf_baseline import HFBaseline
 
-    total = sum(lengths) * len(settings.modes) * settings.repeats
+        hf = HFBaseline(settings.model, loaded.device, loaded.dtype)
+        prompt_ids = loaded.tokenizer.encode(prompt)
+        pad_id = loaded.tokenizer.pad_id if loaded.tokenizer.pad_id is not None else 0
+        hf.run([prompt_ids], [settings.warmup_tokens], 1, pad_id)
+    systems = [*settings.modes, *settings.compare]
+
+    total = sum(lengths) * len(systems) * settings.repeats
     task = progress.add_task("modes", total=total) if progress is not None else None
     runs, reference = [], {}
     for length in lengths:
         params = BenchRequest(prompt, settings.prompt_tokens, length).params()
-        for rep, mode in alternating(list(settings.modes), settings.repeats):
+        for rep, mode in alternating(systems, settings.repeats):
             if progress is not None:
                 progress.update(task, description=f"{mode:>5} {length:>4} tokens, run {rep + 1}/{settings.repeats}")
-            on_event = (lambda e, now: progress.advance(task)) if progress is not None else None
-            (req,) = stream_timed(llms[mode], [prompt], [params], on_event)
+            if mode == "transformers":  # one prompt, batch of one: HF generate with its own KV cache
+                (req,) = hf.run([prompt_ids], [length], 1, pad_id).requests
+                if progress is not None:
+                    progress.advance(task, length)
+            else:
+                on_event = (lambda e, now: progress.advance(task)) if progress is not None else None
+                (req,) = stream_timed(llms[mode], [prompt], [params], on_event)
             reference.setdefault(length, (mode, req.token_ids))
             ref_mode, ref_ids = reference[length]
             check_identical({ref_mode: ref_ids, f"{mode} (run {rep + 1})": req.token_ids}, f"{length} tokens")
@@ -173,7 +192,7 @@ def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
     summary: dict[str, dict] = {}
     curves, fits = {}, {}
     longest = max(r["output_tokens"] for r in runs)
-    for mode in settings.modes:
+    for mode in [*settings.modes, *settings.compare]:
         summary[mode] = {}
         for length in sorted({r["output_tokens"] for r in runs}):
             rs = [r for r in runs if r["mode"] == mode and r["output_tokens"] == length]
