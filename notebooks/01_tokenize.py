@@ -1,0 +1,314 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Tokenize: text -> `[num_tokens]`
+#
+# A model never sees characters. Its first layer is a table with one row per
+# *token id* (49,152 rows for SmolLM2), so the first stage of inference turns a
+# string into a 1-D tensor of ids:
+#
+#     "What is the capital of France?"  ->  int64 [num_tokens]
+#
+# Llama-family models (SmolLM2, Llama 3, GPT-2...) use **byte-level BPE** (byte
+# pair encoding). It is worth understanding for three reasons:
+#
+# * **cost**: everything downstream scales with `num_tokens`, not with
+#   characters. A tokenizer that needs fewer tokens for the same text makes
+#   every later stage cheaper (and the KV cache smaller);
+# * **correctness**: the ids must be *exactly* the ones the model was trained
+#   on, or the model reads garbage. So the naive and the fast tokenizer must
+#   agree bit for bit;
+# * **no unknown token**: working on UTF-8 *bytes* means any string — Chinese,
+#   emoji, code — has an encoding.
+#
+# This notebook follows the package's tokenize stage
+# (`stagewise/stages/tokenize.py`): motivation -> naive (pure Python, step by
+# step) -> optimized (Rust `tokenizers`) -> check -> measure -> picture.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# timing uses fewer repeats. Nothing else changes.
+
+# %%
+import ast
+import os
+import pathlib
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import stagewise
+from stagewise.bench.timing import compare
+from stagewise.models.files import smollm2_gguf_path
+from stagewise.models.tokenizer import Tokenizer
+from stagewise.stages import STAGES
+from stagewise.stages.tokenize import bpe_merge, bytes_to_unicode, pre_tokenize, split_special_tokens
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+REPEATS = 3 if QUICK else 10
+
+# %% [markdown]
+# ## The real tokenizer
+#
+# The SmolLM2 GGUF file carries the tokenizer next to the weights: the
+# vocabulary (token strings), the merges in the order they were learned, the
+# special tokens and the chat template. `Tokenizer.from_gguf` reads only that
+# metadata (no weights).
+
+# %%
+tok = Tokenizer.from_gguf(smollm2_gguf_path())
+print(tok)
+print("first merges learned:", tok.merges[:5])
+print("special tokens:", list(tok.special_tokens.items())[:4], "...")
+
+# %% [markdown]
+# ## Naive, step by step
+#
+# The naive path (`STAGES["tokenize"].naive`) does five things. We run each one
+# on a real sentence with the stage's own helper functions.
+#
+# ### 1. Special tokens first
+#
+# The chat template wraps a message in control markers such as `<|im_start|>`.
+# They are matched *literally* before BPE and become one id each; otherwise BPE
+# would cut `<|im_start|>` into `<`, `|`, `im`, ... and the model would never
+# recognise the turn boundaries it was trained on.
+
+# %%
+prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+print(prompt)
+for chunk, is_special in split_special_tokens(prompt, tok.special_tokens):
+    print(f"{'SPECIAL' if is_special else 'text   '} {chunk!r}")
+
+# %% [markdown]
+# ### 2. Pre-tokenize
+#
+# A regex cuts the text into *pieces*; merges never cross a piece boundary.
+# SmolLM2's pre-tokenizer (`"smollm"`) first isolates every digit, then applies
+# GPT-2's pattern: a word keeps its leading space (`" capital"`), punctuation
+# runs are their own piece, runs of spaces leave their last space to the next
+# word. Isolating digits means `2024` is always the four tokens `2 0 2 4`: the
+# model sees numbers digit by digit, with a consistent representation.
+
+# %%
+sentence = "Tokenization isn't magic: SmolLM2 reads 2024 bytes.\nThe  end. 大模型"
+pieces = pre_tokenize(sentence, tok.pre)
+print(pieces)
+assert "".join(pieces) == sentence  # lossless: the pieces concatenate back to the text
+
+# %% [markdown]
+# ### 3. Bytes -> printable characters
+#
+# Each piece is encoded to UTF-8, and each *byte* is spelled as one printable
+# character. Printable Latin-1 bytes stand for themselves; the other 68 (space,
+# newline, control bytes...) are shifted above U+0100. That is why BPE
+# vocabularies are full of `Ġ` (a space) and `Ċ` (a newline). The vocabulary
+# is written in this 256-letter alphabet, so no input can be "unknown".
+
+# %%
+byte_map = bytes_to_unicode()
+for ch in [" ", "\n", "a", "é"]:
+    utf8 = ch.encode()  # UTF-8 bytes
+    print(f"{ch!r:6} UTF-8 {utf8.hex(' '):8} -> {''.join(byte_map[b] for b in utf8)!r}")
+print("distinct byte letters:", len(set(byte_map.values())))
+
+# A Chinese character is 3 UTF-8 bytes, so 3 letters of the byte alphabet:
+spelled = "".join(byte_map[b] for b in " 大模型".encode())
+print(repr(" 大模型"), "->", repr(spelled), f"({len(spelled)} byte letters)")
+
+# %% [markdown]
+# ### 4. Merge by rank
+#
+# Start from single byte letters. Repeatedly find the adjacent pair whose merge
+# was learned *earliest* (lowest rank in `tok.merges`) and fuse it everywhere in
+# the piece; stop when no adjacent pair is a known merge. `bpe_merge` does the
+# whole loop. To watch it, we pick the best pair ourselves (a lookup in
+# `tok.merge_ranks`) and let `bpe_merge` apply just that one merge, then check
+# that the step-by-step result equals the stage's full `bpe_merge`.
+
+
+# %%
+def merge_steps(piece: str) -> list[tuple[list[str], tuple[str, str] | None, int | None]]:
+    """(symbols, pair merged next, its rank) after every merge step, for display."""
+    symbols = list("".join(byte_map[b] for b in piece.encode()))  # one byte letter per symbol
+    steps = []
+    while True:
+        ranked = [(tok.merge_ranks[p], p) for p in zip(symbols, symbols[1:]) if p in tok.merge_ranks]
+        if not ranked:
+            steps.append((symbols, None, None))
+            return steps
+        rank, best = min(ranked)
+        steps.append((symbols, best, rank))
+        symbols = bpe_merge(symbols, {best: 0})  # apply exactly this one merge
+
+
+word = " tokenization"
+steps = merge_steps(word)
+for i, (symbols, best, rank) in enumerate(steps):
+    nxt = f"next: merge {best[0]!r} + {best[1]!r} (rank {rank})" if best else "no known pair left: done"
+    print(f"step {i:2}: {' | '.join(symbols):55} {nxt}")
+
+start = list("".join(byte_map[b] for b in word.encode()))
+assert steps[-1][0] == bpe_merge(start, tok.merge_ranks)  # identical to the stage's own loop
+
+# %% [markdown]
+# Note the ranks climb: `Ġ t` (a space before `t`, learned very early),
+# `i z`, ... then the whole suffix `ization`. Frequent fragments were learned
+# first. A word the training data saw often ends as one token; a rare word
+# ends as a few.
+#
+# ### 5. Look up the ids
+#
+# The final symbols are vocabulary entries; their positions are the ids. Here
+# the whole naive stage, special tokens included, on the chat prompt:
+
+# %%
+ids_naive = STAGES["tokenize"].naive(text=prompt, tokenizer=tok)  # text -> [num_tokens]
+print("shape:", tuple(ids_naive.shape), ids_naive.dtype)
+print([tok.tokens[i] for i in ids_naive.tolist()])
+
+# %% [markdown]
+# ## Optimized: the Rust `tokenizers` library
+#
+# `STAGES["tokenize"].optimized` builds a Rust `tokenizers.Tokenizer` from the
+# *same* vocabulary, merges, pre-tokenizer regexes and special tokens, once
+# (cached on `tok.rust`). Nothing about the algorithm changes; what changes is
+# the machinery: compiled regexes, a priority-queue merge loop, no Python
+# object per character.
+#
+# ## Check: identical ids
+#
+# Exactly equal, not "close": a single different id is a different input to
+# the model. We compare on the chat prompt, the mixed sentence above, and on a
+# larger corpus: the docstrings of every stagewise module (English prose,
+# code, formulas, arrows and other Unicode symbols).
+
+# %%
+root = pathlib.Path(stagewise.__file__).parent
+docstrings = [ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) for p in sorted(root.rglob("*.py"))]
+corpus = "\n\n".join(d for d in docstrings if d)
+print(f"corpus: {len(corpus):,} characters from {len(docstrings)} modules")
+
+for text in [prompt, sentence, corpus]:
+    a = STAGES["tokenize"].naive(text=text, tokenizer=tok)
+    b = STAGES["tokenize"].optimized(text=text, tokenizer=tok)
+    assert a.tolist() == b.tolist(), "naive and Rust tokenizers disagree"
+    ratio = len(text) / a.numel()
+    print(f"identical ids: {a.numel():>6} tokens for {len(text):>6} characters ({ratio:.2f} chars/token)")
+
+# %% [markdown]
+# ## Measure
+#
+# Times are medians of alternating runs (`stagewise.bench.timing.compare`),
+# on two texts: the chat prompt (what an inference server tokenizes per
+# request) and the whole docstring corpus. The naive path keeps a per-piece
+# cache (`tok.bpe_cache`): a piece merged once is a dictionary hit afterwards.
+# So we time it **cold** (cache cleared before every call: every piece goes
+# through the Python merge loop) and **warm** (every piece is already cached).
+
+
+# %%
+def timed_paths(text: str) -> dict:
+    def naive_cold():
+        tok.bpe_cache.clear()
+        return tok.encode(text, backend="naive")
+
+    return {
+        "naive, cold cache": naive_cold,
+        "naive, warm cache": lambda: tok.encode(text, backend="naive"),
+        "Rust tokenizers": lambda: tok.encode(text, backend="fast"),
+    }
+
+
+for label, text in [("chat prompt", prompt), ("docstring corpus", corpus)]:
+    n = len(tok.encode(text, backend="fast"))
+    timings = compare(timed_paths(text), repeats=REPEATS, warmup=1)
+    print(f"{label}: {n:,} tokens")
+    for name, t in timings.items():
+        print(f"  {name:18} {t.median_ms:8.2f} ms   {n / t.median_ms / 1e3:5.2f} M tokens/s")
+    cold, rust = timings["naive, cold cache"].median_ms, timings["Rust tokenizers"].median_ms
+    print(f"  Rust vs naive doing the same work (cold): {cold / rust:.1f}x faster")
+
+# %% [markdown]
+# What to read from this:
+#
+# * doing the same work (cold cache), the Rust library is faster: the Python
+#   merge loop, with one Python object per symbol, is the slow part;
+# * with a warm cache the naive path skips that loop and only runs the regex
+#   (Python's `regex` module is compiled C) and dictionary lookups, so it can
+#   match the Rust library on repetitive text. Caching by piece is the single
+#   most effective trick in a BPE tokenizer — real text reuses the same few
+#   thousand pieces (" the", " of", ...) over and over, and the Rust library
+#   caches too;
+# * either way, tokenizing a prompt costs well under a millisecond to a few
+#   milliseconds. Next to a forward pass through 30 layers it is never the
+#   bottleneck of inference; it runs on the CPU while the GPU is busy.
+#
+# ## Picture
+#
+# Left: the merges that build `" tokenization"`, in the order they fire, with
+# the rank of each (log scale). Ranks climb from single digits (`Ġ t`, `o n`:
+# fragments that are everywhere in English) to thousands (`Ġto ken`): BPE
+# learned frequent fragments first, and applies them first.
+#
+# Middle: tokens per pre-tokenized piece over the docstring corpus. Most pieces
+# (a word with its space, a punctuation mark) are a single token; the tail is
+# rare words and identifiers.
+#
+# Right: characters per token for different kinds of text. The cost of a
+# prompt is its *token* count: English prose packs ~4-5 characters into a
+# token, code fewer, digits exactly one (SmolLM2 splits them), and Chinese, a
+# small part of SmolLM2's training data, often less than one character per
+# token: a token can end in the middle of a character's 3 UTF-8 bytes. (That
+# is also why streaming detokenization must hold back incomplete UTF-8 bytes,
+# see `IncrementalDecoder`.)
+
+# %%
+fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5))
+merges = [(best, rank) for _, best, rank in merge_steps(" tokenization") if best is not None]
+labels = [f"{a} + {b}" for (a, b), _ in merges]
+left.barh(range(len(merges)), [rank + 1 for _, rank in merges], color="tab:purple")
+left.set_yticks(range(len(merges)), labels, fontsize=8)
+left.invert_yaxis()
+left.set_xscale("log")
+left.set_xlabel("merge rank + 1 (log scale; lower = learned earlier)")
+left.set_title("merges of ' tokenization', in firing order")
+
+per_piece = [len(tok.encode(p, backend="fast")) for p in pre_tokenize(corpus, tok.pre)]
+bins = np.arange(1, max(per_piece) + 2) - 0.5
+middle.hist(per_piece, bins=bins, color="tab:blue", edgecolor="white")
+middle.set_yscale("log")
+middle.set_xlabel("tokens per pre-tokenized piece")
+middle.set_ylabel("pieces (log scale)")
+middle.set_title(f"{len(per_piece):,} pieces of the docstring corpus")
+
+samples = {
+    "English prose": "The capital of France is Paris. It is known for its museums, its cafes and the river Seine.",
+    "Python code": (root / "stages" / "ffn.py").read_text(encoding="utf-8").split('"""')[2],
+    "digits": "3.14159265358979323846264338327950288419716939937510",
+    "Chinese": "大模型是如何高效推理的：分词、嵌入、注意力、前馈网络、采样。",
+}
+ratios = {name: len(text) / len(tok.encode(text, backend="fast")) for name, text in samples.items()}
+right.bar(list(ratios), list(ratios.values()), color=["tab:green", "tab:orange", "tab:gray", "tab:red"])
+for i, r in enumerate(ratios.values()):
+    right.text(i, r, f"{r:.2f}", ha="center", va="bottom")
+right.set_ylabel("characters per token")
+right.set_title("what one token buys, by kind of text")
+plt.tight_layout()
+plt.show()
+
+# **Takeaways**
+#
+# * text -> special tokens -> regex pieces -> byte letters -> merges by rank ->
+#   ids `[num_tokens]`; the naive and Rust paths give the same ids, always;
+# * `num_tokens`, not characters, is what every later stage pays for;
+# * next: `02_embedding_rmsnorm` turns `[num_tokens]` into `[num_tokens, hidden]`.

@@ -1,0 +1,292 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Fused QKV projection and grouped-query attention (GQA)
+#
+# Attention needs, for every token, a query, a key and a value per head:
+#
+#     x [T, hidden] @ W_q [hidden, H * d]     -> q [T, H, d]
+#     x [T, hidden] @ W_k [hidden, Hkv * d]   -> k [T, Hkv, d]
+#     x [T, hidden] @ W_v [hidden, Hkv * d]   -> v [T, Hkv, d]
+#
+# Two ideas make this cheaper:
+#
+# * **fused QKV**: the three products read the same `x`, so concatenate the
+#   weights along their output columns and run **one** GEMM,
+#   `x @ w_qkv [hidden, (H + 2*Hkv) * d]`, then cut the result into q, k, v
+#   with *views* (no copy);
+# * **GQA**: use fewer key/value heads than query heads (`Hkv < H`). Several
+#   query heads share one K/V head, found by an index map
+#   `kv_head = q_head // (H // Hkv)` — never by copying K/V. K and V are what
+#   the KV cache stores for every past token, so GQA divides the cache (and
+#   the bytes every decode step reads) by `H / Hkv`.
+#
+# SmolLM2: H = 9, Hkv = 3, d = 64, so `w_qkv` is `[576, 576 + 192 + 192] = [576, 960]`.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# timing uses a smaller prefill batch and fewer repeats. The Triton GEMM runs
+# on a handful of tokens either way: without a GPU it runs in Triton's CPU
+# interpreter, which checks correctness, not speed.
+#
+# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
+# two OpenMP threads stall whenever another process holds a core (we have seen
+# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import Rectangle
+
+from stagewise.bench.calc_counts import kv_bytes_per_token
+from stagewise.bench.timing import compare
+from stagewise.config import PRESETS
+from stagewise.models.registry import load_model
+from stagewise.stages import STAGES
+from stagewise.stages.qkv_proj import split_qkv
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+
+loaded = load_model("smollm2-135m")
+cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
+H, Hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+print(f"H={H} query heads, Hkv={Hkv} KV heads, head_dim d={d}, hidden={cfg.hidden_size}")
+print(f"q_size {cfg.q_size} + 2 x kv_size {cfg.kv_size} = qkv_size {cfg.qkv_size}")
+
+# %% [markdown]
+# ## The input: normalised hidden states of a real prompt
+#
+# Layer 0's QKV projection reads `rmsnorm(embedding(ids))`; we build it with
+# the two previous stages.
+
+# %%
+ids = torch.tensor(tok.encode("The capital of France is Paris, and the capital of Italy is Rome."))
+layer = weights.layers[0]
+h = STAGES["embedding"].naive(ids=ids, weight=weights.embed)  # [T] -> [T, hidden]
+x, _ = STAGES["rmsnorm"].naive(x=h, weight=layer.attn_norm, eps=cfg.rms_norm_eps)  # [T, hidden]
+T = x.shape[0]
+print("x", tuple(x.shape), " w_qkv", tuple(layer.w_qkv.shape))
+
+# %% [markdown]
+# ## Naive: three GEMMs; fused: one
+#
+# The fused weight is just the three weights side by side, so slicing its
+# columns gives them back. One GEMM against it equals three GEMMs against the
+# slices, column block by column block.
+
+# %%
+w_q, w_k, w_v = layer.w_qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=1)  # column views
+three = torch.cat([x @ w_q, x @ w_k, x @ w_v], dim=1)  # [T, 576] | [T, 192] | [T, 192]
+qkv = STAGES["qkv_proj"].naive(x=x, w_qkv=layer.w_qkv)  # [T, hidden] @ [hidden, 960] -> [T, 960]
+print("qkv", tuple(qkv.shape), " max |one GEMM - three GEMMs| =", (qkv - three).abs().max().item())
+assert torch.allclose(qkv, three, rtol=1e-5, atol=1e-5)  # equal up to float32 summation order
+
+# %% [markdown]
+# ## Splitting without copying
+#
+# `split_qkv` cuts the `[T, 960]` result into q `[T, 9, 64]`, k `[T, 3, 64]`,
+# v `[T, 3, 64]` as **views** of the same memory: each keeps the row stride of
+# the fused tensor (960), so none of them is contiguous, and the next stages
+# (RoPE, the KV store, attention) take strides rather than demanding a copy.
+
+# %%
+q, k, v = split_qkv(qkv, cfg)
+base = qkv.data_ptr()
+for name, t in [("q", q), ("k", k), ("v", v)]:
+    offset = (t.data_ptr() - base) // t.element_size()
+    print(f"{name}: shape {tuple(t.shape)}, strides {t.stride()}, from column {offset}, contiguous {t.is_contiguous()}")
+assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+
+# %% [markdown]
+# ## Optimized: the Triton GEMM
+#
+# `STAGES["qkv_proj"].optimized` is a tiled Triton GEMM (`kernels/matmul.py`):
+# each program owns one output tile and walks the hidden axis in blocks,
+# accumulating in float32. Check it against the naive product on a few real
+# rows (interpreter).
+
+# %%
+few = x[:8]
+ref = STAGES["qkv_proj"].naive(x=few, w_qkv=layer.w_qkv)
+out = STAGES["qkv_proj"].optimized(x=few, w_qkv=layer.w_qkv)
+err = (out - ref).abs().max().item()
+print(f"Triton GEMM vs x @ w_qkv: max abs error {err:.1e} on values of size ~{ref.abs().max():.1f}")
+assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+# %% [markdown]
+# ## Measure: one GEMM vs three
+#
+# On the CPU with PyTorch's own GEMM, in a decode step (T = 1: really three
+# matrix-*vector* products) and a prefill (many tokens). The fused version
+# reads `x` once instead of three times and pays one call's fixed cost instead
+# of three; on a GPU that is one kernel launch instead of three, and one large
+# grid of tiles that fills the machine better than three small ones.
+
+# %%
+prefill_tokens = 128 if QUICK else 512
+g = torch.Generator().manual_seed(0)
+for label, num_tokens in [("decode, T=1", 1), (f"prefill, T={prefill_tokens}", prefill_tokens)]:
+    xt = torch.randn(num_tokens, cfg.hidden_size, generator=g)
+    timings = compare(
+        {
+            "three GEMMs": lambda xt=xt: (xt @ w_q, xt @ w_k, xt @ w_v),
+            "one fused GEMM": lambda xt=xt: xt @ layer.w_qkv,
+        },
+        repeats=20 if QUICK else 100,
+        warmup=3,
+    )
+    t3, t1 = timings["three GEMMs"].median_ms, timings["one fused GEMM"].median_ms
+    print(f"{label:16} three GEMMs {t3 * 1e3:8.1f} us   one fused GEMM {t1 * 1e3:8.1f} us   ratio {t3 / t1:.2f}x")
+
+# %% [markdown]
+# (Medians on a shared CPU: the exact ratio moves from run to run. Expect the
+# gap to be largest when each product is small — decode — where the fixed
+# cost per call is a large part of the total, and to shrink for big batches,
+# where the arithmetic dominates.
+# Note also that `w_q`, `w_k`, `w_v` here are column *slices* of `w_qkv`: a
+# real unfused model would store three separate matrices.)
+#
+# ## GQA: the index map
+#
+# In multi-head attention (MHA) every query head has its own key and value
+# head. In GQA, `H // Hkv` consecutive query heads share one:
+
+# %%
+for name in ["smollm2-135m", "llama-3-8b", "llama-3-405b"]:
+    c = PRESETS[name]
+    group = c.num_heads // c.num_kv_heads
+    kv_of = [h // group for h in range(c.num_heads)]  # kv_head = q_head // (H // Hkv)
+    shown = kv_of if c.num_heads <= 12 else kv_of[:20] + ["..."]
+    print(f"{name:13} H={c.num_heads:3} Hkv={c.num_kv_heads} group={group:2}  kv_head per q_head: {shown}")
+
+# %% [markdown]
+# ### Check: the index map is the same as copying K/V
+#
+# A tempting way to implement GQA is to *copy* each KV head `group` times
+# (`repeat_interleave`) and run ordinary MHA. The attention stage instead
+# reshapes q to `[T, Hkv, group, d]` so the group axis broadcasts against
+# `k [T, Hkv, d]`: no copy. Both must give identical outputs — here with the
+# real layer-0 q, k, v of our prompt (before RoPE, which does not matter for
+# this check).
+
+# %%
+cu = torch.tensor([0, T], dtype=torch.int32)
+scale = d**-0.5
+attn = STAGES["attention"].naive
+gqa = attn(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale)  # index map
+group = H // Hkv
+k_copied, v_copied = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [T, H, d] each
+mha = attn(q=q, k=k_copied, v=v_copied, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale)
+print("copied K/V:", tuple(k_copied.shape), "vs shared:", tuple(k.shape))
+print("max |GQA by index map - MHA on copied K/V| =", (gqa - mha).abs().max().item())
+assert torch.allclose(gqa, mha, atol=1e-6)
+
+# %% [markdown]
+# ## Measure: what GQA saves
+#
+# Per token and layer the cache keeps K and V: `2 * Hkv * d` numbers. The
+# seeds' chapter 6 computes Llama 3 405B's KV cache *without* GQA (MHA,
+# K and V 16,384 wide in each of 126 layers): ~8 MB per token, over 8 TB for a
+# million-token context. With its 8 KV heads of 128 it is 16x smaller.
+
+# %%
+rows = []
+for name in ["smollm2-135m", "llama-3-8b", "llama-3-70b", "llama-3-405b"]:
+    c = PRESETS[name]
+    gqa_b = kv_bytes_per_token(c, dtype_bytes=2).value  # bf16
+    mha_b = kv_bytes_per_token(c, dtype_bytes=2, mha=True).value
+    rows.append((name, c, gqa_b, mha_b))
+    print(
+        f"{name:13} KV per token (bf16): MHA {mha_b / 1e3:8.1f} kB, GQA {gqa_b / 1e3:7.1f} kB "
+        f"({mha_b / gqa_b:.0f}x less); 1M tokens: MHA {mha_b * 1e6 / 1e9:6.0f} GB, GQA {gqa_b * 1e6 / 1e9:4.0f} GB"
+    )
+
+# %% [markdown]
+# ## Pictures
+#
+# **The index map.** Each box is a head; colour = the KV head it reads. Top:
+# SmolLM2, 9 query heads on 3 KV heads (groups of 3). Bottom: Llama 3 405B,
+# 128 query heads on 8 KV heads (groups of 16). Nothing is copied: a query
+# head's kernel program simply computes which K/V head to load.
+
+
+# %%
+def draw_gqa(ax, num_heads: int, num_kv_heads: int, title: str) -> None:
+    group = num_heads // num_kv_heads
+    colours = plt.cm.tab10.colors
+    qw = 1.0 / num_heads  # query head box width (axes fraction)
+    kw = 1.0 / num_kv_heads
+    for hq in range(num_heads):
+        kv = hq // group
+        ax.add_patch(Rectangle((hq * qw, 0.65), qw * 0.9, 0.25, facecolor=colours[kv % 10], edgecolor="white", lw=0.5))
+        ax.plot([(hq + 0.45) * qw, (kv + 0.45) * kw], [0.65, 0.35], color=colours[kv % 10], lw=0.6, alpha=0.6)
+        if num_heads <= 16:
+            ax.text((hq + 0.45) * qw, 0.775, f"q{hq}", ha="center", va="center", color="white", fontsize=9)
+    for kv in range(num_kv_heads):
+        ax.add_patch(Rectangle((kv * kw, 0.1), kw * 0.9, 0.25, color=colours[kv % 10]))
+        ax.text((kv + 0.45) * kw, 0.225, f"kv{kv}", ha="center", va="center", color="white", fontsize=9)
+    ax.text(0, 0.95, "query heads", fontsize=9, va="bottom")
+    ax.text(0, 0.02, "KV heads (what the cache stores)", fontsize=9, va="bottom")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.05)
+    ax.axis("off")
+    ax.set_title(title)
+
+
+fig, axes = plt.subplots(2, 1, figsize=(13, 6))
+draw_gqa(axes[0], H, Hkv, f"SmolLM2: H={H} -> Hkv={Hkv}, kv_head = q_head // {H // Hkv}")
+c405 = PRESETS["llama-3-405b"]
+draw_gqa(
+    axes[1],
+    c405.num_heads,
+    c405.num_kv_heads,
+    f"Llama 3 405B: H={c405.num_heads} -> Hkv={c405.num_kv_heads}, kv_head = q_head // {c405.group_size}",
+)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **What it saves.** KV-cache bytes per token (bf16, all layers), MHA vs GQA,
+# for the four presets (log scale). The saving is exactly `H / Hkv`: 3x for
+# SmolLM2, 4x for Llama 3 8B, 8x for 70B, 16x for 405B. Since a decode step
+# must read every cached K/V of its sequence, GQA divides that traffic by the
+# same factor — it is as much a bandwidth optimisation as a memory one.
+
+# %%
+fig, ax = plt.subplots(figsize=(10, 4.5))
+xs = range(len(rows))
+ax.bar([i - 0.2 for i in xs], [r[3] / 1e3 for r in rows], 0.4, label="MHA (Hkv = H)", color="tab:gray")
+ax.bar([i + 0.2 for i in xs], [r[2] / 1e3 for r in rows], 0.4, label="GQA (the real models)", color="tab:green")
+for i, (_, c, g_b, _) in enumerate(rows):
+    ax.text(i + 0.2, g_b / 1e3, f"/{c.group_size}", ha="center", va="bottom")
+ax.set_xticks(list(xs), [r[0] for r in rows])
+ax.set_yscale("log")
+ax.set_ylabel("KV cache per token, kB (bf16, all layers)")
+ax.set_title("GQA shrinks the KV cache by H / Hkv")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Takeaways**
+#
+# * one GEMM `x @ [W_q | W_k | W_v]` replaces three, and `split_qkv` cuts the
+#   result into q, k, v as strided views, no copy;
+# * GQA: query head `h` reads KV head `h // (H // Hkv)`; computing the index
+#   gives exactly what copying K/V would, without the copy;
+# * the KV cache, and the bytes each decode step reads from it, shrink by
+#   `H / Hkv` (3x for SmolLM2, 16x for Llama 3 405B).
+#
+# Next: `04_rope`, which rotates q and k by their positions.

@@ -1,0 +1,305 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · RoPE: rotary position embedding
+#
+#     positions [T], q [T, H, d], k [T, Hkv, d], cos_sin_cache [max_position, d]  ->  q, k rotated (same shapes)
+#
+# Attention compares tokens through dot products `q_m . k_n`. A dot product
+# knows nothing about *where* the two tokens are: shuffle the sequence and
+# every score is unchanged. RoPE puts the position into q and k themselves,
+# by **rotating** them:
+#
+# * split each head's `d` features into `d/2` pairs — rotate-half convention:
+#   feature `i` pairs with feature `i + d/2`;
+# * rotate pair `i` of a token at position `p` by the angle `p * f_i`, with
+#   frequencies `f_i = theta^(-2i/d)` from fast (`f_0 = 1` radian per token)
+#   to very slow;
+# * do it to q and k (never to v).
+#
+# Since rotating both vectors of a dot product by angles `a` and `b` leaves
+# `cos(a - b)` behind, `rot(q, m) . rot(k, n)` depends on `m - n` only: the
+# model sees **relative** positions, for free, inside the ordinary attention
+# dot product.
+#
+# SmolLM2: `d = 64` (32 pairs), `theta = 100,000`.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# timing uses fewer tokens and repeats. The Triton kernel runs on a handful of
+# tokens either way (Triton's CPU interpreter without a GPU: correctness, not
+# speed).
+#
+# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
+# two OpenMP threads stall whenever another process holds a core (we have seen
+# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from stagewise.bench.timing import compare
+from stagewise.models.gguf_loader import unpermute_rows
+from stagewise.models.registry import load_model
+from stagewise.stages import STAGES
+from stagewise.stages.qkv_proj import split_qkv
+from stagewise.stages.rope import build_cos_sin_cache
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+
+loaded = load_model("smollm2-135m")
+cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
+d, theta = cfg.head_dim, cfg.rope_theta
+rope = STAGES["rope"]
+print(f"head_dim {d} ({d // 2} pairs), rope_theta {theta:g}, max_position {cfg.max_position_embeddings}")
+
+# %% [markdown]
+# ## The frequencies, and the precomputed cache
+#
+# `build_cos_sin_cache(max_position, d, theta)` computes every angle once:
+# row `p` is `[cos(p f_0) .. cos(p f_31), sin(p f_0) .. sin(p f_31)]`. A
+# forward pass then *gathers* rows by position instead of calling `sin` and
+# `cos` for every token of every batch: the seeds' "space for time". For
+# SmolLM2 that is 8192 x 64 float32 = 2 MB, once.
+
+# %%
+cache = build_cos_sin_cache(cfg.max_position_embeddings, d, theta)  # [max_position, d]
+inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # f_i, [d/2]
+wavelength = 2 * torch.pi / inv_freq  # tokens per full turn
+print("cache", tuple(cache.shape), f"{cache.numel() * 4 / 1e6:.1f} MB")
+for i in [0, 1, 8, 16, 24, 31]:
+    print(f"pair {i:2}: f = {inv_freq[i]:.2e} rad/token, one full turn every {wavelength[i]:12,.0f} tokens")
+
+# %% [markdown]
+# Fast pairs (small `i`) turn every few tokens and tell neighbours apart;
+# slow pairs barely move over thousands of tokens and carry coarse, long-range
+# position. A larger `theta` stretches the slow end, one of the knobs models
+# turn for longer contexts.
+#
+# ## Naive: rotate with the cache
+#
+# Worked example: put a unit vector in pair 0 (`q[0] = 1`, its partner
+# `q[32] = 0`) and in pair 8, and run the stage at positions 0, 1, 2, ...
+# Pair 0 turns 1 radian per token; pair 8 turns `f_8` radians per token.
+
+# %%
+num_pos = 24
+positions = torch.arange(num_pos)
+unit = torch.zeros(num_pos, 1, d)  # [T, heads=1, d]: the same vector at every position
+unit[:, 0, 0] = 1.0  # pair 0: features (0, 32)
+unit[:, 0, 8] = 1.0  # pair 8: features (8, 40)
+rotated, _ = rope.naive(positions=positions, q=unit, k=unit, cos_sin_cache=cache)  # (k is rotated too; unused)
+pair0 = rotated[:, 0, [0, 32]]  # [T, 2]: (x_0, x_32) at each position
+pair8 = rotated[:, 0, [8, 40]]
+print(f"position 1, pair 0: {pair0[1].tolist()}   expected (cos 1, sin 1) = ({np.cos(1):.7f}, {np.sin(1):.7f})")
+assert torch.allclose(pair0[1], torch.tensor([np.cos(1.0), np.sin(1.0)], dtype=torch.float32), atol=1e-6)
+
+# %% [markdown]
+# ## Check: the score depends only on the distance
+#
+# Take a real query and key (layer 0, head 0, of a prompt's first token) and
+# place them at every pair of positions `(m, n)`. The score `rot(q, m) .
+# rot(k, n)` should be the same for every pair with the same `m - n`.
+
+# %%
+ids = torch.tensor(tok.encode("The capital of France is"))
+layer = weights.layers[0]
+h = STAGES["embedding"].naive(ids=ids, weight=weights.embed)
+x, _ = STAGES["rmsnorm"].naive(x=h, weight=layer.attn_norm, eps=cfg.rms_norm_eps)
+q_all, k_all, _ = split_qkv(STAGES["qkv_proj"].naive(x=x, w_qkv=layer.w_qkv), cfg)
+q_vec, k_vec = q_all[1, 0], k_all[1, 0]  # one query head and its KV head, for the token " capital": [d] each
+
+P = 64
+grid_pos = torch.arange(P)
+q_rot, k_rot = rope.naive(
+    positions=grid_pos, q=q_vec.expand(P, 1, d), k=k_vec.expand(P, 1, d), cos_sin_cache=cache
+)  # the same q and k placed at positions 0..P-1
+scores = q_rot[:, 0] @ k_rot[:, 0].T  # [P, P]: scores[m, n] = rot(q, m) . rot(k, n)
+for delta in [0, 1, 5, 20]:
+    diag = torch.diagonal(scores, offset=-delta)  # all (m, n) with m - n = delta
+    spread = (diag.max() - diag.min()).item()
+    print(f"m - n = {delta:2}: {diag.numel():2} pairs, score {diag.mean():8.4f}, spread (max - min) {spread:.1e}")
+    assert spread < 1e-3 * scores.abs().max()
+
+# %% [markdown]
+# ## Optimized: the Triton kernel, in place on the views
+#
+# The naive path builds new tensors: `x1`, `x2`, four products, a `cat`.
+# The kernel (`kernels/rope.py`) runs one program per token (and block of
+# heads): it loads that token's cos/sin row once, rotates all of its q *and*
+# k heads in float32, and writes them **back where they were**. It accepts the
+# strided views `split_qkv` returns, so the rotation happens inside the fused
+# `qkv` buffer itself: q and k are each read once and written once, nothing is
+# allocated.
+#
+# Check against the naive rotation on real q, k of the prompt (interpreter):
+
+# %%
+qkv = STAGES["qkv_proj"].naive(x=x, w_qkv=layer.w_qkv)  # [T, 960]
+q, k, _ = split_qkv(qkv, cfg)  # strided views into qkv
+pos = torch.arange(len(ids))
+q_ref, k_ref = rope.naive(positions=pos, q=q, k=k, cos_sin_cache=cache)  # new tensors; q, k untouched
+before = qkv.clone()
+q_out, k_out = rope.optimized(positions=pos, q=q, k=k, cos_sin_cache=cache)  # in place
+print("returns the same objects:", q_out is q and k_out is k)
+print("max |triton - naive|: q", (q_out - q_ref).abs().max().item(), " k", (k_out - k_ref).abs().max().item())
+assert torch.allclose(q_out, q_ref, atol=1e-5) and torch.allclose(k_out, k_ref, atol=1e-5)
+changed = (qkv != before).any(dim=0)  # which of the 960 columns of the fused buffer were rewritten
+print(
+    f"columns of qkv rewritten in place: q {int(changed[:576].sum())}/576, k {int(changed[576:768].sum())}/192, "
+    f"v {int(changed[768:].sum())}/192"
+)
+
+# %% [markdown]
+# ## llama.cpp's row permutation (and why the loader undoes it)
+#
+# Two conventions pair the features differently:
+#
+# * **rotate-half** (Hugging Face, and this package): pair `i` is features `(i, i + d/2)`;
+# * **interleaved** (the original RoPE paper, llama.cpp): pair `i` is features `(2i, 2i + 1)`.
+#
+# They are the same rotation on differently *ordered* features. When
+# llama.cpp converts a Hugging Face checkpoint to GGUF, it permutes the rows of
+# `W_q` and `W_k` (so q and k come out as `[x0, y0, x1, y1, ...]` instead of
+# `[x0, x1, ..., y0, y1, ...]`) to suit its interleaved RoPE. Our GGUF loader
+# undoes it with `unpermute_rows`, so the rotate-half stage is right for
+# weights from either source. On one head with `d = 8`:
+
+# %%
+d_small = 8
+hf_order = np.arange(d_small)  # feature indices in rotate-half order: x0 x1 x2 x3 | y0 y1 y2 y3
+gguf_order = np.stack([hf_order[: d_small // 2], hf_order[d_small // 2 :]], axis=1).reshape(-1)  # llama.cpp's rows
+print("rows as llama.cpp stores them:    ", gguf_order.tolist())
+print("after unpermute_rows (our loader):", unpermute_rows(gguf_order[:, None], num_heads=1)[:, 0].tolist())
+
+# %% [markdown]
+# And the equivalence, numerically: rotate-half RoPE on our q, then reorder
+# the features llama.cpp's way, equals interleaved RoPE applied to q in
+# llama.cpp's order. (The interleaved rotation below is a 3-line illustration
+# of llama.cpp's convention, not part of the package.) Since attention only
+# uses dot products `q . k`, and the same reordering is applied to q and k,
+# the scores are identical either way — as long as the weights and the RoPE
+# convention match. A mismatch (llama.cpp's rows with rotate-half RoPE) would
+# pair the wrong features and silently produce a worse model: the GGUF tests
+# (`tests/test_loaders.py`) compare against Hugging Face to catch exactly that.
+
+# %%
+perm = torch.from_numpy(np.stack([np.arange(d // 2), np.arange(d // 2) + d // 2], axis=1).reshape(-1))
+q_gguf = q_all[..., perm]  # q in llama.cpp's feature order, before RoPE
+
+
+def rope_interleaved(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Illustration: rotate pairs (2i, 2i+1) of x [T, heads, d] by positions * f_i."""
+    cos, sin = cache[positions].chunk(2, dim=-1)  # [T, d/2] each
+    x0, x1 = x[..., 0::2], x[..., 1::2]  # [T, heads, d/2]
+    return torch.stack([x0 * cos[:, None] - x1 * sin[:, None], x1 * cos[:, None] + x0 * sin[:, None]], -1).flatten(-2)
+
+
+q_half, _ = rope.naive(positions=pos, q=q_all, k=k_all, cos_sin_cache=cache)
+diff = (rope_interleaved(q_gguf, pos) - q_half[..., perm]).abs().max().item()
+print("max |interleaved RoPE on llama.cpp order - (rotate-half RoPE) reordered| =", diff)
+assert diff < 1e-5
+
+# %% [markdown]
+# ## Measure: gather from the cache vs compute the angles
+#
+# The cache trades 2 MB of memory for never computing `sin`/`cos` during
+# inference. On the CPU, for a batch of tokens at random positions: gather
+# `cache[positions]` vs compute `cos(p f), sin(p f)` from scratch.
+
+# %%
+num_tokens = 4096 if QUICK else 32768
+rand_pos = torch.randint(0, cfg.max_position_embeddings, (num_tokens,))
+inv_freq32 = inv_freq.float()
+
+
+def on_the_fly():
+    angles = torch.outer(rand_pos.float(), inv_freq32)  # [T, d/2]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)  # [T, d]
+
+
+assert torch.allclose(on_the_fly(), cache[rand_pos], atol=1e-3)  # same numbers (up to float32 angle rounding)
+timings = compare(
+    {"gather cache[positions]": lambda: cache[rand_pos], "compute cos/sin": on_the_fly},
+    repeats=10 if QUICK else 30,
+    warmup=2,
+)
+for name, t in timings.items():
+    print(f"{name:24} {t.median_ms * 1e3:9.1f} us for {num_tokens} tokens")
+
+# %% [markdown]
+# (On a GPU the gap is the same in kind: a gather is pure bandwidth, while
+# `sin`/`cos` are multi-instruction special functions for every element. In
+# a real engine the angles are also shared by every layer; computing them per
+# layer would multiply the cost by 30.)
+#
+# ## Pictures
+#
+# **Left — the rotation.** Pair 0 and pair 8 of the unit vector above, as the
+# position goes 0..23. Pair 0 (1 radian per token) goes round the circle
+# almost four times; pair 8 (`f_8`) creeps along an arc. The length never
+# changes: RoPE only rotates.
+#
+# **Middle — the score depends on `m - n` only.** `rot(q, m) . rot(k, n)` for
+# the real query/key above at every pair of positions 0..63: constant along
+# every diagonal (a Toeplitz matrix). The causal mask would keep only the
+# lower triangle (`n <= m`).
+#
+# **Right — `cos_sin_cache` as an image**: positions 0..511 down, the 32 cos
+# columns then the 32 sin columns across. Left columns (fast pairs) flicker
+# from row to row; right columns (slow pairs) barely change over 512 tokens.
+
+# %%
+fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 5))
+circle = np.linspace(0, 2 * np.pi, 200)
+left.plot(np.cos(circle), np.sin(circle), color="lightgray")
+for pair, name, colour in [(pair0, "pair 0: 1 rad/token", "tab:blue"), (pair8, "pair 8: 0.056", "tab:orange")]:
+    left.plot(pair[:, 0], pair[:, 1], "o", color=colour, ms=5, label=name)
+    for p in (0, 1, 2, 3):
+        left.annotate(str(p), pair[p].tolist(), textcoords="offset points", xytext=(4, 4), color=colour, fontsize=8)
+left.set_aspect("equal")
+left.set_title("a unit pair at positions 0..23 (labels: 0-3)")
+left.set_xlabel("first feature of the pair")
+left.set_ylabel("second feature of the pair")
+left.legend(loc="center")
+
+im = middle.imshow(scores.detach(), cmap="RdBu_r")
+middle.set_xlabel("key position n")
+middle.set_ylabel("query position m")
+middle.set_title("rot(q, m) . rot(k, n): constant along diagonals")
+fig.colorbar(im, ax=middle, fraction=0.046)
+
+im = right.imshow(cache[:512], aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
+right.axvline(d // 2 - 0.5, color="black", lw=1)
+right.set_xticks([0, d // 4, d // 2, 3 * d // 4], ["cos f_0", "cos f_16", "sin f_0", "sin f_16"])
+right.set_ylabel("position")
+right.set_title("cos_sin_cache[:512]  ([max_position, rotary_dim])")
+fig.colorbar(im, ax=right, fraction=0.046)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Takeaways**
+#
+# * RoPE rotates each (i, i + d/2) pair of q and k by `position * theta^(-2i/d)`;
+#   the scores then depend only on the distance between tokens;
+# * the angles are precomputed once into `cos_sin_cache [max_position, d]` and
+#   gathered by position;
+# * the Triton kernel rotates q and k in place, inside the fused qkv buffer;
+# * llama.cpp stores W_q/W_k rows interleaved for its RoPE; the GGUF loader
+#   puts them back in rotate-half order.
+#
+# Next: `05_attention`.

@@ -1,0 +1,322 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · The FFN: fused gate/up GEMM, `silu_and_mul`, down GEMM
+#
+# The second half of every transformer block is a SwiGLU feed-forward network:
+#
+#     x [T, hidden] @ w_gate_up [hidden, 2*inter]  -> gate_up [T, 2*inter]     one wide GEMM
+#     silu(gate) * up                               -> h [T, inter]            silu_and_mul
+#     h @ w_down [inter, hidden]                    -> out [T, hidden]         down GEMM
+#
+# SmolLM2: hidden 576, inter 1536, so each token widens to 3072 numbers, is
+# gated down to 1536, and projected back to 576. It is where most of a layer's
+# weights — and so most of its FLOPs and, in decode, most of its bytes — are.
+#
+# What the optimized path changes (seeds, step 7):
+#
+# * **fused gate/up**: W_gate and W_up read the same `x`, so their columns are
+#   concatenated into one `[hidden, 2*inter]` weight: one wide GEMM instead of
+#   two medium ones;
+# * **`silu_and_mul`**: one kernel reads both halves of `gate_up` and writes
+#   `silu(gate) * up` — instead of writing `silu(gate)` to memory and reading
+#   it back for the multiply.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# timing uses a smaller prefill batch and fewer repeats. The Triton kernels
+# always run on a handful of tokens: without a GPU they run in Triton's CPU
+# interpreter, which checks correctness, not speed.
+#
+# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
+# two OpenMP threads stall whenever another process holds a core (we have seen
+# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from stagewise.bench.calc_counts import attention_flops, linear_flops
+from stagewise.bench.timing import compare
+from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.models.llama import LlamaModel
+from stagewise.models.ops import StageOps
+from stagewise.models.registry import load_model
+from stagewise.stages import STAGES
+from stagewise.stages.ffn import silu_and_mul_naive
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+
+loaded = load_model("smollm2-135m")
+cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
+hidden, inter = cfg.hidden_size, cfg.intermediate_size
+ffn = STAGES["ffn"]
+print(
+    f"hidden {hidden}, inter {inter}: w_gate_up {tuple(weights.layers[0].w_gate_up.shape)}, "
+    f"w_down {tuple(weights.layers[0].w_down.shape)}"
+)
+
+# %% [markdown]
+# ## The input: real FFN inputs
+#
+# We run the model on a prompt and record the FFN stage's input `x` (the
+# normalised residual stream) in layer 10, with a `StageOps` subclass.
+
+
+# %%
+class RecordFFN(StageOps):
+    """Naive stages; keeps the ffn stage's input x in one layer."""
+
+    def __init__(self, layer: int):
+        super().__init__("naive")
+        self.layer, self.x = layer, None
+
+    def __call__(self, stage, layer=None, **kwargs):
+        if stage == "ffn" and layer == self.layer:
+            self.x = kwargs["x"].clone()
+        return super().__call__(stage, layer, **kwargs)
+
+
+ids = tok.encode("The feed-forward network holds most of the weights of a transformer block, and so most of its work.")
+batch = ForwardBatch.from_sequences([ids], start_positions=[0], device="cpu")
+LAYER = 10
+recorder = RecordFFN(LAYER)
+LlamaModel(loaded, recorder).forward(batch, NoKVCache(batch.cu_seqlens_q))
+x = recorder.x  # [T, hidden]
+lw = weights.layers[LAYER]
+print("x", tuple(x.shape))
+
+# %% [markdown]
+# ## Naive: two GEMMs, or one fused
+#
+# The fused weight is `[W_gate | W_up]` side by side; its column halves are
+# the two original matrices.
+
+# %%
+w_gate, w_up = lw.w_gate_up.split(inter, dim=1)  # column views: [hidden, inter] each
+gate_up = x @ lw.w_gate_up  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+two = torch.cat([x @ w_gate, x @ w_up], dim=1)
+print("gate_up", tuple(gate_up.shape), " max |fused - two GEMMs| =", (gate_up - two).abs().max().item())
+assert torch.allclose(gate_up, two, rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
+# ## SiLU and the gate
+#
+# `silu(g) = g * sigmoid(g)`: close to 0 for very negative `g`, close to `g`
+# for large positive `g`, smooth in between (with a small dip below zero,
+# minimum -0.278 at g = -1.278). In SwiGLU the activated gate *multiplies* the
+# "up" projection elementwise: the gate decides, per feature, how much of `up`
+# passes. Worked example:
+
+# %%
+tiny = torch.tensor([[-4.0, -1.0, 0.0, 2.0, 1.0, 1.0, 1.0, 3.0]])  # gate = first 4, up = last 4
+print("silu(gate)      ", torch.nn.functional.silu(tiny[:, :4]).numpy().round(4))
+print("silu(gate) * up ", silu_and_mul_naive(tiny).numpy().round(4))  # [1, 8] -> [1, 4]
+
+# %% [markdown]
+# The whole naive stage — GEMM, `silu_and_mul`, GEMM — on the real input:
+
+# %%
+h = silu_and_mul_naive(gate_up)  # [T, 2*inter] -> [T, inter]
+out = ffn.naive(x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # [T, hidden]
+assert torch.allclose(out, h @ lw.w_down, atol=1e-5)
+print("x", tuple(x.shape), "-> gate_up", tuple(gate_up.shape), "-> h", tuple(h.shape), "-> out", tuple(out.shape))
+
+# %% [markdown]
+# ## Optimized: Triton GEMM -> Triton `silu_and_mul` -> Triton GEMM
+#
+# `ffn.optimized` runs the tiled Triton GEMM (`kernels/matmul.py`), the fused
+# activation (`kernels/activation.py`: each program loads a block of `gate`
+# and the matching block of `up`, computes in float32, stores the product —
+# one read of `[T, 2*inter]`, one write of `[T, inter]`), and the GEMM again.
+# Check both the activation alone and the whole stage (interpreter, a few
+# real rows):
+
+# %%
+from stagewise.kernels.activation import silu_and_mul  # noqa: E402  (importing kernels selects GPU or interpreter)
+
+few = x[:6]
+gu_few = few @ lw.w_gate_up
+act_err = (silu_and_mul(gu_few) - silu_and_mul_naive(gu_few)).abs().max().item()
+print(f"silu_and_mul: Triton vs naive, max abs error {act_err:.1e}")
+assert act_err < 1e-5
+
+ref = ffn.naive(x=few, w_gate_up=lw.w_gate_up, w_down=lw.w_down)
+tri = ffn.optimized(x=few, w_gate_up=lw.w_gate_up, w_down=lw.w_down)
+err = (tri - ref).abs().max().item()
+print(f"ffn stage: Triton vs naive, max abs error {err:.1e} (outputs up to {ref.abs().max():.1f})")
+assert torch.allclose(tri, ref, rtol=1e-4, atol=1e-4)
+
+# %% [markdown]
+# ## Measure: where the FFN's time goes
+#
+# The three pieces of the naive FFN, timed separately on the CPU, in a decode
+# step (T = 1) and a prefill. Next to each, its FLOPs and the bytes it must
+# move at least (weights + activations, float32), and their ratio, the
+# **arithmetic intensity** (FLOPs per byte):
+#
+# * the GEMMs do `2 * T * in * out` FLOPs on `in * out` weights: at T = 1 that
+#   is 0.5 FLOP per byte — a matrix-*vector* product that only streams the
+#   weights (memory-bound); at large T each weight is reused T times and
+#   the GEMM becomes compute-bound;
+# * `silu_and_mul` does ~5 FLOPs per output element and moves 12 bytes for it
+#   (read gate and up, write h), at any T: always memory-bound, so the only
+#   way to speed it up is to move fewer bytes — hence the fusion.
+
+# %%
+prefill_tokens = 128 if QUICK else 512
+g = torch.Generator().manual_seed(0)
+rows = []
+for num_tokens in [1, prefill_tokens]:
+    xt = torch.randn(num_tokens, hidden, generator=g)
+    gut = xt @ lw.w_gate_up
+    ht = silu_and_mul_naive(gut)
+    parts = {
+        "gate/up GEMM": (
+            lambda xt=xt: xt @ lw.w_gate_up,
+            2 * num_tokens * hidden * 2 * inter,
+            4 * (hidden * 2 * inter + num_tokens * (hidden + 2 * inter)),
+        ),
+        "silu_and_mul": (lambda gut=gut: silu_and_mul_naive(gut), 5 * num_tokens * inter, 4 * num_tokens * 3 * inter),
+        "down GEMM": (
+            lambda ht=ht: ht @ lw.w_down,
+            2 * num_tokens * inter * hidden,
+            4 * (inter * hidden + num_tokens * (inter + hidden)),
+        ),
+    }
+    timings = compare({name: fn for name, (fn, _, _) in parts.items()}, repeats=10 if QUICK else 50, warmup=2)
+    print(f"T = {num_tokens}")
+    for name, (_, flops, nbytes) in parts.items():
+        ms = timings[name].median_ms
+        rows.append((num_tokens, name, ms, flops, nbytes))
+        print(
+            f"  {name:13} {ms * 1e3:8.1f} us  {flops / 1e6:8.2f} MFLOP  {nbytes / 1e6:6.2f} MB  "
+            f"{flops / nbytes:6.1f} FLOP/B  -> {flops / ms / 1e6:6.1f} GFLOP/s, {nbytes / ms / 1e6:5.1f} GB/s"
+        )
+
+# %% [markdown]
+# Read the last two columns. In decode (T = 1) a GEMM does half a FLOP per
+# byte: its speed is a bandwidth, and its GFLOP/s are low. In prefill the same
+# GEMMs reach several times more GFLOP/s, because every weight loaded serves T
+# tokens. (Timing one layer's 7 MB of weights over and over lets the CPU's
+# caches hold them, which flatters the decode bandwidth here; in a real decode
+# step the weights of all 30 layers stream through in turn.) `silu_and_mul` is
+# a small share of the time, but its FLOPs per byte never improve with T: on
+# a GPU, where the GEMMs are fast, such elementwise passes are exactly what
+# fusion removes.
+#
+# ## The FFN's share of a layer
+#
+# Per token and per layer, counting multiply-adds as 2 FLOPs:
+#
+# * QKV projection `2 * hidden * (H + 2*Hkv) * d`, output projection `2 * H*d * hidden`,
+# * FFN `2 * 3 * hidden * inter`,
+# * attention `4 * H * d * n` for a token that sees `n` keys (QK^T and PV).
+#
+# The projections and the FFN are fixed per token; attention grows with the
+# context. Bytes per decode step per layer: the weights (read once per step)
+# plus the KV cache read by attention, `2 * Hkv * d * n` numbers.
+
+# %%
+qkv_w = hidden * cfg.qkv_size
+o_w = cfg.q_size * hidden
+ffn_w = 3 * hidden * inter
+per_layer_w = qkv_w + o_w + ffn_w
+print(f"matmul weights per layer: QKV {qkv_w:,}  O {o_w:,}  FFN {ffn_w:,}  -> FFN = {ffn_w / per_layer_w:.0%}")
+contexts = [128, 1024, 8192]
+flop_shares, byte_shares = [], []
+for n in contexts:
+    attn_per_token = attention_flops(cfg, context=n, new_tokens=n).value / cfg.num_layers / n  # prefill average
+    parts = {"QKV": 2 * qkv_w, "O": 2 * o_w, "attention": attn_per_token, "FFN": 2 * ffn_w}
+    flop_shares.append({k: val / sum(parts.values()) for k, val in parts.items()})
+    kv_read = 2 * cfg.num_kv_heads * cfg.head_dim * n  # numbers of K and V read by one decode step, per layer
+    moved = {"QKV": qkv_w, "O": o_w, "attention": kv_read, "FFN": ffn_w}
+    byte_shares.append({k: val / sum(moved.values()) for k, val in moved.items()})
+    print(
+        f"context {n:5}: FFN = {flop_shares[-1]['FFN']:.0%} of prefill FLOPs, "
+        f"{byte_shares[-1]['FFN']:.0%} of decode bytes (per layer)"
+    )
+
+# cross-check against the package's calculator: all layers' matmuls for one token, LM head excluded
+head = 2 * cfg.vocab_size * hidden
+assert linear_flops(cfg, num_tokens=1).value - head == 2 * per_layer_w * cfg.num_layers
+
+# %% [markdown]
+# ## Pictures
+#
+# **Left — SiLU vs ReLU.** ReLU zeroes every negative input; SiLU lets small
+# negative values through (the dip) and is smooth at 0. Behind them, the
+# histogram of the real gate pre-activations of layer 10 for our prompt:
+# most gates sit in the region where SiLU and ReLU differ.
+#
+# **Middle and right — the FFN's share of a SmolLM2 layer** for contexts of
+# 128, 1k and 8k tokens: of the FLOPs of a prefill (per token), and of the
+# bytes of a decode step. At short contexts the FFN is about three quarters of
+# both — the weights of a layer are mostly FFN. As the context grows,
+# attention's share grows (its work per token is proportional to the
+# context), and in decode the KV cache bytes join the weights; GQA (notebook
+# 03) is what keeps that slice from being 3x larger.
+
+# %%
+fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 4.8))
+gates = gate_up[:, :inter].flatten().numpy()
+hist_ax = left.twinx()
+hist_ax.hist(gates, bins=120, range=(-6, 4), color="lightgray")
+hist_ax.set_yticks([])
+left.set_zorder(hist_ax.get_zorder() + 1)
+left.patch.set_visible(False)
+g_axis = torch.linspace(-6, 4, 400)
+left.plot(g_axis, torch.relu(g_axis), label="ReLU(g)", color="tab:gray", lw=2)
+left.plot(g_axis, torch.nn.functional.silu(g_axis), label="SiLU(g) = g * sigmoid(g)", color="tab:red", lw=2)
+left.axhline(0, color="black", lw=0.5)
+left.set_xlabel("gate pre-activation g")
+left.set_title(f"SiLU vs ReLU (grey: real gates, layer {LAYER})")
+left.legend(loc="upper left")
+
+colours = {"QKV": "tab:blue", "O": "tab:cyan", "attention": "tab:orange", "FFN": "tab:green"}
+for ax, shares, title in [
+    (middle, flop_shares, "share of prefill FLOPs per layer"),
+    (right, byte_shares, "share of decode-step bytes per layer"),
+]:
+    bottom = np.zeros(len(contexts))
+    for part, colour in colours.items():
+        vals = np.array([s_[part] for s_ in shares])
+        ax.bar(range(len(contexts)), vals * 100, bottom=bottom, color=colour, label=part)
+        for i, val in enumerate(vals):
+            if val > 0.06:
+                ax.text(i, bottom[i] + val * 50, f"{val:.0%}", ha="center", va="center", color="white")
+        bottom += vals * 100
+    ax.set_xticks(range(len(contexts)), [f"context {n:,}" for n in contexts])
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 115)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_title(f"SmolLM2: {title}")
+    ax.legend(fontsize=8, loc="upper center", ncol=4)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Takeaways**
+#
+# * the FFN is `x @ [W_gate | W_up]`, `silu(gate) * up`, `@ W_down`:
+#   `[T, hidden] -> [T, 2*inter] -> [T, inter] -> [T, hidden]`;
+# * fusing gate and up makes one wide GEMM; fusing silu and mul makes the
+#   activation one read and one write — it is memory-bound at every T;
+# * the FFN holds 75% of a SmolLM2 layer's weights, so it dominates FLOPs at
+#   short contexts and weight bytes in decode, until long contexts hand the
+#   lead to attention and its KV cache.
+#
+# Next: `07_lm_head_sampling`, the last stages: from the final hidden state to the next token.
