@@ -95,6 +95,7 @@ class PagedRunner:
         before = (bm.num_allocated, bm.num_freed)
         sched = self.scheduler.schedule()
         self._block_moves = (bm.num_allocated - before[0], bm.num_freed - before[1])  # during scheduling
+        self.stats.blocks_in_use.append(bm.num_used_blocks)  # what this step runs with
         if not sched.scheduled:
             raise RuntimeError("scheduler made no progress")  # cannot happen: every request fits alone
         now = time.perf_counter()
@@ -121,7 +122,6 @@ class PagedRunner:
         self.stats.steps += 1
         self.stats.tokens_computed += batch.num_tokens
         self.stats.preemptions = self.scheduler.num_preemptions - self._preempt_base
-        self.stats.blocks_in_use.append(self.block_manager.num_used_blocks)
         self.stats.prefix_queried_tokens = self.block_manager.stats.queried_tokens - self._prefix_base[0]
         self.stats.prefix_hit_tokens = self.block_manager.stats.hit_tokens - self._prefix_base[1]
         end_step([(r, t) for r, t, _ in results])

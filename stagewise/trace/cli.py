@@ -49,7 +49,7 @@ def trace(
     max_num_seqs: int = typer.Option(16, help="engine: most requests running at once"),
     token_budget: int = typer.Option(512, help="engine: most tokens per step (max_num_batched_tokens)"),
     block_size: int = typer.Option(16, help="engine: tokens per KV block"),
-    kv_blocks: int | None = typer.Option(None, help="engine: KV cache size in blocks (default: from memory)"),
+    kv_blocks: int = typer.Option(256, help="engine: KV cache size in blocks (small, so the trace stays readable)"),
     prefix_caching: bool = typer.Option(
         True, "--prefix-caching/--no-prefix-caching", help="engine: share prompt blocks"
     ),
@@ -100,13 +100,13 @@ def trace(
         Console(width=width).print(view)
 
 
-def engine_config(max_num_seqs: int, token_budget: int, block_size: int, kv_blocks: int | None, prefix_caching: bool):
+def engine_config(max_num_seqs: int, token_budget: int, block_size: int, kv_blocks: int, prefix_caching: bool):
     from stagewise.config import EngineConfig
 
     for name, value in (("max-num-seqs", max_num_seqs), ("token-budget", token_budget), ("block-size", block_size)):
         if value <= 0:
             raise StagewiseError(f"--{name} must be >= 1, got {value}")
-    if kv_blocks is not None and kv_blocks <= 0:
+    if kv_blocks <= 0:
         raise StagewiseError(f"--kv-blocks must be >= 1, got {kv_blocks}")
     return EngineConfig(
         max_num_seqs=max_num_seqs,
