@@ -1,0 +1,388 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · The paged KV cache: blocks, block tables, slots, prefix caching
+#
+# Notebook 08 showed that a KV cache turns each generation step from
+# O(N) work into O(1), and that it costs `2 * L * Hkv * d * bytes` of memory
+# per token. Now: *where* does that memory come from?
+#
+# The simple answer — give every request one contiguous region big enough for
+# its longest possible sequence — wastes memory twice. The output length is
+# unknown when the request arrives, so the region must be sized for the worst
+# case (`max_tokens`, or even `max_model_len`), and most of it stays empty.
+# And contiguous regions of different sizes fragment the memory, so a new
+# request can fail to fit even when enough bytes are free in total.
+#
+# vLLM's answer (the seeds' "Paged Attention", borrowed from virtual memory):
+# cut the KV memory into fixed-size **blocks** of `block_size` tokens (16 by
+# default) and hand them out **one at a time, as tokens arrive**. A request
+# owns a list of block ids — its row of the **block table** — that can sit
+# anywhere in the pool, in any order. Memory is allocated at token
+# granularity (rounded up to a block), so a request wastes at most
+# `block_size - 1` slots.
+#
+#     kv cache:    [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+#     block_table: [max_num_reqs, max_num_blocks_per_req]     (physical block ids)
+#     slot       = block_id * block_size + offset                (where a token's K/V live)
+#     block_id   = slot // block_size,   offset = slot % block_size
+#
+# The trade-off the seeds name: reads through a block table are no longer one
+# contiguous stream (a kernel jumps between blocks), but inside a block the 16
+# tokens are contiguous, and losing a little bandwidth is far better than
+# running out of memory.
+#
+# Path: motivation -> the pool -> stepping a real engine and drawing who owns
+# which block -> check (slot formula on every token, same tokens as the
+# contiguous cache) -> measure (memory reserved vs used) -> prefix caching.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the prefix-caching example
+# generates 8 answer tokens instead of 24. Everything else is the same (the
+# stepping demo is small already).
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+
+from stagewise import LLM, SamplingParams
+from stagewise.bench.workloads import SEED_TEXT, single_prompt
+from stagewise.config import EngineConfig
+from stagewise.engine.paged_cache import kv_bytes_per_token
+from stagewise.models.registry import load_model
+from stagewise.trace.export import to_json
+from stagewise.trace.tracer import Tracer
+
+# %matplotlib inline
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+loaded = load_model("smollm2-135m", device="cpu")  # float32 on the CPU, even on a GPU machine: exact checks
+cfg, tok = loaded.config, loaded.tokenizer
+
+# %% [markdown]
+# ## 1. The pool
+#
+# A paged engine with a deliberately small pool: 14 blocks of 16 tokens
+# (224 token slots), so one picture can show every block. `num_kv_blocks`
+# fixes the pool size directly; without it the engine sizes the pool from a
+# memory budget.
+
+# %%
+BLOCK = 16
+NUM_BLOCKS = 14
+ecfg = EngineConfig(
+    max_num_seqs=4, max_num_batched_tokens=128, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=256
+)
+llm = LLM(loaded, mode="paged", engine_config=ecfg)
+cache = llm.engine.cache
+print(cache.describe())
+print("kv tensor  :", list(cache.kv.shape), "= [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]")
+print("block table:", list(cache.block_table.shape), "= [max_num_reqs, max_num_blocks_per_req]")
+print(f"one block holds {BLOCK} tokens x {kv_bytes_per_token(cfg, loaded.dtype):,} B = "
+      f"{BLOCK * kv_bytes_per_token(cfg, loaded.dtype) / 2**10:.0f} KiB (all layers, K and V)")
+
+# %% [markdown]
+# ## 2. Step the engine and watch the blocks
+#
+# Four requests with prompts of exact lengths (`single_prompt` builds
+# English text that tokenizes to exactly N tokens), greedy and ignoring EOS
+# so each generates exactly `max_tokens`:
+#
+# | request | prompt tokens | max_tokens | arrives before step |
+# |---|---|---|---|
+# | A | 40 | 12 | 0 |
+# | B | 20 | 40 | 0 |
+# | C | 50 | 16 | 8 |
+# | D | 30 | 20 | 14 |
+#
+# `add_request` queues a request, `step()` runs one engine iteration. One
+# `Tracer` records every step; its JSON export (`to_json`) has, per step, each
+# scheduled request's `blocks` (its block-table row) and the batch's
+# `slot_mapping`, `positions`, `block_table` and `seq_lens`.
+
+# %%
+plan = {  # name: (prompt tokens, max_tokens, step before which it is added)
+    "A": (40, 12, 0),
+    "B": (20, 40, 0),
+    "C": (50, 16, 8),
+    "D": (30, 20, 14),
+}
+prompts = {name: single_prompt(tok, n, seed=i + 1) for i, (name, (n, _, _)) in enumerate(plan.items())}
+params = {name: SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for name, (_, m, _) in plan.items()}
+names = {}  # engine request id -> A, B, C, D
+outputs = {name: [] for name in plan}
+step = 0
+with Tracer(timing=False) as tracer:
+    while llm.has_unfinished_requests() or any(at >= step for *_, at in plan.values()):
+        for name, (_, _, at) in plan.items():
+            if at == step:
+                names[llm.add_request(prompts[name], params[name])] = name
+        for event in llm.step():
+            outputs[names[event.request_id]].append(event.token_id)
+        step += 1
+trace = to_json(tracer)
+print(f"{len(trace['steps'])} steps; tokens generated:", {n: len(t) for n, t in outputs.items()})
+
+# %% [markdown]
+# The steps where some block-table row changed, as the trace shows them: which
+# requests ran, how many tokens each computed (`+n`), and the block-table row
+# each one owns.
+
+# %%
+previous = {}
+for s in trace["steps"]:
+    now = {names[r["request_id"]]: r["blocks"] for r in s["requests"]}
+    if now != previous:
+        rows = "  ".join(
+            f"{names[r['request_id']]}: {r['phase']:<7} +{r['num_scheduled']:<2} {r['blocks']}" for r in s["requests"]
+        )
+        print(f"step {s['index']:>2} | {rows}")
+    previous = now
+
+# %% [markdown]
+# ### The picture: the block pool over time
+#
+# One row per engine step, one column per physical block, coloured by the
+# request that owns it (white = free). Things to see:
+#
+# * a request grows **one block at a time**: a new block is taken only when
+#   its last one is full (every 16 tokens);
+# * blocks of one request are **not contiguous** and not in order once the
+#   pool has been used for a while;
+# * when A finishes, its blocks go back to the free queue at once (at its
+#   tail: a freed block keeps its content, findable by the prefix cache of
+#   section 5, until the queue hands it out again); once the never-used blocks
+#   are gone, B, C and D grow into A's old blocks, wherever they are;
+# * nobody reserves memory for tokens it has not generated yet, so four
+#   requests fit in 14 blocks.
+
+# %%
+order = list(plan)
+owner = np.zeros((len(trace["steps"]), NUM_BLOCKS), dtype=int)  # 0 = free, k = order[k-1]
+for s in trace["steps"]:
+    for r in s["requests"]:
+        for b in r["blocks"]:
+            owner[s["index"], b] = order.index(names[r["request_id"]]) + 1
+colors = ["white", "tab:blue", "tab:orange", "tab:green", "tab:red"]
+
+fig, ax = plt.subplots(figsize=(11, 7))
+ax.imshow(owner, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, aspect="auto", interpolation="nearest")
+ax.set_xticks(range(NUM_BLOCKS))
+ax.set_xticks(np.arange(-0.5, NUM_BLOCKS), minor=True)
+ax.set_yticks(np.arange(-0.5, len(trace["steps"])), minor=True)
+ax.grid(which="minor", color="lightgray", lw=0.5)
+ax.tick_params(which="minor", length=0)
+ax.set_xlabel("physical block id")
+ax.set_ylabel("engine step")
+for name, (_, _, at) in plan.items():
+    if at > 0:
+        ax.axhline(at - 0.5, color=colors[order.index(name) + 1], lw=2, ls="--")
+        ax.text(NUM_BLOCKS - 0.4, at - 0.6, f"{name} arrives", ha="right", va="bottom", fontsize=9)
+for k, name in enumerate(order):
+    prompt_len, max_tokens, _ = plan[name]
+    ax.plot([], [], "s", color=colors[k + 1], ms=10, label=f"{name}: {prompt_len} prompt + {max_tokens} output tokens")
+ax.plot([], [], "s", color="white", mec="gray", ms=10, label="free")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+ax.set_title(f"who owns which KV block, step by step ({NUM_BLOCKS} blocks x {BLOCK} tokens)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 3. Check: the slot of every token, and the tokens themselves
+#
+# The attention kernels never see "request A, position 37"; they see a slot.
+# For every token of every step, the trace's `slot_mapping` must equal
+# `block_table[row][pos // block_size] * block_size + pos % block_size`,
+# with `row` the token's sequence in the step (from `cu_seqlens_q`).
+
+# %%
+checked = 0
+for s in trace["steps"]:
+    batch = s["batch"]
+    cu = batch["cu_seqlens_q"]
+    for row in range(len(cu) - 1):
+        table = batch["block_table"][row]
+        for t in range(cu[row], cu[row + 1]):
+            pos = batch["positions"][t]
+            assert batch["slot_mapping"][t] == table[pos // BLOCK] * BLOCK + pos % BLOCK
+            checked += 1
+print(f"slot = block_id * {BLOCK} + offset holds for all {checked} tokens of {len(trace['steps'])} steps")
+
+s = trace["steps"][15]
+print("\nstep 15, one row per token: request, position -> block-table entry -> slot")
+cu = s["batch"]["cu_seqlens_q"]
+for row in range(len(cu) - 1):
+    for t in range(cu[row], cu[row + 1]):
+        pos = s["batch"]["positions"][t]
+        table = s["batch"]["block_table"][row]
+        print(f"  {names[s['requests'][row]['request_id']]} pos {pos:>3}: block_table[{row}][{pos} // {BLOCK}] = "
+              f"{table[pos // BLOCK]:>2}, offset {pos % BLOCK:>2} -> slot {s['batch']['slot_mapping'][t]}")
+
+# %% [markdown]
+# And the engine must produce the same tokens as the simple contiguous cache
+# (`mode="kv"`), request by request: paging changes where K/V live, never
+# what they are.
+
+# %%
+kv = LLM(loaded, mode="kv")
+reference = kv.generate([prompts[n] for n in order], [params[n] for n in order])
+for name, ref in zip(order, reference):
+    assert outputs[name] == ref.token_ids, name
+print("paged (stepped by hand, requests joining mid-way) == contiguous kv cache, for", ", ".join(order))
+
+# %% [markdown]
+# ## 4. Measure: memory reserved vs memory used
+#
+# The `kv` run we just did is the classic static layout
+# (`engine/contiguous_cache.py`): one batch, every row reserves room for the
+# batch's longest prompt plus its largest `max_tokens`, from the start to the
+# end. `last_stats.kv_cache_bytes` is what it allocated. The paged engine held
+# `ceil(tokens / 16)` blocks per request, at its peak (from the trace).
+
+# %%
+per_token = kv_bytes_per_token(cfg, loaded.dtype)
+static_slots_per_row = kv.last_stats.kv_cache_bytes // per_token // len(order)
+used = {n: plan[n][0] + plan[n][1] for n in order}  # prompt + output tokens
+paged_slots = {n: 0 for n in order}
+for s in trace["steps"]:
+    for r in s["requests"]:
+        name = names[r["request_id"]]
+        paged_slots[name] = max(paged_slots[name], BLOCK * len(r["blocks"]))
+print(f"{'request':>8} {'tokens':>7} {'paged slots':>12} {'waste':>6} {'static slots':>13} {'waste':>6}")
+for n in order:
+    print(f"{n:>8} {used[n]:>7} {paged_slots[n]:>12} {paged_slots[n] - used[n]:>6} "
+          f"{static_slots_per_row:>13} {static_slots_per_row - used[n]:>6}")
+total_used = sum(used.values())
+print(f"{'total':>8} {total_used:>7} {sum(paged_slots.values()):>12} {sum(paged_slots.values()) - total_used:>6} "
+      f"{static_slots_per_row * len(order):>13} {static_slots_per_row * len(order) - total_used:>6}")
+peak_blocks = max(int((row > 0).sum()) for row in owner)
+print(f"\npaged peak: {peak_blocks} blocks in use at once = {peak_blocks * BLOCK} slots "
+      f"({peak_blocks * BLOCK * per_token / 2**20:.1f} MiB); static: {static_slots_per_row * len(order)} slots "
+      f"({kv.last_stats.kv_cache_bytes / 2**20:.1f} MiB) for the whole batch")
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4.5))
+x = np.arange(len(order))
+ax.bar(x - 0.27, [used[n] for n in order], 0.27, label="tokens (prompt + output)", color="tab:gray")
+ax.bar(x, [paged_slots[n] for n in order], 0.27, label=f"paged: ceil(tokens / {BLOCK}) blocks", color="tab:green")
+static_label = "static: longest prompt + largest max_tokens"
+ax.bar(x + 0.27, [static_slots_per_row] * len(order), 0.27, label=static_label, color="tab:blue")
+ax.set_xticks(x, order)
+ax.set_ylabel("KV slots (tokens)")
+ax.set_title("memory each request holds: paged wastes < 16 slots, static reserves for the worst case")
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The paged waste is the unfilled tail of each request's last block, at most
+# 15 slots. The static layout needs 360 slots for this batch: it would not
+# even fit in the 14-block (224-slot) pool the paged engine ran it in. The
+# static waste is everything between a request's real length and the batch's
+# worst case — and this is the *friendly* case where we told
+# the engine the exact output lengths. A real server does not know when a
+# request will emit its end-of-sequence token, so a contiguous scheme must
+# reserve `max_tokens` (or the whole `max_model_len`) per request; the paged
+# engine still allocates one block per 16 tokens actually generated.
+#
+# ## 5. Prefix caching: requests that share a beginning
+#
+# Many requests start the same way: a system prompt, few-shot examples, a long
+# document followed by different questions. The K/V of a full block depend only
+# on the tokens up to the end of that block, so equal prefixes give equal
+# blocks. The block manager names each full block by a chained hash —
+# `hash(parent block's hash, this block's token ids)` — and a new request
+# looks its prompt's full blocks up: the longest run of hits is *shared*
+# (reference count + 1), and the request starts with `num_computed_tokens`
+# already past them. (The last prompt token is always computed: its logits
+# are needed.)
+#
+# Two chat requests about the same passage, different questions, run one after
+# the other through a fresh engine with prefix caching on (the default):
+
+# %%
+passage = " ".join(SEED_TEXT.split()[:90])
+questions = ["What does a KV cache keep?", "Why is static batching wasteful?"]
+chat_prompts = [f"Read this text.\n\n{passage}\n\nQuestion: {q}" for q in questions]
+answer = SamplingParams(max_tokens=8 if QUICK else 24, temperature=0)
+
+cached_llm = LLM(loaded, mode="paged", engine_config=EngineConfig(max_model_len=512, max_num_seqs=2))
+runs = []
+for p in chat_prompts:
+    with Tracer(timing=False) as t:
+        out = cached_llm.generate(p, answer, chat=True)[0]
+    first = to_json(t)["steps"][0]["requests"][0]
+    runs.append((out, first, cached_llm.last_stats.prefix_hit_tokens))
+for (out, first, hits), q in zip(runs, questions):
+    print(f"Q: {q}")
+    print(f"   prompt {len(out.prompt_token_ids)} tokens, prefix-cache hits {hits}, first step computed "
+          f"{first['num_scheduled']} tokens starting at {first['num_computed_tokens']}; blocks {first['blocks']}")
+    print(f"   A: {out.text!r}")
+
+# %% [markdown]
+# The second request found the blocks that hold the system prompt, the
+# passage and the start of the question — every *full* block the two prompts
+# share — and computed only the rest. Its block-table row starts with the very
+# same physical block ids as the first request's.
+#
+# Check that reuse is exact: the same question in an engine with prefix
+# caching off must give the same answer.
+
+# %%
+plain_llm = LLM(
+    loaded, mode="paged", engine_config=EngineConfig(max_model_len=512, max_num_seqs=2, enable_prefix_caching=False)
+)
+plain = plain_llm.generate(chat_prompts[1], answer, chat=True)[0]
+assert plain.token_ids == runs[1][0].token_ids
+print("same answer with and without the prefix cache:", repr(plain.text))
+print(f"prefix cache off: {plain_llm.last_stats.prefix_hit_tokens} hit tokens")
+
+# %% [markdown]
+# ### The picture: two block-table rows pointing at shared blocks
+
+# %%
+rows = [runs[0][1]["blocks"], runs[1][1]["blocks"]]
+shared = set(rows[0]) & set(rows[1])
+width = max(len(r) for r in rows)
+fig, ax = plt.subplots(figsize=(1.0 * width + 3, 2.4))
+for y, row in enumerate(rows):
+    for x, b in enumerate(row):
+        color = "gold" if b in shared else ("tab:blue" if y == 0 else "tab:orange")
+        ax.add_patch(plt.Rectangle((x, 1 - y), 0.95, 0.9, color=color))
+        ax.text(x + 0.47, 1 - y + 0.45, str(b), ha="center", va="center", fontsize=11)
+ax.set_xlim(0, width)
+ax.set_ylim(0, 2)
+ax.set_yticks([1.45, 0.45], ["request 1 (first Q)", "request 2 (second Q)"])
+ax.set_xticks(np.arange(width) + 0.47, [f"logical\nblock {i}" for i in range(width)], fontsize=8)
+ax.set_title(f"block-table rows at admission: gold = the same physical block, shared ({len(shared) * BLOCK} tokens)")
+for side in ("top", "right", "left", "bottom"):
+    ax.spines[side].set_visible(False)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Summary
+#
+# * The paged cache is one tensor of blocks; a request is a list of block ids
+#   (its block-table row); a token lives at `slot = block_id * block_size +
+#   offset`. Kernels read and write through that indirection
+#   (`kv_store` with `slot_mapping`, `paged_attention` with `block_table`).
+# * Blocks are handed out as tokens arrive and returned the moment a request
+#   finishes, so memory tracks what is actually used, with less than one block
+#   of waste per request, and no contiguous region is ever needed.
+# * Full blocks are content-addressed by a chained hash, so requests with a
+#   common prefix share physical blocks and skip recomputing them.
+# * Same tokens as the contiguous cache, checked. Notebook 10 uses this
+#   freedom to schedule: requests join and leave the batch at every step.
