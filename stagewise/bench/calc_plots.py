@@ -36,7 +36,10 @@ def points_from_steps(steps: Sequence[Step], suffix: str = "") -> list[RooflineP
     return [RooflinePoint(f"{s.name}{suffix}", s.intensity.value, s.flops.value / s.time.value) for s in steps]
 
 
-def _save(fig: Figure, path: str | Path) -> Figure:
+def _save(fig: Figure, path: str | Path | None) -> Figure:
+    """Write a PNG when a path is given; return the figure (a notebook shows it as a cell's value)."""
+    if path is None:
+        return fig
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -44,9 +47,13 @@ def _save(fig: Figure, path: str | Path) -> Figure:
 
 
 def plot_roofline(
-    hardware: Hardware, points: Sequence[RooflinePoint], path: str | Path, dtype: str = "bf16", title: str = ""
+    hardware: Hardware,
+    points: Sequence[RooflinePoint],
+    path: str | Path | None = None,
+    dtype: str = "bf16",
+    title: str = "",
 ) -> Figure:
-    """Log-log roofline of `hardware` for `dtype`, with labelled points; writes a PNG at `path`."""
+    """Log-log roofline of `hardware` for `dtype`, with labelled points; writes a PNG at `path` if given."""
     peak, bw = hardware.peak_flops(dtype), hardware.memory_bandwidth
     ridge = peak / bw
     xs = [p.intensity for p in points] + [ridge]
@@ -82,7 +89,7 @@ def plot_roofline(
 def plot_kv_memory(
     configs: Sequence[ModelConfig],
     contexts: Sequence[int],
-    path: str | Path,
+    path: str | Path | None = None,
     dtype_bytes: int = 2,
     hardware: Hardware | None = None,
 ) -> Figure:

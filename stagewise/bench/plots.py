@@ -1,4 +1,4 @@
-"""Plots of benchmark results (matplotlib, Agg: no display needed), for the benchmarks and the notebooks.
+"""Plots of benchmark results (matplotlib), for the benchmarks and the notebooks.
 
 Every function draws on a given `ax` (or a new figure when `ax` is None) and
 returns the axes, so a benchmark can compose several panels into one PNG and
@@ -9,11 +9,9 @@ result without re-running anything.
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display: benchmarks run on servers and in CI
-
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+# No backend is forced here: matplotlib picks a non-interactive one on a machine without a display,
+# and a notebook keeps its inline backend.
+import matplotlib.pyplot as plt
 
 COLORS = {
     "naive": "tab:red",

@@ -22,8 +22,9 @@ import itertools
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
-from stagewise.config import DEFAULT_MODEL, EngineConfig
+from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.recompute_runner import RecomputeRunner
@@ -161,7 +162,7 @@ class LLM:
         """The model and run settings, as the tracer and benchmarks record them."""
         cfg = self.config
         return {
-            "name": cfg.name if not self.loaded.source.endswith(".gguf") else self.loaded.source.rsplit("/", 1)[-1],
+            "name": cfg.name if cfg.name in PRESETS else Path(cfg.name).name,  # a preset, or the file/folder name
             "source": self.loaded.source,
             "num_layers": cfg.num_layers,
             "hidden_size": cfg.hidden_size,
@@ -208,6 +209,7 @@ class LLM:
         if not engine.has_unfinished():
             return []
         events = []
+        self.last_stats = engine.stats  # counters of the hand-stepped run so far
         for req, token, delta in engine.step():
             reason = req.finish_reason.value if req.finish_reason else None
             events.append(

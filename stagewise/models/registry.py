@@ -11,7 +11,7 @@ Nothing is downloaded. Weights are dequantized to float32 on the CPU and then
 moved/cast to the requested device and dtype.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,7 +47,8 @@ def _load_files(name: str) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
         return config, weights, Tokenizer.from_gguf_reader(reader, path.name), str(path)
 
     if name == "smollm2-135m":
-        return from_gguf(smollm2_gguf_path())
+        config, weights, tokenizer, source = from_gguf(smollm2_gguf_path())
+        return replace(config, name=name), weights, tokenizer, source
     if name == "tiny":
         config = PRESETS["tiny"]
         return config, random_weights(config, seed=0), Tokenizer.tiny(), "tiny (random weights, seed 0)"
