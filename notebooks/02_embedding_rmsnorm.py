@@ -83,11 +83,14 @@ print(f"one-hot GEMM: {2 * T * cfg.vocab_size * cfg.hidden_size / 1e6:.0f} MFLOP
 print(f"gather:       0 FLOP, reads {T * cfg.hidden_size * 4 / 1e3:.1f} kB ({T} rows)")
 
 # %% [markdown]
-# SmolLM2 **ties** its embeddings: the LM head at the end of the model reuses
-# the same matrix (`logits = h @ embed^T`), so the 113 MB table is stored once.
+# SmolLM2 **ties** its embeddings: the LM head at the end of the model uses
+# the same numbers (`logits = h @ embed^T`). stagewise keeps a transposed copy,
+# `lm_head [hidden, vocab]`, because every decode step reads the whole head
+# while the embedding reads only one row per token, and a CPU reads the
+# row-major [hidden, vocab] layout much faster than a transposed view.
 
 # %%
-print("lm_head is embed:", weights.lm_head is weights.embed)
+print("lm_head holds the embedding, transposed:", torch.equal(weights.lm_head, weights.embed.t()))
 
 # %% [markdown]
 # ### Optimized: a Triton gather kernel

@@ -128,14 +128,14 @@ print(f"-> without the gather, the LM head alone would be {100 * head_all / pref
 # %%
 T_measure = 256 if QUICK else 1000
 hidden = torch.randn(T_measure, cfg.hidden_size)
-weight = loaded.weights.lm_head  # [vocab, hidden], tied with the embedding
+weight = loaded.weights.lm_head  # [hidden, vocab]: the embedding table, transposed (tied)
 lm_head = STAGES["lm_head"].naive
 every_row = torch.arange(T_measure)
 last_row = torch.tensor([T_measure - 1])
 timings = compare(
     {
-        "all rows": lambda: lm_head(hidden=hidden, last_token_index=every_row, weight=weight),
-        "last row": lambda: lm_head(hidden=hidden, last_token_index=last_row, weight=weight),
+        "all rows": lambda: lm_head(hidden=hidden, last_token_index=every_row, w_lm=weight),
+        "last row": lambda: lm_head(hidden=hidden, last_token_index=last_row, w_lm=weight),
     },
     repeats=3 if QUICK else 7,
     warmup=1,
@@ -149,8 +149,8 @@ print(f"speed-up of the gather at T={T_measure}: {timings['all rows'].median_ms 
 # is lost.
 
 # %%
-full = lm_head(hidden=hidden, last_token_index=every_row, weight=weight)  # [T, vocab]
-last = lm_head(hidden=hidden, last_token_index=last_row, weight=weight)  # [1, vocab]
+full = lm_head(hidden=hidden, last_token_index=every_row, w_lm=weight)  # [T, vocab]
+last = lm_head(hidden=hidden, last_token_index=last_row, w_lm=weight)  # [1, vocab]
 torch.testing.assert_close(last[0], full[-1])
 print("last row of the full logits == the gathered logits:", list(full.shape), "->", list(last.shape))
 del full

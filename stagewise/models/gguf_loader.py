@@ -129,9 +129,8 @@ def load_gguf(path: str | Path, reader=None) -> tuple[ModelConfig, LlamaWeights]
                 w_down=torch.from_numpy(np.ascontiguousarray(linear(p + "ffn_down.weight", hidden, inter).T)),
             )
         )
-    embed = torch.from_numpy(get("token_embd.weight", (config.vocab_size, hidden)))
-    lm_head = (
-        embed if config.tie_word_embeddings else torch.from_numpy(get("output.weight", (config.vocab_size, hidden)))
-    )
+    embed = torch.from_numpy(get("token_embd.weight", (config.vocab_size, hidden)))  # [vocab, hidden]
+    head = embed if config.tie_word_embeddings else torch.from_numpy(get("output.weight", (config.vocab_size, hidden)))
+    lm_head = head.t().contiguous()  # [vocab, hidden] -> [hidden, vocab]
     final_norm = torch.from_numpy(get("output_norm.weight", (hidden,)))
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

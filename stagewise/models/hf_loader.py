@@ -99,6 +99,7 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, LlamaWeights]:
             )
         )
     embed = get("model.embed_tokens.weight", (config.vocab_size, hidden))
-    lm_head = embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
+    head = embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
+    lm_head = head.t().contiguous()  # [vocab, hidden] -> [hidden, vocab]
     final_norm = get("model.norm.weight", (hidden,))
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -64,4 +64,4 @@ class LlamaModel:
         x, _ = ops("rmsnorm", x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
         if batch.last_token_index.numel() == 0:  # a step of prefill chunks only: nothing to predict yet
             return x.new_empty(0, cfg.vocab_size)
-        return ops("lm_head", hidden=x, last_token_index=batch.last_token_index, weight=w.lm_head)  # [B, vocab]
+        return ops("lm_head", hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head)  # [B, vocab]

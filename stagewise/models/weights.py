@@ -3,7 +3,9 @@
 Every projection is stored as [in, out] so the code reads `x @ w`, and the
 projections that read the same input are concatenated: W_q|W_k|W_v into one
 `w_qkv` and W_gate|W_up into one `w_gate_up` (one GEMM each instead of three
-and two). With tied embeddings `lm_head` *is* `embed` (the same tensor).
+and two). The LM head is stored [hidden, vocab] too; with tied embeddings it
+holds the embedding table's numbers, transposed once at load time (decode
+reads all of it every step, and row-major reads are the fast ones).
 """
 
 from dataclasses import dataclass
@@ -28,26 +30,34 @@ class LlamaWeights:
     embed: torch.Tensor  # [vocab, hidden]: token embedding table
     layers: list[LayerWeights]  # one entry per transformer block
     final_norm: torch.Tensor  # [hidden]: RMSNorm after the last block
-    lm_head: torch.Tensor  # [vocab, hidden]: output matrix (the same tensor as `embed` when tied)
+    lm_head: torch.Tensor  # [hidden, vocab]: output matrix (embed transposed when tied)
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaWeights":
-        """Move and cast every tensor, keeping the tie between `embed` and `lm_head`."""
-        tied = self.lm_head is self.embed
+        """Move and cast every tensor."""
 
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype).contiguous()
 
-        embed = move(self.embed)
         layers = [LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers]
-        lm_head = embed if tied else move(self.lm_head)
-        return LlamaWeights(embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head)
+        return LlamaWeights(
+            embed=move(self.embed), layers=layers, final_norm=move(self.final_norm), lm_head=move(self.lm_head)
+        )
 
     def num_bytes(self) -> int:
-        """Bytes of all distinct weight tensors (a tied head counted once)."""
-        tensors = {id(t): t for t in [self.embed, self.final_norm, self.lm_head]}
-        for layer in self.layers:
-            tensors.update({id(t): t for t in vars(layer).values()})
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        """Bytes of all weight tensors held in memory (embedding table and LM head both counted)."""
+        return self.embed.numel() * self.embed.element_size() + self.decode_bytes() - self._embed_row_bytes()
+
+    def decode_bytes(self) -> int:
+        """Bytes one decode step of one token reads: every layer, the final norm and the LM head.
+
+        The embedding table is not read whole — one row per token — so it is left out: with tied
+        embeddings this is the parameter count minus the table's duplicate, times the element size.
+        """
+        tensors = [self.final_norm, self.lm_head, *(t for layer in self.layers for t in vars(layer).values())]
+        return sum(t.numel() * t.element_size() for t in tensors) + self._embed_row_bytes()
+
+    def _embed_row_bytes(self) -> int:
+        return self.embed.shape[1] * self.embed.element_size()  # one row of the table
 
 
 def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -69,7 +79,7 @@ def empty_weights(config: ModelConfig, device: str = "meta", dtype: torch.dtype 
         for _ in range(config.num_layers)
     ]
     embed = torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
-    lm_head = embed if config.tie_word_embeddings else torch.empty_like(embed)
+    lm_head = torch.empty(config.hidden_size, config.vocab_size, device=device, dtype=dtype)
     final_norm = torch.empty(config.hidden_size, device=device, dtype=dtype)
     return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
@@ -88,6 +98,7 @@ def random_weights(config: ModelConfig, seed: int = 0) -> LlamaWeights:
     ]
     # Rows of norm ~1, so tied logits h . e have std ~1: a spread-out distribution worth sampling from.
     embed = torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
-    lm_head = embed if config.tie_word_embeddings else torch.randn(embed.shape, generator=gen) / config.hidden_size**0.5
+    untied = torch.randn(embed.shape, generator=gen) / config.hidden_size**0.5
+    lm_head = (embed if config.tie_word_embeddings else untied).t().contiguous()  # [hidden, vocab]
     final_norm = init("final_norm", (config.hidden_size,))
     return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

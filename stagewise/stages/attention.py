@@ -60,8 +60,8 @@ def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return out.reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
 
 
-def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: torch.Tensor, scale: float):
-    """B sequences with one query each (decode): q [B, H, d], k/v [B, S, Hkv, d] padded, kv_lens [B] -> [B, H, d].
+def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: list[int], scale: float):
+    """B sequences with one query each (decode): q [B, H, d], k/v [B, S, Hkv, d] padded, kv_lens -> [B, H, d].
 
     The one query is each sequence's last position, so it may see every key up to its length:
     the only mask is the padding beyond `kv_lens[b]`. Computed in float64 and returned as float32:
@@ -69,18 +69,18 @@ def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv
     below float32's resolution, so a request gets the same numbers whoever shares its batch.
     """
     num_seqs, num_heads, head_dim = q.shape
-    max_len, num_kv_heads = k.shape[1], k.shape[2]
-    group = num_heads // num_kv_heads
-    j = torch.arange(max_len, device=q.device)  # [S]
-    valid = j[None, :] < kv_lens.to(q.device)[:, None]  # [B, S]: keys that exist
-    # Padding slots may hold anything (an unwritten cache block, NaN): zero them, or 0 * NaN poisons the sum.
-    k = torch.where(valid[:, :, None, None], k.double(), 0.0)  # [B, S, Hkv, d]
-    v = torch.where(valid[:, :, None, None], v.double(), 0.0)
-    qg = q.double().view(num_seqs, num_kv_heads, group, head_dim)  # [B, Hkv, g, d]
-    scores = torch.einsum("bkgd,bjkd->bkgj", qg, k) * scale  # -> [B, Hkv, g, S]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    max_len = max(kv_lens)
+    k, v = k[:, :max_len].double(), v[:, :max_len].double()  # [B, S, Hkv, d]
+    num_kv_heads = k.shape[2]
+    qg = q.double().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, g, d]
+    scores = (qg @ k.permute(0, 2, 3, 1)) * scale  # [B, Hkv, g, d] @ [B, Hkv, d, S] -> [B, Hkv, g, S]
+    if min(kv_lens) < max_len:  # some sequences are shorter: mask their padding keys
+        lens = torch.tensor(kv_lens, device=q.device)
+        valid = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [B, S]
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        v = v.masked_fill(~valid[:, :, None, None], 0.0)  # padding may hold anything (NaN): 0 * NaN = NaN
     probs = torch.softmax(scores, dim=-1)  # [B, Hkv, g, S]
-    out = torch.einsum("bkgj,bjkd->bkgd", probs, v)  # -> [B, Hkv, g, d]
+    out = probs @ v.permute(0, 2, 1, 3)  # [B, Hkv, g, S] @ [B, Hkv, S, d] -> [B, Hkv, g, d]
     return out.reshape(num_seqs, num_heads, head_dim).float()  # [B, H, d]
 
 
@@ -103,13 +103,11 @@ def naive(
     used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
     single = [b for b in range(len(cu_q) - 1) if cu_q[b + 1] - cu_q[b] == 1 and used[b] > 0]
     if single:
-        max_len = max(used[b] for b in single)
-        offsets = torch.arange(max_len)  # [S]
+        lens = [used[b] for b in single]
+        offsets = torch.arange(max(lens))  # [S]
         starts = torch.tensor([cu_k[b] for b in single])  # [B1]
-        index = (starts[:, None] + offsets[None, :]).clamp(max=k.shape[0] - 1)  # [B1, S] rows of k
-        lens = torch.tensor([used[b] for b in single])  # [B1]
-        rows = torch.tensor([cu_q[b] for b in single])  # [B1]: the query row of each sequence
-        index, rows = index.to(k.device), rows.to(q.device)
+        index = (starts[:, None] + offsets[None, :]).clamp(max=k.shape[0] - 1).to(k.device)  # [B1, S] rows of k
+        rows = torch.tensor([cu_q[b] for b in single], device=q.device)  # [B1]: the query row of each sequence
         o = single_query_attention(q[rows], k[index], v[index], lens, scale)  # [B1, H, d]
         out[rows] = o.to(q.dtype)
     for b in range(len(cu_q) - 1):

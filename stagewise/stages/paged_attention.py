@@ -65,13 +65,15 @@ def naive(
     """Gather each sequence's K/V through its block table, then causal attention per sequence."""
     k = gather_kv(k_cache, block_table)  # [B, S, Hkv, d], S = max_blocks * block_size
     v = gather_kv(v_cache, block_table)
-    out = torch.zeros_like(q)
     cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     single = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]  # decode: one query each
+    if len(single) == len(lens):  # a decode-only step: query row b is sequence b's only query
+        return attention.single_query_attention(q, k, v, lens, scale).to(q.dtype)  # [B, H, d]
+    out = torch.zeros_like(q)
     if single:
         rows = torch.tensor([cu_q[b] for b in single], device=q.device)  # their query rows
         idx = torch.tensor(single, device=k.device)
-        o = attention.single_query_attention(q[rows], k[idx], v[idx], torch.tensor([lens[b] for b in single]), scale)
+        o = attention.single_query_attention(q[rows], k[idx], v[idx], [lens[b] for b in single], scale)
         out[rows] = o.to(q.dtype)  # [B1, H, d]
     for b in range(len(lens)):
         if b in single or cu_q[b + 1] == cu_q[b]:

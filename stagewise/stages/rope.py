@@ -43,21 +43,23 @@ def build_cos_sin_cache(max_position: int, rotary_dim: int, theta: float, device
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, d], cos/sin [T, 1, d/2] -> rotated x, computed in float32."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()  # [T, heads, d/2] each
-    out1 = x1 * cos - x2 * sin
-    out2 = x2 * cos + x1 * sin
-    return torch.cat([out1, out2], dim=-1).to(x.dtype)  # [T, heads, d]
+    """x [T, heads, d], cos/sin [T, 1, d] (each half repeated) -> rotated x, computed in float32.
+
+    With x = [x1, x2] (halves): [x1*cos - x2*sin, x2*cos + x1*sin] = x * cos + [-x2, x1] * sin.
+    """
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)  # [T, heads, d/2] each
+    rotated_half = torch.cat([-x2, x1], dim=-1)  # [T, heads, d]: each pair turned by 90 degrees
+    return (xf * cos + rotated_half * sin).to(x.dtype)  # [T, heads, d]
 
 
 def naive(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified."""
-    cos_sin = cos_sin_cache[positions].float()  # [max_position, d] -> [T, d]
-    cos, sin = cos_sin.chunk(2, dim=-1)  # [T, d/2] each
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, d/2]: broadcast over heads
+    cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # [max_position, d] -> [T, d/2] each
+    cos = torch.cat([cos, cos], dim=-1).unsqueeze(1)  # [T, 1, d]: pair (i, i + d/2) shares angle i
+    sin = torch.cat([sin, sin], dim=-1).unsqueeze(1)  # [T, 1, d]: broadcast over heads
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
