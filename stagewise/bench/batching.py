@@ -12,7 +12,7 @@ Systems, all on the same seeded workload (greedy, `ignore_eos`, a
 `max_tokens` per request, so every system makes exactly the same tokens):
 
 - static:       stagewise mode "kv", left-padded batches of `max_num_seqs`
-- continuous:   stagewise mode "paged", at most `max_num_seqs` running
+- continuous:   stagewise mode "paged", at most `max_num_seqs` running (or `continuous_max_num_seqs`)
 - transformers: (`--compare transformers`) HF `generate`, padded batches of the same size
 
 Static and continuous must produce identical tokens for every request
@@ -54,6 +54,7 @@ class BatchingSettings:
     prompt_tokens: tuple[int, int] = (16, 512)  # prompt length range (uniform)
     output_tokens: tuple[int, int] = (16, 256)  # max_tokens range (uniform)
     max_num_seqs: int = 8  # static batch size = most requests running at once (continuous)
+    continuous_max_num_seqs: int | None = None  # seats of the continuous engine; None = max_num_seqs
     max_num_batched_tokens: int = 512  # token budget of one continuous-batching step
     repeats: int = 1  # timed runs per system, alternating the systems
     seed: int = 0  # workload seed
@@ -122,6 +123,8 @@ def static_reserved_timeline(workload: Workload, requests, batch_size: int, byte
 
 
 def _run_stagewise(system, loaded, settings, ecfg, workload, on_done) -> dict:
+    if SYSTEMS[system] == "kv":  # static batches are always `max_num_seqs` wide
+        ecfg = ecfg.with_updates(max_num_seqs=settings.max_num_seqs)
     llm = LLM(loaded, backend=settings.backend, mode=SYSTEMS[system], engine_config=ecfg)  # cold prefix cache
     samples: list[tuple[float, int]] = []  # (time, blocks in use) per paged step
 
@@ -187,7 +190,7 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
         loaded.tokenizer, settings.num_requests, settings.prompt_tokens, settings.output_tokens, settings.seed
     )
     ecfg = EngineConfig(
-        max_num_seqs=settings.max_num_seqs,
+        max_num_seqs=settings.continuous_max_num_seqs or settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=workload.max_seq_len(),
     )
@@ -291,8 +294,10 @@ def batching_table(result: dict):
 
     w = result["workload"]
     table = Table(
-        title=f"static vs continuous batching — {w['num_requests']} requests, batch "
-        f"{result['settings']['max_num_seqs']}, {w['total_output_tokens']} output tokens"
+        title=f"static vs continuous batching — {w['num_requests']} requests, static batch "
+        f"{result['settings']['max_num_seqs']}, continuous seats "
+        f"{result['settings'].get('continuous_max_num_seqs') or result['settings']['max_num_seqs']}, "
+        f"{w['total_output_tokens']} output tokens"
     )
     summary = result["summary"]
     table.add_column("metric")

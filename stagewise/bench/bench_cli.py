@@ -162,6 +162,7 @@ def batching(
     output_tokens: str | None = typer.Option(None, help="output length range LOW-HIGH (default 16-256; quick 8-32)"),
     max_num_seqs: int | None = typer.Option(None, help="static batch size = most running requests (default 8)"),
     max_num_batched_tokens: int = typer.Option(512, help="token budget of one continuous-batching step"),
+    continuous_seats: int | None = typer.Option(None, help="most running requests, continuous (default: same)"),
     repeats: int = typer.Option(1, help="timed runs per system, alternating the systems"),
     seed: int = typer.Option(0, help="workload seed"),
 ):
@@ -185,6 +186,7 @@ def batching(
         else (Q["output_tokens"] if quick else (16, 256)),
         max_num_seqs=max_num_seqs or (Q["max_num_seqs"] if quick else 8),
         max_num_batched_tokens=max_num_batched_tokens,
+        continuous_max_num_seqs=continuous_seats,
         repeats=repeats,
         seed=seed,
         compare=names,
