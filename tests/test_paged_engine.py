@@ -181,12 +181,8 @@ def test_paged_attention_reference_equals_contiguous_attention(num_tokens):
     inputs = STAGES["paged_attention"].example_inputs(PRESETS["tiny"], num_tokens, torch.device("cpu"), torch.float32)
     out = STAGES["paged_attention"].naive(**inputs)
     lens = inputs["seq_lens"].tolist()
-    k_pad, v_pad = (
-        gather_kv(inputs["k_cache"], inputs["block_table"]),
-        gather_kv(inputs["v_cache"], inputs["block_table"]),
-    )
-    k = torch.cat([k_pad[b, :n] for b, n in enumerate(lens)])  # [sum(lens), Hkv, d], contiguous per sequence
-    v = torch.cat([v_pad[b, :n] for b, n in enumerate(lens)])
+    k = torch.cat([gather_kv(inputs["k_cache"], inputs["block_table"][b], n) for b, n in enumerate(lens)])
+    v = torch.cat([gather_kv(inputs["v_cache"], inputs["block_table"][b], n) for b, n in enumerate(lens)])
     cu_k = torch.tensor([0, *lens]).cumsum(0)
     ref = STAGES["attention"].naive(inputs["q"], k, v, inputs["cu_seqlens_q"], cu_k, inputs["scale"])
     assert_close(out, ref, 0, 0, "paged vs contiguous")

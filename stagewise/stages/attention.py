@@ -20,10 +20,9 @@ GQA by index map, never by copying K/V: query head h reads KV head
 `h // (H // Hkv)`. The naive reference expresses that map as a reshape of q to
 [L, Hkv, group, d] that broadcasts against k [L, Hkv, d].
 
-The naive reference materialises the full [Lq, Lk] score matrix per head; the
-optimized FlashAttention kernel never does (tiles + online softmax). For
-speed on a CPU it batches the sequences that have one query (decode) into one
-product, and handles longer query runs one sequence at a time.
+The naive reference materialises the full [Lq, Lk] score matrix per head, one
+sequence at a time; the optimized FlashAttention kernel never does (tiles +
+online softmax).
 
 What the kernel (`kernels/flash_attention.py`) does differently: one program
 holds a tile of BLOCK_M query rows of one head in registers and streams the
@@ -48,40 +47,20 @@ def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     len_q, num_heads, head_dim = q.shape
     len_k, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads  # query heads per KV head
-    qg = q.float().view(len_q, num_kv_heads, group, head_dim)  # [Lq, Hkv, g, d]: head h -> (h // g, h % g)
-    scores = torch.einsum("ikgd,jkd->kgij", qg, k.float()) * scale  # -> [Hkv, g, Lq, Lk]
-    i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
-    j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
-    allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
-    probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0, not NaN
-    out = torch.einsum("kgij,jkd->ikgd", probs, v.float())  # -> [Lq, Hkv, g, d]
-    return out.reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
-
-
-def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: list[int], scale: float):
-    """B sequences with one query each (decode): q [B, H, d], k/v [B, S, Hkv, d] padded, kv_lens -> [B, H, d].
-
-    The one query is each sequence's last position, so it may see every key up to its length:
-    the only mask is the padding beyond `kv_lens[b]`. Computed in float64 and returned as float32:
-    a batched product's rounding depends on the batch size and the padding, and float64 keeps that
-    below float32's resolution, so a request gets the same numbers whoever shares its batch.
-    """
-    num_seqs, num_heads, head_dim = q.shape
-    max_len = max(kv_lens)
-    k, v = k[:, :max_len].double(), v[:, :max_len].double()  # [B, S, Hkv, d]
-    num_kv_heads = k.shape[2]
-    qg = q.double().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, g, d]
-    scores = (qg @ k.permute(0, 2, 3, 1)) * scale  # [B, Hkv, g, d] @ [B, Hkv, d, S] -> [B, Hkv, g, S]
-    if min(kv_lens) < max_len:  # some sequences are shorter: mask their padding keys
-        lens = torch.tensor(kv_lens, device=q.device)
-        valid = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [B, S]
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        v = v.masked_fill(~valid[:, :, None, None], 0.0)  # padding may hold anything (NaN): 0 * NaN = NaN
-    probs = torch.softmax(scores, dim=-1)  # [B, Hkv, g, S]
-    out = probs @ v.permute(0, 2, 1, 3)  # [B, Hkv, g, S] @ [B, Hkv, S, d] -> [B, Hkv, g, d]
-    return out.reshape(num_seqs, num_heads, head_dim).float()  # [B, H, d]
+    qg = q.float().view(len_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, g, Lq, d]
+    kt = k.float().permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, d, Lk]: one K per group of query heads
+    scores = (qg @ kt) * scale  # [Hkv, g, Lq, d] @ [Hkv, 1, d, Lk] -> [Hkv, g, Lq, Lk]
+    if len_q > 1 or len_q > len_k:  # one query at the end sees every key: no mask needed
+        i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
+        j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
+        allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
+        probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0, not NaN
+    else:
+        probs = torch.softmax(scores, dim=-1)  # [Hkv, g, 1, Lk]
+    out = probs @ v.float().permute(1, 0, 2).unsqueeze(1)  # [Hkv, g, Lq, Lk] @ [Hkv, 1, Lk, d] -> [Hkv, g, Lq, d]
+    return out.permute(2, 0, 1, 3).reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
 
 
 def naive(
@@ -95,27 +74,18 @@ def naive(
 ) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> [Tq, H, d].
 
-    Sequences with one query (decode) run together in one batched product over their keys
-    gathered into a padded [B, S] layout; longer query runs (prefill) run one sequence at a time.
+    One sequence at a time, each with its own exact shapes: a request's numbers never depend on
+    which other requests share the batch (so continuous batching gives the tokens of a run alone).
     """
-    out = torch.zeros_like(q)
+    out = torch.empty_like(q)
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
-    single = [b for b in range(len(cu_q) - 1) if cu_q[b + 1] - cu_q[b] == 1 and used[b] > 0]
-    if single:
-        lens = [used[b] for b in single]
-        offsets = torch.arange(max(lens))  # [S]
-        starts = torch.tensor([cu_k[b] for b in single])  # [B1]
-        index = (starts[:, None] + offsets[None, :]).clamp(max=k.shape[0] - 1).to(k.device)  # [B1, S] rows of k
-        rows = torch.tensor([cu_q[b] for b in single], device=q.device)  # [B1]: the query row of each sequence
-        o = single_query_attention(q[rows], k[index], v[index], lens, scale)  # [B1, H, d]
-        out[rows] = o.to(q.dtype)
     for b in range(len(cu_q) - 1):
         q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
-        if b in single or q_end == q_start:
+        if q_end == q_start:
             continue
         kb, vb = k[k_start : k_start + used[b]], v[k_start : k_start + used[b]]  # [Lk, Hkv, d] views
-        out[q_start:q_end] = causal_attention_one_sequence(q[q_start:q_end], kb, vb, scale).to(q.dtype)
+        out[q_start:q_end] = causal_attention_one_sequence(q[q_start:q_end], kb, vb, scale)
     return out
 
 

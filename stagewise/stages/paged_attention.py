@@ -17,10 +17,9 @@ prefix (chunked prefill, prefix-cache hits).
 
 GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 
-The naive reference gathers every sequence's K/V blocks into a padded
-[B, max_blocks * block_size] tensor with one indexing op, then runs the
-`attention` reference's math (decode rows batched, prefill runs per
-sequence); the optimized kernel reads the blocks in place, one block-table
+The naive reference gathers each sequence's K/V blocks into a contiguous
+tensor (one indexing op per sequence) and runs the `attention` reference's
+math on it; the optimized kernel reads the blocks in place, one block-table
 lookup per tile, with the online softmax.
 
 What the kernel (`kernels/paged_attention.py`) does differently: no gather
@@ -43,14 +42,14 @@ from stagewise.stages import attention
 from stagewise.stages.base import Stage
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """cache [num_blocks, block_size, Hkv, d], block_table [B, max_blocks] -> [B, max_blocks * block_size, Hkv, d].
+def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [num_blocks, block_size, Hkv, d], one sequence's block ids -> its [seq_len, Hkv, d] (a copy).
 
-    One indexing op gathers every sequence's blocks in logical order (a copy); position p of
-    sequence b lands at [b, p], read from slot block_table[b, p // block_size] * block_size + p % block_size.
+    Position p comes from slot block_ids[p // block_size] * block_size + p % block_size.
     """
-    blocks = cache[block_table.long().to(cache.device)]  # [B, max_blocks, block_size, Hkv, d]
-    return blocks.flatten(1, 2)  # [B, max_blocks * block_size, Hkv, d]
+    num_blocks = -(-seq_len // cache.shape[1])  # ceil: the blocks that hold its tokens
+    blocks = cache[block_ids[:num_blocks].long().to(cache.device)]  # [n_blocks, block_size, Hkv, d]
+    return blocks.flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d]
 
 
 def naive(
@@ -62,25 +61,16 @@ def naive(
     cu_seqlens_q: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Gather each sequence's K/V through its block table, then causal attention per sequence."""
-    k = gather_kv(k_cache, block_table)  # [B, S, Hkv, d], S = max_blocks * block_size
-    v = gather_kv(v_cache, block_table)
+    """Gather each sequence's K/V through its block table, then causal attention, one sequence at a time."""
+    out = torch.empty_like(q)
     cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    single = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]  # decode: one query each
-    if len(single) == len(lens):  # a decode-only step: query row b is sequence b's only query
-        return attention.single_query_attention(q, k, v, lens, scale).to(q.dtype)  # [B, H, d]
-    out = torch.zeros_like(q)
-    if single:
-        rows = torch.tensor([cu_q[b] for b in single], device=q.device)  # their query rows
-        idx = torch.tensor(single, device=k.device)
-        o = attention.single_query_attention(q[rows], k[idx], v[idx], [lens[b] for b in single], scale)
-        out[rows] = o.to(q.dtype)  # [B1, H, d]
-    for b in range(len(lens)):
-        if b in single or cu_q[b + 1] == cu_q[b]:
+    for b, seq_len in enumerate(lens):
+        if cu_q[b + 1] == cu_q[b]:
             continue
+        k = gather_kv(k_cache, block_table[b], seq_len)  # [seq_len, Hkv, d]
+        v = gather_kv(v_cache, block_table[b], seq_len)
         qb = q[cu_q[b] : cu_q[b + 1]]  # [Lq, H, d]: the last Lq positions of the sequence
-        ob = attention.causal_attention_one_sequence(qb, k[b, : lens[b]], v[b, : lens[b]], scale)
-        out[cu_q[b] : cu_q[b + 1]] = ob.to(q.dtype)
+        out[cu_q[b] : cu_q[b + 1]] = attention.causal_attention_one_sequence(qb, k, v, scale)
     return out
 
 
