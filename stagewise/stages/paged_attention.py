@@ -17,10 +17,10 @@ prefix (chunked prefill, prefix-cache hits).
 
 GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 
-The naive reference gathers each sequence's K/V blocks into a contiguous
-tensor (one indexing op per sequence) and runs the `attention` reference's
-math on it; the optimized kernel reads the blocks in place, one block-table
-lookup per tile, with the online softmax.
+The naive reference gathers every sequence's K/V blocks into one contiguous
+buffer (one indexing op) and runs the contiguous `attention` reference on it,
+with `seqused_k` = the sequence lengths; the optimized kernel reads the blocks
+in place, one block-table lookup per tile, with the online softmax.
 
 What the kernel (`kernels/paged_attention.py`) does differently: no gather
 copy and no score matrix. A tile of BLOCK_N keys finds each key's physical
@@ -61,17 +61,20 @@ def naive(
     cu_seqlens_q: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Gather each sequence's K/V through its block table, then causal attention, one sequence at a time."""
-    out = torch.empty_like(q)
-    cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    for b, seq_len in enumerate(lens):
-        if cu_q[b + 1] == cu_q[b]:
-            continue
-        k = gather_kv(k_cache, block_table[b], seq_len)  # [seq_len, Hkv, d]
-        v = gather_kv(v_cache, block_table[b], seq_len)
-        qb = q[cu_q[b] : cu_q[b + 1]]  # [Lq, H, d]: the last Lq positions of the sequence
-        out[cu_q[b] : cu_q[b + 1]] = attention.causal_attention_one_sequence(qb, k, v, scale)
-    return out
+    """Gather every sequence's blocks into one contiguous buffer, then the contiguous `attention` reference."""
+    block_size = k_cache.shape[1]
+    lens = seq_lens.tolist()
+    num_blocks = [-(-n // block_size) for n in lens]  # blocks holding each sequence's tokens
+    rows = block_table.tolist()
+    block_ids = [blk for row, n in zip(rows, num_blocks) for blk in row[:n]]  # in logical order, sequence by sequence
+    index = torch.tensor(block_ids, dtype=torch.long, device=k_cache.device)
+    k = k_cache[index].flatten(0, 1)  # [sum(num_blocks) * block_size, Hkv, d]
+    v = v_cache[index].flatten(0, 1)
+    starts = [0]
+    for n in num_blocks:
+        starts.append(starts[-1] + n * block_size)  # sequence b's keys start at starts[b] in k
+    cu_seqlens_k = torch.tensor(starts, dtype=torch.int32)
+    return attention.naive(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k=seq_lens)
 
 
 def optimized(
