@@ -114,6 +114,20 @@ def _shape_args(rec) -> dict:
     return args
 
 
+def _stage_event(rec, pid: int) -> dict:
+    """One stage call as a complete event on the "stages" track (tid 2)."""
+    return {
+        "name": _stage_name(rec),
+        "cat": "stage",
+        "ph": "X",
+        "ts": rec.start_us,
+        "dur": rec.dur_us or 0.0,
+        "pid": pid,
+        "tid": 2,
+        "args": _shape_args(rec),
+    }
+
+
 def to_chrome(tracer: Tracer) -> dict:
     """Trace Event Format: {"traceEvents": [...], "displayTimeUnit": "ms"}."""
     pid = 1
@@ -122,19 +136,7 @@ def to_chrome(tracer: Tracer) -> dict:
         {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "engine steps"}},
         {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "stages"}},
     ]
-    for rec in tracer.prelude:
-        events.append(
-            {
-                "name": _stage_name(rec),
-                "cat": "stage",
-                "ph": "X",
-                "ts": rec.start_us,
-                "dur": rec.dur_us or 0.0,
-                "pid": pid,
-                "tid": 2,
-                "args": _shape_args(rec),
-            }
-        )
+    events += [_stage_event(rec, pid) for rec in tracer.prelude]
     for step in tracer.steps:
         requests = {r["request_id"]: f"{r['phase']} +{r['num_scheduled']}" for r in step.requests}
         events.append(
@@ -149,19 +151,7 @@ def to_chrome(tracer: Tracer) -> dict:
                 "args": requests,
             }
         )
-        for rec in step.stages:
-            events.append(
-                {
-                    "name": _stage_name(rec),
-                    "cat": "stage",
-                    "ph": "X",
-                    "ts": rec.start_us,
-                    "dur": rec.dur_us or 0.0,
-                    "pid": pid,
-                    "tid": 2,
-                    "args": _shape_args(rec),
-                }
-            )
+        events += [_stage_event(rec, pid) for rec in step.stages]
         in_use = step.scheduler.get("kv_blocks_in_use")
         if isinstance(in_use, int):
             events.append(

@@ -36,21 +36,19 @@ def _ms(rec: StageRecord) -> str:
     return "" if rec.dur_us is None else f"{rec.dur_us / 1000:.2f}"
 
 
+def _cells(step_label: str, layer_label: str, rec: StageRecord) -> list[str]:
+    """One row: step, layer, stage, backend, inputs, outputs, ms."""
+    outputs = _tensors(rec.outputs) or "(in place)"
+    return [step_label, layer_label, rec.stage, rec.backend, _tensors(rec.inputs), outputs, _ms(rec)]
+
+
 def render_table(tracer: Tracer, layers="first", steps=None, stages=None) -> Table:
     layer_sel = [0] if layers == "first" else layers
     table = Table(title=f"stagewise trace · {tracer.model.get('name')} · mode {tracer.model.get('mode')}")
     for col in ("step", "layer", "stage", "backend", "inputs", "outputs", "ms"):
         table.add_column(col, overflow="fold")
     for step_label, layer_label, rec in _rows(tracer, layer_sel, steps, stages):
-        cells = [
-            step_label,
-            layer_label,
-            rec.stage,
-            rec.backend,
-            _tensors(rec.inputs),
-            _tensors(rec.outputs) or "(in place)",
-            _ms(rec),
-        ]
+        cells = _cells(step_label, layer_label, rec)
         table.add_row(*(Text(c) for c in cells))  # Text: shapes like [num_tokens=5] are not markup
     return table
 
@@ -69,15 +67,7 @@ def render_markdown(tracer: Tracer, layers="first", steps=None, stages=None) -> 
         "|---|---|---|---|---|---|---|",
     ]
     for step_label, layer_label, rec in _rows(tracer, layer_sel, steps, stages):
-        cells = [
-            step_label,
-            layer_label,
-            rec.stage,
-            rec.backend,
-            _tensors(rec.inputs),
-            _tensors(rec.outputs) or "(in place)",
-            _ms(rec),
-        ]
+        cells = _cells(step_label, layer_label, rec)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if tracer.summary:
         lines += ["", "**summary:** " + ", ".join(f"{k} {v}" for k, v in tracer.summary.items())]
