@@ -5,8 +5,9 @@ the tokenizer) followed by tensors, possibly quantized. We read it with the
 `gguf` package, dequantize every tensor to float32 with `gguf.quants` (Q4_1 and
 Q8_0 for the default model; about a second), and rearrange:
 
-- GGUF stores a weight as [out, in] rows, like `torch.nn.Linear`; we store
-  [in, out] and concatenate Q|K|V and gate|up (see `weights.py`).
+- GGUF stores a weight as [out, in] rows, like `torch.nn.Linear`; we view it
+  as [in, out] (a transpose, no copy) and concatenate Q|K|V and gate|up; the
+  memory layout per device is chosen in `weights.py`.
 - llama.cpp's converter permutes the rows of W_q and W_k so that its RoPE can
   rotate interleaved pairs (2i, 2i+1). We undo that permutation here, head by
   head, and keep Hugging Face's rotate-half RoPE (pairs (i, i + d/2)).
@@ -122,15 +123,15 @@ def load_gguf(path: str | Path, reader=None) -> tuple[ModelConfig, LlamaWeights]
         layers.append(
             LayerWeights(
                 attn_norm=torch.from_numpy(get(p + "attn_norm.weight", (hidden,))),
-                w_qkv=torch.from_numpy(np.ascontiguousarray(w_qkv)),
-                w_o=torch.from_numpy(np.ascontiguousarray(linear(p + "attn_output.weight", hidden, config.q_size).T)),
+                w_qkv=torch.from_numpy(w_qkv),  # transposed views; LlamaWeights.to picks the layout
+                w_o=torch.from_numpy(linear(p + "attn_output.weight", hidden, config.q_size).T),
                 ffn_norm=torch.from_numpy(get(p + "ffn_norm.weight", (hidden,))),
-                w_gate_up=torch.from_numpy(np.ascontiguousarray(np.concatenate([gate, up], axis=0).T)),
-                w_down=torch.from_numpy(np.ascontiguousarray(linear(p + "ffn_down.weight", hidden, inter).T)),
+                w_gate_up=torch.from_numpy(np.concatenate([gate, up], axis=0).T),
+                w_down=torch.from_numpy(linear(p + "ffn_down.weight", hidden, inter).T),
             )
         )
     embed = torch.from_numpy(get("token_embd.weight", (config.vocab_size, hidden)))  # [vocab, hidden]
     head = embed if config.tie_word_embeddings else torch.from_numpy(get("output.weight", (config.vocab_size, hidden)))
-    lm_head = head.t().contiguous()  # [vocab, hidden] -> [hidden, vocab]
+    lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = torch.from_numpy(get("output_norm.weight", (hidden,)))
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -91,15 +91,15 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, LlamaWeights]:
         layers.append(
             LayerWeights(
                 attn_norm=get(p + "input_layernorm.weight", (hidden,)),
-                w_qkv=torch.cat([wq, wk, wv], dim=0).t().contiguous(),  # -> [hidden, (H+2Hkv)*d]
-                w_o=get(p + "self_attn.o_proj.weight", (hidden, q)).t().contiguous(),  # -> [H*d, hidden]
+                w_qkv=torch.cat([wq, wk, wv], dim=0).t(),  # -> [hidden, (H+2Hkv)*d]
+                w_o=get(p + "self_attn.o_proj.weight", (hidden, q)).t(),  # -> [H*d, hidden]
                 ffn_norm=get(p + "post_attention_layernorm.weight", (hidden,)),
-                w_gate_up=torch.cat([gate, up], dim=0).t().contiguous(),  # -> [hidden, 2*inter]
-                w_down=get(p + "mlp.down_proj.weight", (hidden, inter)).t().contiguous(),  # -> [inter, hidden]
+                w_gate_up=torch.cat([gate, up], dim=0).t(),  # -> [hidden, 2*inter]
+                w_down=get(p + "mlp.down_proj.weight", (hidden, inter)).t(),  # -> [inter, hidden]
             )
         )
     embed = get("model.embed_tokens.weight", (config.vocab_size, hidden))
     head = embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
-    lm_head = head.t().contiguous()  # [vocab, hidden] -> [hidden, vocab]
+    lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("model.norm.weight", (hidden,))
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -1,11 +1,20 @@
 """The weights of a Llama model, laid out the way the stages consume them.
 
-Every projection is stored as [in, out] so the code reads `x @ w`, and the
+Every projection has the shape [in, out] so the code reads `x @ w`, and the
 projections that read the same input are concatenated: W_q|W_k|W_v into one
 `w_qkv` and W_gate|W_up into one `w_gate_up` (one GEMM each instead of three
-and two). The LM head is stored [hidden, vocab] too; with tied embeddings it
-holds the embedding table's numbers, transposed once at load time (decode
-reads all of it every step, and row-major reads are the fast ones).
+and two). The LM head is [hidden, vocab] too.
+
+Shape is not layout. Where the numbers sit in memory depends on the device
+(`LlamaWeights.to`):
+
+- CPU: "out-major", each matrix stored [out, in] row-major (as in the model
+  files) and seen through a transposed [in, out] view, because the CPU BLAS
+  streams weights fastest in that orientation for decode-sized batches
+  (`stages/gemm.py` has the measurements). With tied embeddings the LM head
+  is simply the embedding table seen transposed: no second copy.
+- GPU: "in-major", each matrix contiguous [in, out] (and a separate LM head
+  copy), the layout the Triton GEMM's tiles were written for.
 """
 
 from dataclasses import dataclass
@@ -33,19 +42,29 @@ class LlamaWeights:
     lm_head: torch.Tensor  # [hidden, vocab]: output matrix (embed transposed when tied)
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaWeights":
-        """Move and cast every tensor."""
+        """Move and cast every tensor, in the layout the device's GEMMs read fastest (module docstring)."""
+        out_major = torch.device(device).type == "cpu"
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=dtype).contiguous()
+            t = t.to(device=device, dtype=dtype)
+            if t.dim() == 2 and out_major:
+                return t.t().contiguous().t()  # [in, out] view of a row-major [out, in] matrix
+            return t.contiguous()
 
         layers = [LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers]
-        return LlamaWeights(
-            embed=move(self.embed), layers=layers, final_norm=move(self.final_norm), lm_head=move(self.lm_head)
-        )
+        embed = self.embed.to(device=device, dtype=dtype).contiguous()  # [vocab, hidden]: rows are gathered
+        lm_head = embed.t() if self.tied() and out_major else move(self.lm_head)  # [hidden, vocab]
+        return LlamaWeights(embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head)
+
+    def tied(self) -> bool:
+        """True when the LM head is a view of the embedding table's memory (tied embeddings)."""
+        same_device = self.lm_head.device == self.embed.device and self.embed.device.type != "meta"
+        return same_device and self.lm_head.data_ptr() == self.embed.data_ptr()
 
     def num_bytes(self) -> int:
-        """Bytes of all weight tensors held in memory (embedding table and LM head both counted)."""
-        return self.embed.numel() * self.embed.element_size() + self.decode_bytes() - self._embed_row_bytes()
+        """Bytes of all weight tensors held in memory (a tied LM head shares the table's memory)."""
+        table = 0 if self.tied() else self.embed.numel() * self.embed.element_size()
+        return table + self.decode_bytes() - self._embed_row_bytes()
 
     def decode_bytes(self) -> int:
         """Bytes one decode step of one token reads: every layer, the final norm and the LM head.
@@ -99,6 +118,6 @@ def random_weights(config: ModelConfig, seed: int = 0) -> LlamaWeights:
     # Rows of norm ~1, so tied logits h . e have std ~1: a spread-out distribution worth sampling from.
     embed = torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
     untied = torch.randn(embed.shape, generator=gen) / config.hidden_size**0.5
-    lm_head = (embed if config.tie_word_embeddings else untied).t().contiguous()  # [hidden, vocab]
+    lm_head = (embed if config.tie_word_embeddings else untied).t()  # [hidden, vocab] view (tied: shares memory)
     final_norm = init("final_norm", (config.hidden_size,))
     return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

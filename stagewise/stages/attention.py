@@ -17,8 +17,9 @@ row that may see no key at all (possible only when Lq > Lk, e.g. the padding
 rows of static batching) gets zeros, not NaN.
 
 GQA by index map, never by copying K/V: query head h reads KV head
-`h // (H // Hkv)`. The naive reference expresses that map as a reshape of q to
-[L, Hkv, group, d] that broadcasts against k [L, Hkv, d].
+`h // (H // Hkv)`. The naive reference expresses that map by regrouping q as
+[Hkv, group * Lq, d]: the query rows of the `group` heads that share a KV head
+become the rows of one matrix product with that head's K (a strided view).
 
 The naive reference materialises the full [Lq, Lk] score matrix per head, one
 sequence at a time; the optimized FlashAttention kernel never does (tiles +
@@ -48,8 +49,10 @@ def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     len_k, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads  # query heads per KV head
     qg = q.float().view(len_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, g, Lq, d]
-    kt = k.float().permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, d, Lk]: one K per group of query heads
-    scores = (qg @ kt) * scale  # [Hkv, g, Lq, d] @ [Hkv, 1, d, Lk] -> [Hkv, g, Lq, Lk]
+    qg = qg.reshape(num_kv_heads, group * len_q, head_dim)  # [Hkv, g*Lq, d]: every query row of one KV head
+    kt = k.float().permute(1, 2, 0)  # [Lk, Hkv, d] -> [Hkv, d, Lk], a strided view: K is never copied
+    scores = torch.bmm(qg, kt) * scale  # [Hkv, g*Lq, d] @ [Hkv, d, Lk] -> [Hkv, g*Lq, Lk]
+    scores = scores.view(num_kv_heads, group, len_q, len_k)  # [Hkv, g, Lq, Lk]
     if len_q > 1 or len_q > len_k:  # one query at the end sees every key: no mask needed
         i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
         j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
@@ -59,7 +62,9 @@ def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0, not NaN
     else:
         probs = torch.softmax(scores, dim=-1)  # [Hkv, g, 1, Lk]
-    out = probs @ v.float().permute(1, 0, 2).unsqueeze(1)  # [Hkv, g, Lq, Lk] @ [Hkv, 1, Lk, d] -> [Hkv, g, Lq, d]
+    probs = probs.reshape(num_kv_heads, group * len_q, len_k)  # [Hkv, g*Lq, Lk]
+    out = torch.bmm(probs, v.float().permute(1, 0, 2))  # [Hkv, g*Lq, Lk] @ [Hkv, Lk, d] -> [Hkv, g*Lq, d]
+    out = out.view(num_kv_heads, group, len_q, head_dim)  # [Hkv, g, Lq, d]
     return out.permute(2, 0, 1, 3).reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
 
 

@@ -19,6 +19,7 @@ import torch
 
 from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
+from stagewise.stages.gemm import gemm
 
 
 def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
@@ -29,9 +30,9 @@ def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
 
 def naive(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden]."""
-    gate_up = x @ w_gate_up  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    gate_up = gemm(x, w_gate_up)  # x @ w_gate_up: [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
     h = silu_and_mul_naive(gate_up)  # [T, 2*inter] -> [T, inter]
-    return h @ w_down  # [T, inter] @ [inter, hidden] -> [T, hidden]
+    return gemm(h, w_down)  # h @ w_down: [T, inter] @ [inter, hidden] -> [T, hidden]
 
 
 def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:

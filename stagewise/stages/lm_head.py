@@ -7,12 +7,12 @@ Only the last position of each sequence predicts the next token, so the rows
 of a long prefill are dropped *before* the GEMM: a 1000-token prompt costs one
 row of the [hidden, vocab] product, not 1000.
 
-`w_lm` is stored [in, out] = [hidden, vocab] like every other projection. With
-tied embeddings (SmolLM2) it holds the same numbers as the embedding table
-[vocab, hidden], transposed once at load time: decode reads the whole matrix
-every step (113 MB in fp32 for SmolLM2, a fifth of all weights), and reading
-it row-major as [hidden, vocab] is ~1.6x faster on a CPU than through a
-transposed view. The embedding lookup reads only T rows of its own copy.
+`w_lm` has the shape [in, out] = [hidden, vocab] like every other projection.
+With tied embeddings (SmolLM2) it holds the same numbers as the embedding table
+[vocab, hidden]: on a CPU it *is* the table, seen through a transposed view
+(the layout `stages/gemm.py` streams fastest); on a GPU it is a contiguous
+[hidden, vocab] copy made at load time. Decode reads the whole matrix every
+step: 113 MB in fp32 for SmolLM2, a fifth of all weights.
 
 Optimized: one Triton GEMM (`kernels/matmul.py`) that reads the rows of
 `hidden` through `last_token_index` (no gathered copy): only the vocab matrix
@@ -23,12 +23,13 @@ import torch
 
 from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
+from stagewise.stages.gemm import gemm
 
 
 def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:
     """hidden [T, hidden], last_token_index [num_seqs], w_lm [hidden, vocab] -> [num_seqs, vocab]."""
     last = hidden[last_token_index]  # [T, hidden] -> [num_seqs, hidden]
-    return last @ w_lm  # [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
+    return gemm(last, w_lm)  # last @ w_lm: [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
 
 
 def optimized(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,12 @@ import torch
 
 from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
+from stagewise.stages.gemm import gemm
 
 
 def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     """x [T, H*d], w_o [H*d, hidden] -> [T, hidden]."""
-    return x @ w_o  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
+    return gemm(x, w_o)  # x @ w_o: [T, H*d] @ [H*d, hidden] -> [T, hidden]
 
 
 def optimized(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:

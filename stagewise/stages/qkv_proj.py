@@ -8,7 +8,8 @@ read once and one large GEMM replaces three smaller ones. With GQA the K and V
 slices are narrower than Q (SmolLM2: 576 + 192 + 192 = 960 columns). The
 caller splits the result with views (`split_qkv`), no copy.
 
-Weights are stored as [in, out] so the code reads `x @ w`, like the math.
+Weights have the shape [in, out] so the code reads `x @ w`, like the math
+(their memory layout is chosen per device: `models/weights.py`, `stages/gemm.py`).
 
 Optimized: a tiled Triton GEMM (`kernels/matmul.py`) with fp32 accumulation and
 grouped program ordering, so tiles running together share rows of x and
@@ -20,11 +21,12 @@ import torch
 
 from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
+from stagewise.stages.gemm import gemm
 
 
 def naive(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]."""
-    return x @ w_qkv  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
+    return gemm(x, w_qkv)  # x @ w_qkv: [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
 
 
 def optimized(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""The projection GEMM (`stages/gemm.py`) and the per-device weight layout (`models/weights.py`)."""
+
+import pytest
+import torch
+
+from stagewise.config import PRESETS
+from stagewise.models.weights import random_weights
+from stagewise.stages.gemm import SMALL_M, gemm
+
+
+def out_major(w_in_out: torch.Tensor) -> torch.Tensor:
+    return w_in_out.t().contiguous().t()  # same [K, N] numbers, stored [N, K] row-major
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 7, SMALL_M, SMALL_M + 1, 130])
+@pytest.mark.parametrize("layout", ["in_major", "out_major"])
+def test_gemm_is_the_matrix_product(m, layout):
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 37, generator=gen)  # [M, K]
+    w = torch.randn(37, 53, generator=gen)  # [K, N]
+    w = out_major(w) if layout == "out_major" else w
+    out = gemm(x, w)
+    expected = (x.double() @ w.double()).float()  # [M, N] in float64, the exact product to ~1e-7
+    assert out.shape == (m, 53) and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_on_a_sliced_input_row():
+    """A row taken out of a bigger batch (a strided view) gives that row's product."""
+    x = torch.randn(5, 64)
+    w = out_major(torch.randn(64, 96))
+    torch.testing.assert_close(gemm(x[2:3], w), gemm(x, w)[2:3], rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_weights_are_out_major_views_and_the_lm_head_is_the_table():
+    config = PRESETS["tiny"]
+    ref = random_weights(config, seed=0)  # as built: [in, out] tensors, lm_head a view of embed
+    w = ref.to("cpu", torch.float32)
+    layer = w.layers[0]
+    for name in ("w_qkv", "w_o", "w_gate_up", "w_down"):
+        t = getattr(layer, name)
+        assert t.shape == getattr(ref.layers[0], name).shape  # the [in, out] shape the stages read
+        assert t.t().is_contiguous(), f"{name} should be stored [out, in] row-major on the CPU"
+        assert torch.equal(t, getattr(ref.layers[0], name))
+    assert config.tie_word_embeddings and w.tied()
+    assert w.lm_head.data_ptr() == w.embed.data_ptr() and torch.equal(w.lm_head, w.embed.t())
+    table = w.embed.numel() * 4
+    assert w.num_bytes() == w.decode_bytes() - w.embed.shape[1] * 4  # the table is counted once
+    assert w.decode_bytes() > table  # and it is read by every decode step, as the LM head
+
+
+def test_in_major_layout_when_not_on_cpu_meta_sized():
+    """The GPU layout (contiguous [in, out], separate LM head) is what `to` gives off the CPU."""
+    w = random_weights(PRESETS["tiny"], seed=0).to("meta", torch.bfloat16)
+    assert w.layers[0].w_qkv.is_contiguous() and w.lm_head.is_contiguous()
+    assert not w.tied()
