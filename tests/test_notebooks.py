@@ -78,5 +78,3 @@ def test_readme_lists_every_notebook():
     readme = (NOTEBOOKS.parent / "README.md").read_text()
     for name in EXPECTED:
         assert f"notebooks/{name}.ipynb" in readme, f"README does not list {name}"
-
-
