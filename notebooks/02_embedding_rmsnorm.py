@@ -84,13 +84,15 @@ print(f"gather:       0 FLOP, reads {T * cfg.hidden_size * 4 / 1e3:.1f} kB ({T} 
 
 # %% [markdown]
 # SmolLM2 **ties** its embeddings: the LM head at the end of the model uses
-# the same numbers (`logits = h @ embed^T`). stagewise keeps a transposed copy,
-# `lm_head [hidden, vocab]`, because every decode step reads the whole head
-# while the embedding reads only one row per token, and a CPU reads the
-# row-major [hidden, vocab] layout much faster than a transposed view.
+# the same numbers (`logits = h @ embed^T`). On a CPU, stagewise's
+# `lm_head [hidden, vocab]` is the embedding table itself seen through a
+# transposed view (no second copy): the table is stored [vocab, hidden]
+# row-major, which is also the layout the CPU's BLAS streams fastest for a
+# decode GEMM (`stagewise/stages/gemm.py`). On a GPU it is a contiguous copy.
 
 # %%
 print("lm_head holds the embedding, transposed:", torch.equal(weights.lm_head, weights.embed.t()))
+print("same memory as the table:", weights.tied(), " strides", weights.lm_head.stride())
 
 # %% [markdown]
 # ### Optimized: a Triton gather kernel
