@@ -4,6 +4,9 @@
     "tiny"          same architecture, random seeded weights, 2 layers, 512-token vocab
     "llama-3-8b", "llama-3-70b", "llama-3-405b"
                     shape-only presets: weights on the meta device, no memory, no data
+    "random:<preset>"  any preset's shapes with seeded random weights drawn on the device
+                    (e.g. "random:llama-3-8b": 16 GB of bf16 on a GPU), for benchmarks of
+                    real shapes without a checkpoint; the vocabulary is the tiny one padded
     path/to/x.gguf  any Llama-architecture GGUF file
     path/to/dir     a Hugging Face Llama directory (config.json, *.safetensors, tokenizer.json)
 
@@ -20,7 +23,9 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.tokenizer import Tokenizer
-from stagewise.models.weights import LlamaWeights, empty_weights, random_weights
+from stagewise.models.weights import LlamaWeights, empty_weights, random_weights, synthetic_weights
+
+RANDOM_PREFIX = "random:"  # "random:<preset>": the preset's shapes, random weights
 
 
 @dataclass
@@ -35,6 +40,17 @@ class LoadedModel:
 
 def known_models() -> list[str]:
     return list(PRESETS)
+
+
+def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """`random:<preset>`: the preset's shapes, seeded random weights drawn on the device."""
+    preset = name.removeprefix(RANDOM_PREFIX)
+    if preset not in PRESETS:
+        raise StagewiseError(f"unknown model '{name}'; after '{RANDOM_PREFIX}' name one of {', '.join(PRESETS)}")
+    config = replace(PRESETS[preset], name=name, shape_only=False)
+    weights = synthetic_weights(config, device, dtype, seed=0)
+    tokenizer = Tokenizer.synthetic(config.vocab_size)
+    return LoadedModel(config, weights, tokenizer, f"{preset} shapes, random weights (seed 0)", device, dtype)
 
 
 def _load_files(name: str) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
@@ -83,5 +99,7 @@ def load_model(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name.startswith(RANDOM_PREFIX):
+        return _load_random(name, device, dtype)
     config, weights, tokenizer, source = _load_files(name)
     return LoadedModel(config, weights.to(device, dtype), tokenizer, source, device, dtype)

@@ -11,6 +11,7 @@ Face directory (`tokenizer.json` + `tokenizer_config.json`), or `tiny()`, a
 """
 
 import codecs
+import dataclasses
 import functools
 import json
 from collections.abc import Iterable
@@ -153,6 +154,20 @@ class Tokenizer:
     def tiny(cls) -> "Tokenizer":
         """The tiny model's 512-token vocabulary (trained once per process, then cached)."""
         return _tiny_tokenizer()
+
+    @classmethod
+    def synthetic(cls, vocab_size: int) -> "Tokenizer":
+        """The tiny vocabulary padded to `vocab_size` with filler tokens, for random-weight models.
+
+        A model with random weights samples any id of its vocabulary; each filler id decodes to
+        its own visible text (`<|synthetic_50000|>`), so outputs stay printable. Encoding never
+        produces a filler token (no merge leads to one): prompts use the tiny vocabulary.
+        """
+        base = _tiny_tokenizer()
+        if vocab_size < base.vocab_size:
+            raise StagewiseError(f"a synthetic vocabulary needs >= {base.vocab_size} tokens, got {vocab_size}")
+        fillers = [f"<|synthetic_{i}|>" for i in range(base.vocab_size, vocab_size)]
+        return dataclasses.replace(base, tokens=base.tokens + fillers)
 
     def save_hf_dir(self, path: str | Path) -> Path:
         """Write `tokenizer.json` (from the Rust tokenizer) and `tokenizer_config.json` into `path`."""

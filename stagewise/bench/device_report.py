@@ -1,0 +1,111 @@
+"""The device check's results as markdown tables (the file committed beside the JSON)."""
+
+import math
+
+
+def _num(value, fmt: str = ",.2f") -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float) and math.isfinite(value):
+        return format(value, fmt)
+    return "—" if value is None else str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _env(env: dict) -> list[str]:
+    m = env.get("machine", {})
+    gpu = env.get("gpu") or {}
+    lines = [
+        f"- GPU: {gpu.get('name', 'none (dry run on the CPU)')}, compute capability {gpu.get('capability', '—')}, "
+        f"{gpu.get('sms', '—')} SMs, {gpu.get('memory_GB', '—')} GB",
+        f"- torch {m.get('torch')}, triton {m.get('triton')}, Python {m.get('python')}",
+    ]
+    if "copy" in env:
+        c = env["copy"]
+        lines.append(f"- copy bandwidth (read + write, {c['bytes'] / 1e9:.1f} GB moved): **{c['gb_per_s']:,.0f} GB/s**")
+    if "matmul_bf16" in env:
+        p = env["matmul_bf16"]
+        lines.append(f"- torch.matmul bf16 {p['n']}^3: **{p['tflops']:,.0f} TFLOP/s**")
+    return lines
+
+
+def _kernels(sec: dict) -> list[str]:
+    rows = []
+    for r in sec.get("rows", []):
+        if "error" in r:
+            rows.append([r["kernel"], r["shape"], "ERROR", r["error"][:160], "", "", "", ""])
+            continue
+        vs = f"{r['ratio_vs_stock']:.2f}x {r.get('stock', '')}" if "ratio_vs_stock" in r else ""
+        share = f"{100 * r['share_of_copy']:.0f}%" if "share_of_copy" in r else ""
+        value = f"{_num(r.get('triton_value'), ',.1f')} {r.get('metric', '')}"
+        rows.append([r["kernel"], r["shape"], _num(r["triton_ms"], ".4f"), value, vs, share,
+                     _num(r.get("rel_err"), ".1e"), _num(r.get("passed"))])  # fmt: skip
+    header = ["kernel", "shape", "Triton ms", "Triton", "vs stock", "of copy BW", "rel. error", "target met"]
+    return _table(header, rows)
+
+
+def _e2e(sec: dict) -> list[str]:
+    lines = []
+    rows = [
+        [d["model"], d["backend"], d["dtype"], _num(d["ms_per_token_p50"], ".2f"), _num(d["tokens_per_s"], ",.0f"),
+         _num(d["streaming_floor_ms"], ".2f"), f"{100 * d['share_of_streaming_limit']:.0f}%"]
+        for d in sec.get("decode", [])
+    ]  # fmt: skip
+    header = ["model", "backend", "dtype", "ms/token", "tokens/s", "weight-streaming floor ms", "share of limit"]
+    lines += ["Decode at batch 1 (paged mode, greedy, median time between tokens):", "", *_table(header, rows), ""]
+    prof = sec.get("step_profiles") or []
+    if prof:
+        rows = [
+            [p["backend"], str(p["num_seqs"]), _num(p["step_ms_p50"], ".2f"), _num(p["steps_per_s"], ",.0f"),
+             f"{100 * p['host_share']:.0f}%" if "host_share" in p else "—"]
+            for p in prof
+        ]  # fmt: skip
+        lines += ["SmolLM2-shaped decode steps:", "", *_table(["backend", "seqs", "ms/step", "steps/s", "host share"], rows), ""]  # noqa: E501
+    syncs = sec.get("syncs")
+    if syncs:
+        lines.append(f"- host synchronisations in one Triton decode step: {syncs.get('syncs_per_step', syncs)}")
+        for place in sorted(set(syncs.get("places", [])))[:20]:
+            lines.append(f"  - `{place}`")
+    for key in ("greedy_fp32", "greedy_bf16"):
+        g = sec.get(key)
+        if g:
+            lines.append(f"- Triton vs naive greedy ({g['dtype']}, {g['new_tokens']} tokens): "
+                         f"{g['identical_sequences']}/{g['prompts']} identical; first differences at {g['first_differing_position']}")  # fmt: skip  # noqa: E501
+    for label, err in (sec.get("errors") or {}).items():
+        lines.append(f"- ERROR in {label}: {err[:300]}")
+    return lines
+
+
+def render_markdown(results: dict) -> str:
+    secs = results["sections"]
+    title = "Device check (dry run on the CPU: timings mean nothing)" if results.get("dry_run") else "Device check"
+    lines = [f"# {title}", ""]
+    for name, render in (("env", _env), ("kernels", _kernels), ("e2e", _e2e)):
+        sec = secs.get(name)
+        if sec is None:
+            continue
+        lines += [f"## {name}", ""]
+        if "failed" in sec or "skipped" in sec:
+            lines += [f"{sec.get('failed') or sec.get('skipped')}", "", "```", sec.get("tail", ""), "```", ""]
+            continue
+        lines += render(sec) + [""]
+    bench = secs.get("bench")
+    if bench:
+        lines += ["## bench (Triton backend, synthetic SmolLM2)", ""]
+        if "failed" in bench:
+            lines += [bench["failed"], "```", bench.get("tail", ""), "```"]
+        else:
+            lines += ["See bench/modes.json, bench/batching.json and their plots.", ""]
+    tests = secs.get("tests")
+    if tests:
+        lines += ["## tests on the device", ""]
+        if "failed" in tests:
+            lines += [tests["failed"], "```", tests.get("tail", "")[-1200:], "```"]
+        else:
+            lines += [f"`{tests['command']}` -> {tests['summary']}", ""] + [f"- {f}" for f in tests["failures"]]
+    lines += ["", f"Total {results.get('total_seconds', 0):.0f} s."]
+    return "\n".join(lines) + "\n"

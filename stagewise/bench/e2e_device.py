@@ -1,0 +1,139 @@
+"""Whole-model measurements on a device: decode speed against the weight-streaming limit, where a
+step's time goes (host or GPU), how many host synchronisations a step makes, and whether the
+Triton backend gives the naive backend's greedy tokens.
+
+Decode at batch 1 reads every weight once per token, so its floor is
+
+    t_token >= weight bytes / HBM bandwidth        (Llama-3-8B bf16: 16 GB / 4.3 TB/s = 3.7 ms)
+
+and `decode_speed` reports the measured time per token as a share of that floor.
+`step_profile` runs decode steps under the PyTorch profiler: the sum of GPU
+kernel time over the wall time of the steps is the GPU's busy share; the rest
+is the host (Python, launches) keeping the GPU waiting.
+"""
+
+import statistics
+import time
+import warnings
+
+import torch
+
+from stagewise.engine.llm import LLM
+from stagewise.engine.sampling_params import SamplingParams
+from stagewise.models.registry import load_model
+
+
+def _prompt(n: int) -> str:
+    """A prompt of about `n` tokens (the same word repeated; random weights make any text alike)."""
+    return " ".join(["hello"] * n)
+
+
+def decode_speed(
+    model: str, backend: str, mode: str, device: str, dtype, new_tokens: int, copy_gbs: float, loaded=None
+) -> dict:
+    """ms per output token at batch 1 (median TBT of a greedy run after a warm-up run)."""
+    loaded = loaded or load_model(model, device, dtype)
+    llm = LLM(loaded, backend=backend, mode=mode)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    prompt = _prompt(32)
+    llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))  # compile + autotune
+    t0 = time.perf_counter()
+    out = llm.generate([prompt], params)[0]
+    wall = time.perf_counter() - t0
+    tbt_ms = 1e3 * out.metrics.tbt_p50
+    weight_bytes = loaded.weights.decode_bytes()
+    floor_ms = weight_bytes / (copy_gbs * 1e9) * 1e3
+    del llm
+    return {
+        "model": model, "backend": backend, "mode": mode, "dtype": str(loaded.dtype).removeprefix("torch."),
+        "new_tokens": new_tokens, "ms_per_token_p50": tbt_ms, "tokens_per_s": 1e3 / tbt_ms,
+        "ttft_ms": 1e3 * out.metrics.ttft, "wall_s": wall, "weight_bytes": weight_bytes,
+        "streaming_floor_ms": floor_ms, "share_of_streaming_limit": floor_ms / tbt_ms,
+    }  # fmt: skip
+
+
+def _device_time_us(prof) -> float:
+    """Sum of GPU kernel time (µs) in a profile, across PyTorch versions' attribute names."""
+    total = 0.0
+    for evt in prof.key_averages():
+        for attr in ("self_device_time_total", "self_cuda_time_total"):
+            if hasattr(evt, attr):
+                total += getattr(evt, attr)
+                break
+    return total
+
+
+def step_profile(llm: LLM, num_seqs: int, steps: int, device: torch.device) -> dict:
+    """Decode steps of `num_seqs` running requests: steps/s, GPU-busy and host shares."""
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    for i in range(num_seqs):
+        llm.add_request(_prompt(16 + i), params)
+    for _ in range(3):  # prefill, then a couple of decode steps to warm up
+        llm.step()
+    result = {"num_seqs": num_seqs, "steps": steps}
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                llm.step()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        busy_s = _device_time_us(prof) * 1e-6
+        result.update(gpu_busy_share=busy_s / wall, host_share=1 - busy_s / wall)
+    else:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            llm.step()
+        wall = time.perf_counter() - t0
+    # Unprofiled timing of the same kind of step (the profiler adds its own overhead).
+    times = []
+    for _ in range(min(steps, 5)):
+        t0 = time.perf_counter()
+        llm.step()
+        times.append(time.perf_counter() - t0)
+    result.update(profiled_wall_s=wall, step_ms_p50=1e3 * statistics.median(times))
+    result["steps_per_s"] = 1e3 / result["step_ms_p50"]
+    while llm.has_unfinished_requests():
+        llm.step()
+    return result
+
+
+def count_syncs(llm: LLM, device: torch.device) -> dict:
+    """Host synchronisations in one decode step, by PyTorch's sync debug mode ("warn"), with their places."""
+    if device.type != "cuda":
+        return {"skipped": "needs CUDA (torch.cuda.set_sync_debug_mode)"}
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for i in range(2):
+        llm.add_request(_prompt(20 + i), params)
+    llm.step()  # prefill
+    llm.step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            llm.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    places = [f"{w.filename.split('stagewise/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    while llm.has_unfinished_requests():
+        llm.step()
+    return {"syncs_per_step": len(places), "places": places}
+
+
+def greedy_agreement(model: str, device: str, dtype, prompts: list[str], new_tokens: int) -> dict:
+    """Greedy tokens of the Triton backend vs the naive backend (paged mode), same weights."""
+    loaded = load_model(model, device, dtype)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    runs = {b: [o.token_ids for o in LLM(loaded, backend=b).generate(prompts, params)] for b in ("naive", "triton")}
+    same = sum(a == b for a, b in zip(runs["naive"], runs["triton"]))
+    first_diff = [
+        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(runs["naive"], runs["triton"])
+    ]
+    return {
+        "model": model, "dtype": str(loaded.dtype).removeprefix("torch."), "prompts": len(prompts),
+        "identical_sequences": same, "first_differing_position": first_diff, "new_tokens": new_tokens,
+    }  # fmt: skip
