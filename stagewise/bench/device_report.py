@@ -64,7 +64,12 @@ def _e2e(sec: dict) -> list[str]:
              f"{100 * p['host_share']:.0f}%" if "host_share" in p else "—"]
             for p in prof
         ]  # fmt: skip
-        lines += ["SmolLM2-shaped decode steps:", "", *_table(["backend", "seqs", "ms/step", "steps/s", "host share"], rows), ""]  # noqa: E501
+        lines += [
+            "SmolLM2-shaped decode steps:",
+            "",
+            *_table(["backend", "seqs", "ms/step", "steps/s", "host share"], rows),
+            "",
+        ]
     syncs = sec.get("syncs")
     if syncs:
         lines.append(f"- host synchronisations in one Triton decode step: {syncs.get('syncs_per_step', syncs)}")

@@ -226,7 +226,11 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     tm = time_calls([lambda: st.optimized(x, w, 1e-5, res)], device, r)
     nm = time_calls([lambda: st.naive(x, w, 1e-5, res)], device, r)
     err = rel_error(st.optimized(x, w, 1e-5, res)[0], st.naive(x.float(), w.float(), 1e-5, res.float())[0])
-    rows.append(bandwidth_row("rmsnorm+residual", f"{cfg.name} T={t} hidden={hidden}", dtype, tm, nm, 4 * x.numel() * elt, copy_gbs, err))  # noqa: E501
+    rows.append(
+        bandwidth_row(
+            "rmsnorm+residual", f"{cfg.name} T={t} hidden={hidden}", dtype, tm, nm, 4 * x.numel() * elt, copy_gbs, err
+        )
+    )
     # RoPE in place on q and k (rotation keeps norms, so repeated calls stay finite).
     q = torch.randn(t, cfg.num_heads, d, device=device, dtype=dtype)
     k = torch.randn(t, cfg.num_kv_heads, d, device=device, dtype=dtype)
@@ -238,7 +242,18 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     err = rel_error(st.optimized(pos, q0, k0, cache)[0], ref)
     tm = time_calls([lambda: st.optimized(pos, q, k, cache)], device, r)
     nm = time_calls([lambda: st.naive(pos, q, k, cache)], device, r)
-    rows.append(bandwidth_row("rope", f"{cfg.name} T={t} H={cfg.num_heads} Hkv={cfg.num_kv_heads} d={d}", dtype, tm, nm, 2 * (q.numel() + k.numel()) * elt, copy_gbs, err))  # noqa: E501
+    rows.append(
+        bandwidth_row(
+            "rope",
+            f"{cfg.name} T={t} H={cfg.num_heads} Hkv={cfg.num_kv_heads} d={d}",
+            dtype,
+            tm,
+            nm,
+            2 * (q.numel() + k.numel()) * elt,
+            copy_gbs,
+            err,
+        )
+    )
     # silu_and_mul: read [T', 2*inter], write [T', inter]; T' keeps the set near the row kernels' size.
     from stagewise.kernels.activation import silu_and_mul
 
@@ -247,7 +262,18 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     tm = time_calls([lambda: silu_and_mul(gate_up)], device, r)
     nm = time_calls([lambda: silu_and_mul_naive(gate_up)], device, r)
     err = rel_error(silu_and_mul(gate_up), silu_and_mul_naive(gate_up.double()))
-    rows.append(bandwidth_row("silu_and_mul", f"{cfg.name} T={tg} inter={cfg.intermediate_size}", dtype, tm, nm, gate_up.numel() * elt * 3 // 2, copy_gbs, err))  # noqa: E501
+    rows.append(
+        bandwidth_row(
+            "silu_and_mul",
+            f"{cfg.name} T={tg} inter={cfg.intermediate_size}",
+            dtype,
+            tm,
+            nm,
+            gate_up.numel() * elt * 3 // 2,
+            copy_gbs,
+            err,
+        )
+    )
     # Embedding gather: read T rows of the table, write T rows.
     table = torch.randn(cfg.vocab_size, hidden, device=device, dtype=dtype)
     ids = torch.randint(0, cfg.vocab_size, (t,), device=device)
@@ -255,7 +281,18 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     tm = time_calls([lambda: st.optimized(ids, table)], device, r)
     nm = time_calls([lambda: st.naive(ids, table)], device, r)
     err = rel_error(st.optimized(ids, table), st.naive(ids, table))
-    rows.append(bandwidth_row("embedding", f"{cfg.name} T={t} vocab={cfg.vocab_size} hidden={hidden}", dtype, tm, nm, 2 * t * hidden * elt, copy_gbs, err))  # noqa: E501
+    rows.append(
+        bandwidth_row(
+            "embedding",
+            f"{cfg.name} T={t} vocab={cfg.vocab_size} hidden={hidden}",
+            dtype,
+            tm,
+            nm,
+            2 * t * hidden * elt,
+            copy_gbs,
+            err,
+        )
+    )
     # KV store: scatter T tokens' K and V into a cache through a permuted slot mapping.
     hkv = cfg.num_kv_heads
     kk = torch.randn(t, hkv, d, device=device, dtype=dtype)
@@ -268,7 +305,11 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     kc.zero_()
     st.optimized(kk, vv, kc, vc, slots)
     err = rel_error(kc[slots], kk)
-    rows.append(bandwidth_row("kv_store", f"{cfg.name} T={t} Hkv={hkv} d={d}", dtype, tm, nm, 4 * kk.numel() * elt, copy_gbs, err))  # noqa: E501
+    rows.append(
+        bandwidth_row(
+            "kv_store", f"{cfg.name} T={t} Hkv={hkv} d={d}", dtype, tm, nm, 4 * kk.numel() * elt, copy_gbs, err
+        )
+    )
     return rows
 
 

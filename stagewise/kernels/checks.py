@@ -49,8 +49,14 @@ def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         raise KernelInputError(f"{kernel}: tensors are on different devices: {devices}")
-    if next(iter(devices.values())).type not in ("cpu", "cuda"):
+    device = next(iter(devices.values()))
+    if device.type not in ("cpu", "cuda"):
         raise KernelInputError(f"{kernel}: tensors must be on cpu (interpreter) or cuda, got {devices}")
+    from stagewise.kernels import INTERPRETER  # the package sets it before any kernel module loads
+
+    if device.type != ("cpu" if INTERPRETER else "cuda"):
+        where = "the CPU interpreter" if INTERPRETER else "the GPU"
+        raise KernelInputError(f"{kernel}: tensors are on {device.type}, but Triton runs on {where} in this process")
 
 
 def check_head_dim(kernel: str, head_dim: int) -> None:

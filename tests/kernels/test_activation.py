@@ -8,6 +8,7 @@ import torch
 from stagewise.stages.ffn import silu_and_mul_naive
 from tests.helpers import TOLERANCES, assert_close
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 activation = pytest.importorskip("stagewise.kernels.activation")
 silu_and_mul, KernelInputError = activation.silu_and_mul, activation.KernelInputError
 
@@ -22,9 +23,9 @@ ROUNDING_TOL = {  # (atol, rtol)
 
 def test_worked_example():
     # gate = [0, 1, -1], up = [2, 3, 4]; silu(g) = g / (1 + e^-g)
-    gate_up = torch.tensor([[0.0, 1.0, -1.0, 2.0, 3.0, 4.0]])
+    gate_up = torch.tensor([[0.0, 1.0, -1.0, 2.0, 3.0, 4.0]], device=DEVICE)
     sig1 = 1 / (1 + math.exp(-1))  # 0.7310586
-    expected = torch.tensor([[0.0, 1 * sig1 * 3, -1 * (1 - sig1) * 4]])  # [0, 2.1931758, -1.0757656]
+    expected = torch.tensor([[0.0, 1 * sig1 * 3, -1 * (1 - sig1) * 4]], device=DEVICE)  # [0, 2.1931758, -1.0757656]
     assert_close(silu_and_mul(gate_up), expected, 1e-6, 1e-6, what="worked example")
 
 
@@ -33,7 +34,7 @@ def test_worked_example():
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 def test_matches_naive_reference(num_tokens, inter, dtype):
     gen = torch.Generator().manual_seed(num_tokens * 1000 + inter)
-    gate_up = (3 * torch.randn(num_tokens, 2 * inter, generator=gen)).to(dtype)
+    gate_up = (3 * torch.randn(num_tokens, 2 * inter, generator=gen)).to(DEVICE, dtype)
     out = silu_and_mul(gate_up)
     assert out.shape == (num_tokens, inter) and out.dtype == dtype and out.is_contiguous()
     expected = silu_and_mul_naive(gate_up.float())
@@ -42,7 +43,7 @@ def test_matches_naive_reference(num_tokens, inter, dtype):
 
 def test_strided_rows():
     gen = torch.Generator().manual_seed(5)
-    wide = torch.randn(9, 2 * 100 + 13, generator=gen)
+    wide = torch.randn(9, 2 * 100 + 13, generator=gen).to(DEVICE)
     gate_up = wide[:, 7 : 7 + 200]  # rows strided by 213, starting 7 columns in; last dim contiguous
     assert not gate_up.is_contiguous()
     assert_close(silu_and_mul(gate_up), silu_and_mul_naive(gate_up), *TOLERANCES[torch.float32], what="strided")
@@ -50,14 +51,15 @@ def test_strided_rows():
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's numpy exp(200) = inf
 def test_saturates_without_nan():
-    gate_up = torch.tensor([[-200.0, 200.0, 0.5, 2.0]])  # exp(200) overflows fp32: sigmoid must still be 0 or 1
+    # exp(200) overflows fp32: sigmoid must still be 0 or 1
+    gate_up = torch.tensor([[-200.0, 200.0, 0.5, 2.0]], device=DEVICE)
     out = silu_and_mul(gate_up)
     assert torch.isfinite(out).all()
-    assert_close(out, torch.tensor([[-0.0, 400.0]]), 1e-6, 1e-6, what="saturation")
+    assert_close(out, torch.tensor([[-0.0, 400.0]], device=DEVICE), 1e-6, 1e-6, what="saturation")
 
 
 def test_empty():
-    assert silu_and_mul(torch.randn(0, 8)).shape == (0, 4)
+    assert silu_and_mul(torch.randn(0, 8, device=DEVICE)).shape == (0, 4)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,8 @@ def test_empty():
     ids=["odd", "transposed", "step-2", "3d", "int"],
 )
 def test_launcher_errors(make, message):
+    with torch.device(DEVICE):
+        bad = make()
     with pytest.raises(KernelInputError, match=message) as err:
-        silu_and_mul(make())
+        silu_and_mul(bad)
     assert str(err.value).startswith("silu_and_mul:")

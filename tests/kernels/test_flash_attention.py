@@ -63,9 +63,10 @@ def test_online_softmax_tile_by_tile_equals_full_softmax():
 
 def test_worked_example_uniform_attention():
     """q = 0 makes every visible key equally likely: causal row i is the mean of v[0..i]."""
-    v = torch.arange(3 * 16, dtype=torch.float32).view(3, 1, 16)  # [3 tokens, 1 head, d 16]
-    cu = torch.tensor([0, 3], dtype=torch.int32)
-    out = flash_attention(torch.zeros(3, 1, 16), torch.randn(3, 1, 16), v, cu, cu, scale=0.25)
+    v = torch.arange(3 * 16, dtype=torch.float32, device=DEVICE).view(3, 1, 16)  # [3 tokens, 1 head, d 16]
+    cu = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
+    q, k = torch.zeros(3, 1, 16, device=DEVICE), torch.randn(3, 1, 16, device=DEVICE)
+    out = flash_attention(q, k, v, cu, cu, scale=0.25)
     expected = torch.stack([v[0], (v[0] + v[1]) / 2, (v[0] + v[1] + v[2]) / 3])
     assert_close(out, expected, 1e-5, 1e-6, "mean of the visible values")
 

@@ -12,6 +12,7 @@ from stagewise.config import PRESETS
 from stagewise.stages import STAGES, o_proj, qkv_proj
 from tests.helpers import TOLERANCES, assert_close
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 matmul_module = pytest.importorskip("stagewise.kernels.matmul")
 matmul, GemmConfig, KernelInputError = matmul_module.matmul, matmul_module.GemmConfig, matmul_module.KernelInputError
 
@@ -30,7 +31,7 @@ def _operands(m: int, k: int, n: int, dtype: torch.dtype, seed: int = 0) -> tupl
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(m, k, generator=gen)
     b = torch.randn(k, n, generator=gen) / k**0.5
-    return a.to(dtype), b.to(dtype)
+    return a.to(DEVICE, dtype), b.to(DEVICE, dtype)
 
 
 def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -39,16 +40,16 @@ def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def test_worked_example_2x3_at_3x2():
-    a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], device=DEVICE)
+    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], device=DEVICE)
     # row 0: [1*1 + 2*0 + 3*1, 1*0 + 2*1 + 3*1] = [4, 5]; row 1: [4 + 6, 5 + 6] = [10, 11]
-    expected = torch.tensor([[4.0, 5.0], [10.0, 11.0]])
+    expected = torch.tensor([[4.0, 5.0], [10.0, 11.0]], device=DEVICE)
     for dtype in (torch.float32, torch.bfloat16):
         c = matmul(a.to(dtype), b.to(dtype))
         assert c.dtype == dtype and c.is_contiguous()
         assert torch.equal(c.float(), expected)
     # gather rows 1, 1, 0 of a: [[10, 11], [10, 11], [4, 5]]
-    gathered = matmul(a, b, row_index=torch.tensor([1, 1, 0]))
+    gathered = matmul(a, b, row_index=torch.tensor([1, 1, 0], device=DEVICE))
     assert torch.equal(gathered, expected[[1, 1, 0]])
 
 
@@ -85,19 +86,19 @@ def test_out_dtype():
 @pytest.mark.parametrize("m", [1, 33])
 def test_strided_a_column_slice_and_transposed_a(m):
     gen = torch.Generator().manual_seed(1)
-    wide = torch.randn(m, 100 + 37, generator=gen)
+    wide = torch.randn(m, 100 + 37, generator=gen).to(DEVICE)
     a = wide[:, 5:105]  # [m, 100], row stride 137: a column slice, read in place
     _, b = _operands(m, 100, 160, torch.float32)
     assert a.stride() == (137, 1)
     assert_close(matmul(a, b), _reference(a, b), *TOLERANCES[torch.float32], what="column-slice a")
-    a_t = torch.randn(100, m, generator=gen).t()  # [m, 100] with strides (1, m)
+    a_t = torch.randn(100, m, generator=gen).to(DEVICE).t()  # [m, 100] with strides (1, m)
     assert_close(matmul(a_t, b), _reference(a_t, b), *TOLERANCES[torch.float32], what="transposed a")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_transposed_b(dtype):
     a, _ = _operands(7, 96, 1, dtype)
-    weight = (torch.randn(200, 96, generator=torch.Generator().manual_seed(2)) / 96**0.5).to(dtype)
+    weight = (torch.randn(200, 96, generator=torch.Generator().manual_seed(2)) / 96**0.5).to(DEVICE, dtype)
     b = weight.t()  # [96, 200] view of a [200, 96] matrix: strides (1, 96), as the LM head passes it
     assert b.stride() == (1, 96)
     assert_close(matmul(a, b), _reference(a, b), *ROUNDING_TOL[dtype], what="transposed b")
@@ -114,7 +115,7 @@ def test_grouped_ordering_with_a_short_last_group():
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 def test_row_gather_repeated_and_out_of_order(index_dtype):
     a, b = _operands(33, 100, 200, torch.float32)
-    row_index = torch.tensor([5, 0, 5, 32, 1, 17, 32], dtype=index_dtype)
+    row_index = torch.tensor([5, 0, 5, 32, 1, 17, 32], dtype=index_dtype, device=DEVICE)
     c = matmul(a, b, row_index=row_index)
     assert c.shape == (7, 200)
     assert_close(c, _reference(a[row_index.long()], b), *TOLERANCES[torch.float32], what="row gather")
@@ -122,17 +123,17 @@ def test_row_gather_repeated_and_out_of_order(index_dtype):
 
 def test_row_gather_with_transposed_b_like_lm_head():
     hidden, _ = _operands(33, 96, 1, torch.bfloat16)
-    weight = (torch.randn(200, 96) / 96**0.5).to(torch.bfloat16)  # [vocab, hidden]
-    last = torch.tensor([4, 20, 32])
+    weight = (torch.randn(200, 96) / 96**0.5).to(DEVICE, torch.bfloat16)  # [vocab, hidden]
+    last = torch.tensor([4, 20, 32], device=DEVICE)
     expected = _reference(hidden[last], weight.t())
     assert_close(matmul(hidden, weight.t(), row_index=last), expected, *ROUNDING_TOL[torch.bfloat16], what="lm_head")
 
 
 def test_empty_shapes():
     a, b = _operands(5, 48, 24, torch.float32)
-    assert matmul(a, b, row_index=torch.tensor([], dtype=torch.long)).shape == (0, 24)
+    assert matmul(a, b, row_index=torch.tensor([], dtype=torch.long, device=DEVICE)).shape == (0, 24)
     assert matmul(a[:0], b).shape == (0, 24)
-    assert torch.equal(matmul(a[:, :0], b[:0]), torch.zeros(5, 24))
+    assert torch.equal(matmul(a[:, :0], b[:0]), torch.zeros(5, 24, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -141,7 +142,7 @@ def test_empty_shapes():
 def test_stage_optimized_matches_naive(name, num_tokens, dtype):
     stage = STAGES[name]
     assert stage.optimized_kind.startswith("triton")
-    inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, torch.device("cpu"), dtype)
+    inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
     expected = stage.naive(**inputs)
     actual = stage.optimized(**inputs)
     assert actual.dtype == expected.dtype
@@ -150,8 +151,8 @@ def test_stage_optimized_matches_naive(name, num_tokens, dtype):
 
 def test_o_proj_reads_a_strided_attention_output():
     # o_proj may be handed a view: e.g. a [T, H*d] column slice of a wider buffer.
-    inputs = o_proj.example_inputs(PRESETS["tiny"], 7, torch.device("cpu"), torch.float32)
-    wide = torch.cat([inputs["x"], torch.ones(7, 5)], dim=1)
+    inputs = o_proj.example_inputs(PRESETS["tiny"], 7, DEVICE, torch.float32)
+    wide = torch.cat([inputs["x"], torch.ones(7, 5, device=DEVICE)], dim=1)
     view = wide[:, : inputs["x"].shape[1]]
     assert_close(o_proj.optimized(view, inputs["w_o"]), o_proj.naive(**inputs), *TOLERANCES[torch.float32])
 
@@ -184,6 +185,6 @@ def test_o_proj_reads_a_strided_attention_output():
     ],
 )
 def test_launcher_errors(make, message):
-    with pytest.raises(KernelInputError, match=message) as err:
-        make()
+    with pytest.raises(KernelInputError, match=message) as err, torch.device(DEVICE):
+        make()  # factory calls inside `make` create their tensors on DEVICE
     assert str(err.value).startswith("matmul:") and "\n" not in str(err.value)

@@ -66,19 +66,21 @@ def test_worked_example_uniform_attention_across_two_blocks():
 
     block_size 16, sequence of 3 tokens stored in physical block 1 (block 0 is someone else's).
     """
-    k_cache = torch.randn(2, 16, 1, 16)
-    v_cache = torch.zeros(2, 16, 1, 16)
-    v_cache[1, :3, 0] = torch.tensor([1.0, 2.0, 6.0])[:, None]  # slots 16, 17, 18
-    out = paged_attention(
-        q=torch.zeros(1, 2, 16),  # 2 query heads share the one KV head
-        k_cache=k_cache,
-        v_cache=v_cache,
-        block_table=torch.tensor([[1]], dtype=torch.int32),
-        seq_lens=torch.tensor([3], dtype=torch.int32),
-        cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
-        scale=0.25,
-    )
-    assert_close(out, torch.full((1, 2, 16), 3.0), 1e-6, 1e-6, "(1 + 2 + 6) / 3")
+    with torch.device(DEVICE):
+        k_cache = torch.randn(2, 16, 1, 16)
+        v_cache = torch.zeros(2, 16, 1, 16)
+        v_cache[1, :3, 0] = torch.tensor([1.0, 2.0, 6.0])[:, None]  # slots 16, 17, 18
+        out = paged_attention(
+            q=torch.zeros(1, 2, 16),  # 2 query heads share the one KV head
+            k_cache=k_cache,
+            v_cache=v_cache,
+            block_table=torch.tensor([[1]], dtype=torch.int32),
+            seq_lens=torch.tensor([3], dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
+            scale=0.25,
+        )
+        expected = torch.full((1, 2, 16), 3.0)
+    assert_close(out, expected, 1e-6, 1e-6, "(1 + 2 + 6) / 3")
 
 
 CASES = {  # name: (seq_lens, q_lens, block_size, H, Hkv, d)

@@ -108,7 +108,7 @@ def test_registry_stage(num_tokens, dtype):
 
 
 def t(*shape, dtype=torch.float32):
-    return torch.zeros(*shape, dtype=dtype)
+    return torch.zeros(*shape, dtype=dtype, device=DEVICE)  # views of it keep their strides on any device
 
 
 @pytest.mark.parametrize(
