@@ -6,12 +6,13 @@
     for each head, with i in [0, d/2):  (x_i, x_{i+d/2}) <- (x_i cos - x_{i+d/2} sin,  x_{i+d/2} cos + x_i sin)
     where cos, sin = cos_sin_cache[position, i], cos_sin_cache[position, d/2 + i]
 
-What it does: program (t, b) loads token t's position, gathers its cos/sin row
-(d/2 + d/2 floats) once, and rotates a block of heads of q *and* the same block
-of heads of k with it, as [BLOCK_HEADS, d/2] tiles (first halves and second
-halves), in float32, storing back in the tensors' dtype. q and k may be strided
-views of the fused QKV output (token stride (H + 2*Hkv) * d, as `split_qkv`
-returns them): the kernel takes both strides, so nothing is copied.
+What it does: program (i, b) rotates tokens [i * BLOCK_T, (i + 1) * BLOCK_T):
+a block of BLOCK_HQ heads of q and a block of BLOCK_HK heads of k of each, as
+[BLOCK_T, heads, d/2] tiles (first halves and second halves), in float32,
+storing back in the tensors' dtype. Each token's cos/sin row (d/2 + d/2
+floats) is gathered once and broadcast over all its heads of q *and* k. q and k
+may be strided views of the fused QKV output (token stride (H + 2*Hkv) * d, as
+`split_qkv` returns them): the kernel takes both strides, so nothing is copied.
 
 Why it is memory-bound: per element, ~3 FLOPs (two multiplies, one add) for
 2 * bytes of traffic (read, write back); the cos/sin row is read once per token
@@ -19,6 +20,25 @@ and reused by all H + Hkv heads. Working in place moves the minimum:
 q and k are read once and written once, no new tensors are allocated, and no
 torch.cat of the two halves is needed as in the naive version (which also
 materialises x1, x2, x1*cos, x2*sin... as separate passes over memory).
+
+How it keeps the memory busy (see `row_tiles`). The first version ran one
+program per token with a [32, d/2] tile for q *and* for k (24 of k's 32 rows
+masked off for Llama-3-8B), in this order: load the position, wait; load
+cos/sin, wait; load q, wait, store; load k, wait, store — four round trips in
+a row, and 56% of copy bandwidth on an H200. Now a program
+
+- issues the loads of q and k first: they do not depend on the position;
+  then the position and the cos/sin gather, whose (mostly L2) latency hides
+  under the q/k loads. Stores come last, so no load waits behind a store.
+- sizes its tiles per tensor: k gets a [BLOCK_T, BLOCK_HK, d/2] tile with
+  BLOCK_HK ~ Hkv / (head blocks), not q's head count, so no registers are
+  spent on masked rows (Llama-3-8B: q [1, 32, 64] and k [1, 8, 64], both halves,
+  10 KB of bf16 per program, 4 warps: 16-byte vectors).
+- takes several tokens when a token is small (SmolLM2: 4 tokens per program),
+  so every program has a few KB in flight. The last token tile is ragged.
+
+RoPE is not autotuned: it works in place, and the autotuner's repeated trial
+runs would each have to restore q and k first (a copy of both per trial).
 
 Partial rotary (rotary_dim < head_dim, as in some non-Llama models) is not
 supported: the launcher says so.
@@ -36,33 +56,49 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_same_device,
 )
+from stagewise.kernels.row_tiles import TileConfig, launch, tokens_per_program, warps_for
 
 NAME = "rope"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 POSITION_DTYPES = (torch.int32, torch.int64)
-MAX_TILE = 2048  # elements of one half-tile [BLOCK_HEADS, d/2]: bounds registers per program
+MAX_TILE = 2048  # elements of one token's q half-tile [BLOCK_HQ, d/2]: beyond it, heads split over programs
+TOKEN_TILE = 4096  # elements of a program's half-tiles of q and k together, [BLOCK_T, BLOCK_HQ + BLOCK_HK, d/2]
 
 
 @triton.jit
-def _rotate_heads(
-    x_ptr,  # this token's first head of q or k
-    head_stride,  # elements between consecutive heads (d for split_qkv views)
-    num_heads,  # heads in this tensor (H or Hkv); rows of the tile beyond it are masked off
-    heads,  # [BLOCK_HEADS] head indices handled by this program
+def _load_halves(
+    x_ptr,  # q or k: [T, heads, d], last dim contiguous
+    rows,  # [BLOCK_T] int64 token indices of this program
+    token_ok,  # [BLOCK_T] token < T
+    token_stride,  # elements between tokens of x
+    head_stride,  # elements between heads of x (d for split_qkv views)
+    heads,  # [BLOCK_H] head indices handled by this program
+    num_heads,  # heads in x (H or Hkv): rows of the tile beyond it are masked off
     offs,  # [BLOCK_HALF] feature index i within the first half
-    offs_mask,  # [BLOCK_HALF] i < d/2
-    cos,  # [1, BLOCK_HALF] float32
-    sin,  # [1, BLOCK_HALF] float32
     HALF: tl.constexpr,  # d / 2: distance between the two features of a pair
 ):
-    mask = (heads[:, None] < num_heads) & offs_mask[None, :]  # [BLOCK_HEADS, BLOCK_HALF]
-    first = x_ptr + heads[:, None] * head_stride + offs[None, :]  # pointers to x_i
-    x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_HEADS, BLOCK_HALF]
-    x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)  # x_{i + d/2}
+    """-> (pointers to x_i, mask, x_i, x_{i+d/2}): [BLOCK_T, BLOCK_H, BLOCK_HALF] tiles, values in float32."""
+    first = x_ptr + rows[:, None, None] * token_stride + heads[None, :, None] * head_stride + offs[None, None, :]
+    mask = token_ok[:, None, None] & (heads < num_heads)[None, :, None] & (offs < HALF)[None, None, :]
+    x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
+    return first, mask, x1, x2
+
+
+@triton.jit
+def _rotate_store(
+    first,  # [BLOCK_T, BLOCK_H, BLOCK_HALF] pointers to x_i
+    mask,  # [BLOCK_T, BLOCK_H, BLOCK_HALF]
+    x1,  # x_i, float32
+    x2,  # x_{i + d/2}, float32
+    cos,  # [BLOCK_T, 1, BLOCK_HALF] float32
+    sin,  # [BLOCK_T, 1, BLOCK_HALF] float32
+    HALF: tl.constexpr,  # d / 2
+):
     out1 = x1 * cos - x2 * sin
     out2 = x2 * cos + x1 * sin
-    tl.store(first, out1.to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(first + HALF, out2.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(first, out1.to(first.dtype.element_ty), mask=mask)
+    tl.store(first + HALF, out2.to(first.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -76,24 +112,54 @@ def _rope_kernel(
     k_head_stride,  # elements between heads of k
     cos_sin_ptr,  # [max_position, d] float32: cos in the first half of a row, sin in the second
     cos_sin_row_stride,  # elements between rows of cos_sin_cache
+    num_tokens,  # T: rows of the last token tile beyond it are masked off
     num_heads,  # H
     num_kv_heads,  # Hkv
     HALF: tl.constexpr,  # d / 2
     BLOCK_HALF: tl.constexpr,  # next power of 2 >= d / 2
-    BLOCK_HEADS: tl.constexpr,  # heads per program, a power of 2
+    BLOCK_HQ: tl.constexpr,  # q heads per program, a power of 2
+    BLOCK_HK: tl.constexpr,  # k heads per program, a power of 2
+    BLOCK_T: tl.constexpr,  # tokens per program, a power of 2
 ):
-    token = tl.program_id(0).to(tl.int64)
-    head_block = tl.program_id(1)
-    position = tl.load(positions_ptr + token).to(tl.int64)
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    token_ok = tokens < num_tokens
+    rows = tokens.to(tl.int64)  # int64: T * token_stride may pass 2^31
     offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
-    offs_mask = offs < HALF
-    row = cos_sin_ptr + position * cos_sin_row_stride
-    cos = tl.load(row + offs, mask=offs_mask, other=0.0)[None, :]  # [1, BLOCK_HALF], float32
-    sin = tl.load(row + HALF + offs, mask=offs_mask, other=0.0)[None, :]
-    heads = head_block * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)  # [BLOCK_HEADS]
-    # The same angles rotate q and k: one cos/sin gather serves both.
-    _rotate_heads(q_ptr + token * q_token_stride, q_head_stride, num_heads, heads, offs, offs_mask, cos, sin, HALF)
-    _rotate_heads(k_ptr + token * k_token_stride, k_head_stride, num_kv_heads, heads, offs, offs_mask, cos, sin, HALF)
+    q_heads = tl.program_id(1) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)  # [BLOCK_HQ]
+    k_heads = tl.program_id(1) * BLOCK_HK + tl.arange(0, BLOCK_HK)  # [BLOCK_HK]
+    # 1. q and k: every data load goes out first; none depends on the position.
+    q_first, q_mask, q1, q2 = _load_halves(
+        q_ptr, rows, token_ok, q_token_stride, q_head_stride, q_heads, num_heads, offs, HALF
+    )
+    k_first, k_mask, k1, k2 = _load_halves(
+        k_ptr, rows, token_ok, k_token_stride, k_head_stride, k_heads, num_kv_heads, offs, HALF
+    )
+    # 2. The angles: one cos/sin row per token, shared by all its heads of q and k.
+    position = tl.load(positions_ptr + tokens, mask=token_ok, other=0).to(tl.int64)  # [BLOCK_T]
+    angle = cos_sin_ptr + position[:, None] * cos_sin_row_stride + offs[None, :]  # [BLOCK_T, BLOCK_HALF]
+    angle_mask = token_ok[:, None] & (offs < HALF)[None, :]
+    cos = tl.load(angle, mask=angle_mask, other=0.0)[:, None, :]  # [BLOCK_T, 1, BLOCK_HALF], float32
+    sin = tl.load(angle + HALF, mask=angle_mask, other=0.0)[:, None, :]
+    # 3. Rotate and store.
+    _rotate_store(q_first, q_mask, q1, q2, cos, sin, HALF)
+    _rotate_store(k_first, k_mask, k1, k2, cos, sin, HALF)
+
+
+def rope_tiles(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[dict, TileConfig]:
+    """-> (head tiling constexprs, token tile): a fixed choice, on a GPU too (RoPE is in place: not autotuned).
+
+    q heads: all of them when [H, d/2] fits MAX_TILE, else blocks (a second grid axis); k heads spread over
+    the same number of blocks. Tokens: BLOCK_T so a program's half-tiles hold about TOKEN_TILE elements.
+    """
+    half = head_dim // 2
+    block_half = triton.next_power_of_2(half)
+    block_hq = min(triton.next_power_of_2(num_heads), max(1, MAX_TILE // block_half))
+    head_blocks = triton.cdiv(num_heads, block_hq)
+    block_hk = triton.next_power_of_2(triton.cdiv(num_kv_heads, head_blocks))  # head_blocks * block_hk >= Hkv
+    per_token = (block_hq + block_hk) * block_half  # elements of one token's half-tiles of q and k
+    block_t = tokens_per_program(num_tokens, per_token, TOKEN_TILE)
+    heads = {"HALF": half, "BLOCK_HALF": block_half, "BLOCK_HQ": block_hq, "BLOCK_HK": block_hk}
+    return heads, TileConfig(block_t, warps_for(block_t * per_token))
 
 
 def rope(
@@ -142,12 +208,13 @@ def rope(
         )
     positions = positions.contiguous()  # [T]
 
-    half = head_dim // 2
-    block_half = triton.next_power_of_2(half)
-    max_heads = max(num_heads, num_kv_heads)
-    block_heads = min(triton.next_power_of_2(max_heads), max(1, MAX_TILE // block_half))
-    grid = (num_tokens, triton.cdiv(max_heads, block_heads))  # one program per (token, block of heads)
-    _rope_kernel[grid](
+    heads, tile = rope_tiles(num_tokens, num_heads, num_kv_heads, head_dim)
+    head_blocks = triton.cdiv(num_heads, heads["BLOCK_HQ"])
+    launch(
+        _rope_kernel,
+        (tile,),
+        key=(),
+        grid=lambda meta: (triton.cdiv(num_tokens, meta["BLOCK_T"]), head_blocks),  # (token tile, head block)
         positions_ptr=positions,
         q_ptr=q,
         q_token_stride=q.stride(0),
@@ -157,11 +224,9 @@ def rope(
         k_head_stride=k.stride(1),
         cos_sin_ptr=cos_sin_cache,
         cos_sin_row_stride=cos_sin_cache.stride(0),
+        num_tokens=num_tokens,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        HALF=half,
-        BLOCK_HALF=block_half,
-        BLOCK_HEADS=block_heads,
-        num_warps=4,
+        **heads,
     )
     return q, k
