@@ -80,7 +80,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + rows64 * stride_out_row + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_tiles(num_tokens: int, inter: int) -> tuple[TileConfig, ...]:
+def silu_and_mul_tiles(num_tokens: int, inter: int, interpreter: bool = INTERPRETER) -> tuple[TileConfig, ...]:
     """Tile candidates: one under the interpreter, a few around it on a GPU.
 
     BLOCK_C: up to MAX_BLOCK columns, a power of 2 dividing `inter` when one >= MIN_BLOCK does;
@@ -92,7 +92,7 @@ def silu_and_mul_tiles(num_tokens: int, inter: int) -> tuple[TileConfig, ...]:
         block_c = min(largest_divisor, MAX_BLOCK)
     block_t = tokens_per_program(num_tokens, block_c, TOKEN_TILE)
     best = TileConfig(block_t, warps_for(block_t * block_c), block_c)
-    return (best,) if INTERPRETER else gpu_candidates(best)
+    return (best,) if interpreter else gpu_candidates(best)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,7 @@ def _embedding_kernel(
     tl.store(dst, values, mask=mask)
 
 
-def embedding_tiles(num_tokens: int, hidden: int) -> tuple[TileConfig, ...]:
+def embedding_tiles(num_tokens: int, hidden: int, interpreter: bool = INTERPRETER) -> tuple[TileConfig, ...]:
     """Tile candidates: one under the interpreter, a few around it on a GPU.
 
     Whole rows up to MAX_BLOCK columns, and BLOCK_T tokens so the tile is about TOKEN_TILE elements;
@@ -92,7 +92,7 @@ def embedding_tiles(num_tokens: int, hidden: int) -> tuple[TileConfig, ...]:
     while block_c > MIN_BLOCK and num_tokens * triton.cdiv(hidden, block_c) < MIN_PROGRAMS:
         block_c //= 2
     best = TileConfig(block_t, warps_for(block_t * block_c), block_c)
-    return (best,) if INTERPRETER else gpu_candidates(best)
+    return (best,) if interpreter else gpu_candidates(best)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,9 @@ def _kv_store_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=keep)
 
 
-def kv_store_tiles(num_tokens: int, num_kv_heads: int, head_dim: int) -> tuple[dict, tuple[TileConfig, ...]]:
+def kv_store_tiles(
+    num_tokens: int, num_kv_heads: int, head_dim: int, interpreter: bool = INTERPRETER
+) -> tuple[dict, tuple[TileConfig, ...]]:
     """-> (head tiling constexprs, token tile candidates): one candidate under the interpreter, a few on a GPU.
 
     Head tile: all of a token's heads when Hkv * d fits MAX_TILE, else blocks of heads (a second grid axis).
@@ -115,7 +117,7 @@ def kv_store_tiles(num_tokens: int, num_kv_heads: int, head_dim: int) -> tuple[d
     block_t = tokens_per_program(num_tokens, per_token, TOKEN_TILE)
     best = TileConfig(block_t, warps_for(block_t * per_token))
     heads = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_HEADS": block_heads}
-    return heads, ((best,) if INTERPRETER else gpu_candidates(best))
+    return heads, ((best,) if interpreter else gpu_candidates(best))
 
 
 def kv_store(

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from stagewise.kernels.row_tiles import TileConfig
 from stagewise.stages.ffn import silu_and_mul_naive
 from tests.helpers import TOLERANCES, assert_close
 
@@ -30,7 +31,7 @@ def test_worked_example():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("inter", [24, 100, 1100])  # 1100 > one 1024-column block: two column programs per row
+@pytest.mark.parametrize("inter", [24, 100, 1100])  # 1100: a 2048-column tile, 948 columns masked off
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 def test_matches_naive_reference(num_tokens, inter, dtype):
     gen = torch.Generator().manual_seed(num_tokens * 1000 + inter)
@@ -39,6 +40,28 @@ def test_matches_naive_reference(num_tokens, inter, dtype):
     assert out.shape == (num_tokens, inter) and out.dtype == dtype and out.is_contiguous()
     expected = silu_and_mul_naive(gate_up.float())
     assert_close(out, expected, *ROUNDING_TOL[dtype], what=f"silu_and_mul T={num_tokens} inter={inter} {dtype}")
+
+
+def test_tiles():
+    # Llama-3-8B: 2048 columns divide inter = 14336 (7 blocks), 2 rows per program: 8 KB of gate + 8 KB of up.
+    assert activation.silu_and_mul_tiles(9362, 14336, interpreter=True) == (TileConfig(2, 4, 2048),)
+    assert activation.silu_and_mul_tiles(9362, 1536, interpreter=True)[0].block_c == 512  # SmolLM2: 3 x 512
+    assert activation.silu_and_mul_tiles(5, 100, interpreter=True)[0].block_c == 128  # no divisor >= 256: masked
+    candidates = activation.silu_and_mul_tiles(9362, 14336, interpreter=False)
+    assert TileConfig(2, 4, 2048) in candidates and len(candidates) > 1  # a GPU autotunes around it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ragged_row_and_column_tiles(monkeypatch, dtype):
+    # 4 rows x 32 columns per program: 7 rows -> tiles of 4 + 3; inter 100 -> 3 x 32 + 4 columns; rows strided.
+    monkeypatch.setattr(activation, "MAX_BLOCK", 32)
+    monkeypatch.setattr(activation, "TOKEN_TILE", 4 * 32)
+    assert activation.silu_and_mul_tiles(7, 100, interpreter=True) == (TileConfig(4, 4, 32),)
+    gen = torch.Generator().manual_seed(7)
+    wide = (3 * torch.randn(7, 2 * 100 + 5, generator=gen)).to(DEVICE, dtype)
+    gate_up = wide[:, 5:]  # rows strided by 205
+    expected = silu_and_mul_naive(gate_up.float())
+    assert_close(silu_and_mul(gate_up), expected, *ROUNDING_TOL[dtype], what="ragged tiles")
 
 
 def test_strided_rows():

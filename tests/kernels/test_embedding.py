@@ -7,9 +7,11 @@ registry stage -> the launcher's errors. Runs in the CPU interpreter (compiled o
 import pytest
 import torch
 
+import stagewise.kernels.embedding as embedding_kernel
 from stagewise.config import PRESETS
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.embedding import embedding
+from stagewise.kernels.row_tiles import TileConfig
 from stagewise.stages import STAGES
 from stagewise.stages.embedding import naive
 
@@ -48,9 +50,32 @@ def test_int32_ids_and_repeated_ids():
 
 
 def test_row_wider_than_one_block():
-    # hidden 1100 > 1024 columns per program: each row is copied by two programs, the second masked.
+    # hidden 1100, 2 tokens: a short batch splits each row into 256-column blocks (5 per row, the last masked).
+    (tile,) = embedding_kernel.embedding_tiles(2, 1100, interpreter=True)
+    assert (tile.block_t, tile.block_c) == (1, 256)
     weight = random_table(5, 1100, torch.float32)
     ids = torch.tensor([4, 1], device=DEVICE)
+    assert torch.equal(embedding(ids, weight), naive(ids, weight))
+
+
+def test_tiles():
+    # Llama-3-8B prefill: whole 4096-column rows, 2 tokens per program (16 KB of bf16), 8 warps.
+    assert embedding_kernel.embedding_tiles(65536, 4096, interpreter=True) == (TileConfig(2, 8, 4096),)
+    # Decode: one token's row split into 16 programs of 256 columns, so it spreads over SMs.
+    assert embedding_kernel.embedding_tiles(1, 4096, interpreter=True) == (TileConfig(1, 4, 256),)
+    candidates = embedding_kernel.embedding_tiles(65536, 4096, interpreter=False)
+    assert TileConfig(2, 8, 4096) in candidates and len(candidates) > 1  # a GPU autotunes around it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ragged_token_and_column_tiles(monkeypatch, dtype):
+    # 4 tokens x 64 columns per program: 7 tokens -> tiles of 4 + 3; hidden 100 -> 64 + 36 columns.
+    monkeypatch.setattr(embedding_kernel, "MAX_BLOCK", 64)
+    monkeypatch.setattr(embedding_kernel, "TOKEN_TILE", 4 * 64)
+    monkeypatch.setattr(embedding_kernel, "MIN_PROGRAMS", 1)
+    assert embedding_kernel.embedding_tiles(7, 100, interpreter=True) == (TileConfig(4, 4, 64),)
+    weight = random_table(30, 100, dtype)
+    ids = torch.tensor([29, 0, 5, 5, 17, 2, 29], device=DEVICE)
     assert torch.equal(embedding(ids, weight), naive(ids, weight))
 
 

@@ -103,6 +103,41 @@ def test_several_head_blocks(monkeypatch):
     assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
 
 
+def test_llama_tiles():
+    # Llama-3-8B: all 8 heads of a token in one program, 4 tokens: 2 x 8 KB of bf16 in flight, 4 warps.
+    heads, (tile,) = kv_store_kernel.kv_store_tiles(65536, 8, 128, interpreter=True)
+    assert heads == {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_HEADS": 8}
+    assert (tile.block_t, tile.num_warps) == (4, 4)
+    _, candidates = kv_store_kernel.kv_store_tiles(65536, 8, 128, interpreter=False)
+    assert tile in candidates and len(candidates) > 1  # a GPU autotunes around it
+
+
+def test_ragged_token_tiles_and_head_blocks(monkeypatch):
+    # 4 tokens and 2 heads per program (d = 16): 7 tokens -> tiles of 4 + 3, Hkv = 3 -> head blocks of 2 + 1.
+    monkeypatch.setattr(kv_store_kernel, "MAX_TILE", 32)
+    monkeypatch.setattr(kv_store_kernel, "TOKEN_TILE", 4 * 32)
+    heads, (tile,) = kv_store_kernel.kv_store_tiles(7, 3, 16, interpreter=True)
+    assert heads["BLOCK_HEADS"] == 2 and tile.block_t == 4
+    k, v = strided_kv(7, 9, 3, 16, torch.float32)
+    slots = shuffled_slots(7, 20)
+    assert slots[1] == -1 and slots[4] == -1  # a skipped token in each token tile
+    caches = [sentinel_cache(20, 3, 16, torch.float32) for _ in range(2)]
+    ours, ref = run_both(k, v, *caches, slots)
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+
+
+def test_a_tile_of_skipped_tokens(monkeypatch):
+    # The first tile's four tokens are all -1: nothing of theirs lands anywhere; the second tile stores all four.
+    monkeypatch.setattr(kv_store_kernel, "TOKEN_TILE", 4 * 2 * 16)
+    k, v = strided_kv(8, 6, 2, 16, torch.float32)
+    slots = torch.tensor([-1, -1, -1, -1, 6, 0, 9, 3], device=DEVICE)
+    ours, ref = run_both(
+        k, v, sentinel_cache(10, 2, 16, torch.float32), sentinel_cache(10, 2, 16, torch.float32), slots
+    )
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+    assert int((ours[0] != 7.0).any(dim=(1, 2)).sum()) == 4  # exactly four slots written
+
+
 def test_casts_to_the_cache_dtype():
     k, v = strided_kv(7, 6, 2, 16, torch.float32)
     slots = shuffled_slots(7, 16).to(torch.int32)

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import triton
 
 import stagewise.kernels.rope as rope_kernel
 from stagewise.config import PRESETS
@@ -80,8 +81,10 @@ def test_strided_views_match_naive(num_tokens, heads, dtype):
 
 
 def test_several_head_blocks(monkeypatch):
-    # A smaller tile bound forces head blocks of 8 (d/2 = 8): H = 12 needs two, k's 4 heads only the first.
+    # A smaller tile bound forces q head blocks of 8 (d/2 = 8): H = 12 needs two; k's 4 heads spread 2 + 2.
     monkeypatch.setattr(rope_kernel, "MAX_TILE", 64)
+    heads, _ = rope_kernel.rope_tiles(5, 12, 4, 16)
+    assert (heads["BLOCK_HQ"], heads["BLOCK_HK"]) == (8, 2)
     _, q, k, _ = strided_qkv(5, 12, 4, 16, torch.float32)
     positions = positions_to_cache_end(5)
     cache = build_cos_sin_cache(MAX_POSITION, 16, 10000.0, DEVICE)
@@ -89,6 +92,37 @@ def test_several_head_blocks(monkeypatch):
     rope(positions, q, k, cache)
     assert_close(q, ref_q, *TOL[torch.float32], what="q")
     assert_close(k, ref_k, *TOL[torch.float32], what="k")
+
+
+def test_tiles():
+    # Llama-3-8B: all 32 q heads and 8 k heads of one token per program (10 KB of bf16), 4 warps.
+    heads, tile = rope_kernel.rope_tiles(65536, 32, 8, 128)
+    assert heads == {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8}
+    assert (tile.block_t, tile.num_warps) == (1, 4)
+    # SmolLM2: 9 q + 3 k heads of 64 fill [16 + 4, 32] half-tiles; 4 tokens per program.
+    heads, tile = rope_kernel.rope_tiles(65536, 9, 3, 64)
+    assert (heads["BLOCK_HQ"], heads["BLOCK_HK"], tile.block_t) == (16, 4, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_heads, num_kv_heads, block_hk", [(9, 3, 1), (12, 4, 2)])
+def test_ragged_token_tiles_and_head_blocks(monkeypatch, num_heads, num_kv_heads, block_hk, dtype):
+    # q head blocks of 4 (d/2 = 8), 4 tokens per program: 7 tokens -> tiles of 4 + 3. H = 9: three q blocks,
+    # 4 + 4 + 1 heads, one k head each; H = 12, Hkv = 4: k blocks of 2 heads, the third block's fully masked.
+    monkeypatch.setattr(rope_kernel, "MAX_TILE", 32)
+    monkeypatch.setattr(rope_kernel, "TOKEN_TILE", 4 * 6 * 8)
+    heads, tile = rope_kernel.rope_tiles(7, num_heads, num_kv_heads, 16)
+    assert (heads["BLOCK_HQ"], heads["BLOCK_HK"], tile.block_t) == (4, block_hk, 4)
+    assert triton.cdiv(num_heads, 4) * block_hk >= num_kv_heads  # every k head has a block
+    qkv, q, k, v = strided_qkv(7, num_heads, num_kv_heads, 16, dtype)
+    positions = positions_to_cache_end(7)
+    cache = build_cos_sin_cache(MAX_POSITION, 16, 10000.0, DEVICE)
+    ref_q, ref_k = naive(positions, q, k, cache)
+    v_before = v.clone()
+    rope(positions, q, k, cache)
+    assert_close(q, ref_q, *TOL[dtype], what="q")
+    assert_close(k, ref_k, *TOL[dtype], what="k")
+    assert torch.equal(v, v_before)
 
 
 def test_int32_positions():
