@@ -53,7 +53,7 @@ MIN_BLOCK = 256  # narrowest column block chosen to divide `inter` exactly
 TOKEN_TILE = 4096  # elements of one tensor's [BLOCK_T, BLOCK_C] tile: 8 KB in bf16 (interpreter; GPU: around it)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
 def _silu_and_mul_kernel(
     gate_up_ptr,  # [T, 2*inter] input: gate in columns [0, inter), up in [inter, 2*inter); last dim contiguous
     out_ptr,  # [T, inter] output, contiguous

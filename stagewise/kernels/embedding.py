@@ -57,7 +57,7 @@ TOKEN_TILE = 8192  # elements of one [BLOCK_T, BLOCK_C] tile: 16 KB in bf16 (int
 MIN_PROGRAMS = 128  # a short batch splits its rows until it has this many programs (about one per SM)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
 def _embedding_kernel(
     ids_ptr,  # [T] int32/int64: the token ids
     weight_ptr,  # [vocab, hidden] the embedding table, contiguous (row stride = hidden)

@@ -63,7 +63,7 @@ MAX_TILE = 4096  # elements of one token's [BLOCK_HEADS, BLOCK_D] tile: beyond i
 TOKEN_TILE = 4096  # elements of one tensor's [BLOCK_T, BLOCK_HEADS, BLOCK_D] tile (interpreter; GPU: around it)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
 def _kv_store_kernel(
     k_ptr,  # [T, Hkv, d] new keys, last dim contiguous
     k_token_stride,  # elements between tokens of k

@@ -32,8 +32,9 @@ a row, and 56% of copy bandwidth on an H200. Now a program
   under the q/k loads. Stores come last, so no load waits behind a store.
 - sizes its tiles per tensor: k gets a [BLOCK_T, BLOCK_HK, d/2] tile with
   BLOCK_HK ~ Hkv / (head blocks), not q's head count, so no registers are
-  spent on masked rows (Llama-3-8B: q [1, 32, 64] and k [1, 8, 64], both halves,
-  10 KB of bf16 per program, 4 warps: 16-byte vectors).
+  spent on masked rows (Llama-3-8B: q [1, 32, 64] and k [1, 8, 64], both halves:
+  10 KB of bf16 per program; with 4 warps each thread loads q in 16-byte
+  vectors, k's smaller tile in 8-byte ones; 56 registers, no spills).
 - takes several tokens when a token is small (SmolLM2: 4 tokens per program),
   so every program has a few KB in flight. The last token tile is ragged.
 
@@ -101,7 +102,7 @@ def _rotate_store(
     tl.store(first + HALF, out2.to(first.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # one compiled variant for every T
 def _rope_kernel(
     positions_ptr,  # [T] int32/int64: position of each token
     q_ptr,  # [T, H, d] queries, rotated in place, last dim contiguous
