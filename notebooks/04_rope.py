@@ -138,9 +138,9 @@ for delta in [0, 1, 5, 20]:
 # ## Optimized: the Triton kernel, in place on the views
 #
 # The naive path builds new tensors: `x1`, `x2`, four products, a `cat`.
-# The kernel (`kernels/rope.py`) runs one program per token (and block of
-# heads): it loads that token's cos/sin row once, rotates all of its q *and*
-# k heads in float32, and writes them **back where they were**. It accepts the
+# The kernel (`kernels/rope.py`) runs one program per tile of tokens (and
+# block of heads): it loads each token's cos/sin row once, rotates all of its
+# q *and* k heads in float32, and writes them **back where they were**. It accepts the
 # strided views `split_qkv` returns, so the rotation happens inside the fused
 # `qkv` buffer itself: q and k are each read once and written once, nothing is
 # allocated.

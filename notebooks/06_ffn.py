@@ -139,8 +139,8 @@ print("x", tuple(x.shape), "-> gate_up", tuple(gate_up.shape), "-> h", tuple(h.s
 # ## Optimized: Triton GEMM -> Triton `silu_and_mul` -> Triton GEMM
 #
 # `ffn.optimized` runs the tiled Triton GEMM (`kernels/matmul.py`), the fused
-# activation (`kernels/activation.py`: each program loads a block of `gate`
-# and the matching block of `up`, computes in float32, stores the product —
+# activation (`kernels/activation.py`: each program loads a tile of `gate`
+# and the matching tile of `up`, computes in float32, stores the product —
 # one read of `[T, 2*inter]`, one write of `[T, inter]`), and the GEMM again.
 # Check both the activation alone and the whole stage (interpreter, a few
 # real rows):

@@ -87,8 +87,8 @@ for name, stage in STAGES.items():
 # %% [markdown]
 # ## 2. What each kernel changes
 #
-# * **embedding** (`kernels/embedding.py`): one wide, masked copy per token
-#   row. A pure copy, 0 FLOPs: only bandwidth matters.
+# * **embedding** (`kernels/embedding.py`): wide, masked copies of a tile of
+#   token rows per program. A pure copy, 0 FLOPs: only bandwidth matters.
 # * **rmsnorm** (`kernels/rmsnorm.py`): residual add and norm **fused**, one
 #   program per row; the row stays in registers (4 row passes instead of 5,
 #   one launch instead of two).

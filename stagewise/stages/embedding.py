@@ -5,12 +5,13 @@
 The naive reference is one indexing expression, `weight[ids]`: a gather of
 `T` rows out of a `[vocab, hidden]` table. There is no arithmetic at all; the
 stage is pure memory traffic (T * hidden * bytes read and written), which is
-why the optimized version is a plain gather kernel that copies one row per
-program with wide, coalesced loads.
+why the optimized version is a plain gather kernel that copies rows with wide,
+coalesced loads.
 
-The Triton kernel (`kernels/embedding.py`) runs one program per (token, block
-of up to 1024 columns): one masked load of the table row, one store, nothing
-else, so it runs at copy bandwidth. Its launcher first checks that every id is
+The Triton kernel (`kernels/embedding.py`) runs one program per (tile of
+tokens, block of up to 4096 columns): one load of the tile's ids, one masked
+load of their table rows, one store, nothing else, so it runs near copy
+bandwidth. Its launcher first checks that every id is
 inside the vocabulary (a kernel would silently read other memory), which costs
 one device sync per call (a min/max of the T ids).
 """
@@ -27,7 +28,7 @@ def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def optimized(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Triton gather: one program per (token, column block) copies its slice of the table row."""
+    """Triton gather: one program per (tile of tokens, column block) copies its slice of their table rows."""
     from stagewise.kernels.embedding import embedding  # lazily: importing kernels picks GPU or interpreter
 
     return embedding(ids, weight)  # [T] -> [T, hidden]
@@ -46,7 +47,7 @@ STAGE = Stage(
     shapes="[T] -> [T, hidden]",
     naive=naive,
     optimized=optimized,
-    optimized_kind="triton: row gather, one program per (token, column block)",
+    optimized_kind="triton: row gather, one program per (tile of tokens, column block)",
     example_inputs=example_inputs,
     outputs=("hidden_states",),
     axes={"ids": "num_tokens", "weight": "vocab hidden", "hidden_states": "num_tokens hidden"},

@@ -9,10 +9,10 @@ same memory seen as [num_blocks * block_size, Hkv, d], with
 cache uses `slot = request_row * capacity + position`. Slot -1 means "do not
 store" (e.g. padding), and is skipped.
 
-The Triton kernel (`kernels/kv_store.py`) runs one program per token: it reads
-the token's slot, returns at once on -1, and otherwise copies that token's K
-and V rows (read straight from the strided views of the fused QKV output) into
-the slot, casting to the cache dtype at the store. One launch, one read and one
+The Triton kernel (`kernels/kv_store.py`) runs one program per tile of tokens:
+it loads their K and V rows (read straight from the strided views of the fused
+QKV output) together with their slots, and stores each token whose slot is not
+-1 into that slot, casting to the cache dtype at the store. One launch, one read and one
 write per element, instead of the reference's mask, compaction and two
 `index_copy_` calls.
 """
@@ -66,7 +66,7 @@ STAGE = Stage(
     shapes="k, v [T, Hkv, d] -> cache [num_slots, Hkv, d] (in place)",
     naive=naive,
     optimized=optimized,
-    optimized_kind="triton: slot scatter, one program per token",
+    optimized_kind="triton: slot scatter, a tile of tokens per program",
     example_inputs=example_inputs,
     outputs=(),
     axes={

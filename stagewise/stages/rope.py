@@ -19,10 +19,10 @@ forward pass gathers rows by position instead of calling sin/cos millions of
 times.
 
 The Triton kernel (`kernels/rope.py`) rotates q and k *in place*: one program
-per token (and block of heads) gathers its cos/sin row once, rotates all of
-that token's q and k heads with it in fp32, and writes them back over the
-inputs, so q and k are each read once and written once and nothing is
-allocated. It works directly on the strided views `split_qkv` returns. Unlike
+per tile of tokens (and block of heads) loads their q and k heads, gathers each
+token's cos/sin row once, rotates all of the token's q and k heads with it in
+fp32, and writes them back over the inputs, so q and k are each read once and
+written once and nothing is allocated. It works directly on the strided views `split_qkv` returns. Unlike
 the naive path, which returns new tensors, `optimized` modifies q and k and
 returns those same objects; callers use the return value either way.
 """
@@ -93,7 +93,7 @@ STAGE = Stage(
     shapes="q [T, H, d], k [T, Hkv, d] -> same shapes",
     naive=naive,
     optimized=optimized,
-    optimized_kind="triton: in place on q and k, one program per token",
+    optimized_kind="triton: in place on q and k, a tile of tokens per program",
     example_inputs=example_inputs,
     outputs=("q_out", "k_out"),
     axes={
