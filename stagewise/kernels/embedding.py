@@ -16,12 +16,13 @@ Llama 3 8B) but only the T rows asked for are touched.
 
 How it keeps the memory busy (see `row_tiles`). The first version ran one
 program per (token, 1024 columns): load one id, wait for it, load 2 KB, wait,
-store — half of each program's life waiting on a 4-byte id, 2 KB in flight
-the other half. It reached 53% of copy bandwidth on an H200. Now a program
-covers BLOCK_T tokens and whole rows up to 4096 columns (Llama-3-8B: BLOCK_T = 2,
-BLOCK_C = 4096, 16 KB per tile in bf16): one id load for BLOCK_T rows, then
-BLOCK_T rows' loads in flight at once, in 16-byte vectors (`hidden` is a
-multiple of 16 for every real model, which Triton sees and uses for alignment).
+store — a good part of each program's life spent waiting on a 4-byte id,
+and only 2 KB in flight the rest. It reached 53% of copy bandwidth on an H200.
+Now a program covers BLOCK_T tokens and whole rows up to 4096 columns
+(Llama-3-8B: BLOCK_T = 2, BLOCK_C = 4096, 16 KB per tile in bf16, 8 warps:
+four 16-byte vectors per thread): one id load for BLOCK_T rows, then all
+BLOCK_T rows' loads in flight at once (`hidden` is a multiple of 16 for every
+real model, which Triton sees and uses to prove 16-byte alignment).
 A gather's row order is random, but each row is 8 KB of contiguous memory, so
 DRAM still reads whole bursts. On a GPU, BLOCK_T and num_warps are autotuned
 around that choice; with few tokens (decode) rows are split over more

@@ -34,7 +34,7 @@ a row, and 56% of copy bandwidth on an H200. Now a program
   BLOCK_HK ~ Hkv / (head blocks), not q's head count, so no registers are
   spent on masked rows (Llama-3-8B: q [1, 32, 64] and k [1, 8, 64], both halves:
   10 KB of bf16 per program; with 4 warps each thread loads q in 16-byte
-  vectors, k's smaller tile in 8-byte ones; 56 registers, no spills).
+  vectors, k's smaller tile in 8-byte ones; ptxas: 56 registers on sm_90, no spills).
 - takes several tokens when a token is small (SmolLM2: 4 tokens per program),
   so every program has a few KB in flight. The last token tile is ragged.
 
