@@ -5,7 +5,7 @@ The online softmax (Milakov & Gimelshein 2018; the heart of FlashAttention)
 softmax needs the row maximum (for stability) and the row sum before any
 probability is known. Computed naively that means: all scores S = Q K^T of a
 row, then max, then sum, then P V — the whole [Lq, Lk] matrix S (and P) lives
-in memory, O(N^2) bytes of HBM traffic per head.
+in memory: O(N^2) extra memory per head, written to HBM and read back.
 
 The online version walks the keys tile by tile (BLOCK_N keys at a time) and
 keeps, per query row, three running values:
@@ -24,8 +24,15 @@ For a new tile of scores s_j:
 
 and after the last tile `out = acc / l`. Every term carries the same factor
 exp(-m_final) in the end, so the result is exactly softmax(s) v — only the
-order of the additions differs. A tile of S exists only in registers; K and V
-stream through once: O(N) HBM traffic instead of O(N^2).
+order of the additions differs. A tile of S exists only in registers, so the
+extra memory is O(N) (m and l per row) instead of O(N^2).
+
+The HBM *traffic* is not O(N): a tile holds BLOCK_M query rows, and K and V
+stream past every tile, so they are read N / BLOCK_M times per head:
+Theta(N^2 d / BLOCK_M) elements. A tile must fit in the on-chip memory M
+(BLOCK_M ~ M / d), which gives FlashAttention's Theta(N^2 d^2 / M) (Dao et al.
+2022, Theorem 2) against the naive path's Theta(N d + N^2): fewer bytes
+whenever d^2 < M, e.g. d = 128 and ~200 KB of shared memory per SM.
 
 `online_softmax_reference` below is that loop in plain PyTorch, for reading and
 for the test that proves it equals the full softmax.
@@ -90,13 +97,13 @@ def attend_tile(
     visible,  # [BLOCK_M, BLOCK_N] bool: may this row see this key (read only when MASKED)
     qk_scale,  # softmax scale * log2(e)
     MASKED: tl.constexpr,  # False for tiles that every row sees whole: no mask work at all
-    FP32_DOTS: tl.constexpr,  # dots in fp32 (interpreter, fp32 inputs); else 16-bit dots, fp32 accumulation
+    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for fp32 tiles; 16-bit tiles ignore it (precision.py)
 ):
-    """One step of the online softmax: fold one K/V tile into (acc, m, l)."""
-    if FP32_DOTS:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N] fp32
-    else:
-        s = tl.dot(q, tl.trans(k))  # 16-bit tensor-core dot, fp32 accumulator
+    """One step of the online softmax: fold one K/V tile into (acc, m, l).
+
+    q, k, v are all fp32 (fp32 dots) or all 16-bit (tensor-core dots, fp32 accumulation).
+    """
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
     s = s * qk_scale
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
@@ -105,10 +112,7 @@ def attend_tile(
     p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]; masked -> exp2(-inf) = 0
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    if FP32_DOTS:
-        acc += tl.dot(p, v, input_precision="ieee")
-    else:
-        acc += tl.dot(p.to(v.dtype), v)  # P rounded to 16 bits, as in FlashAttention
+    acc += tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)  # 16-bit v: P rounded to 16 bits, as in FA
     return acc, m_new, l_i
 
 

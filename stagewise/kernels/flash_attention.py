@@ -1,4 +1,4 @@
-"""FlashAttention for a packed, variable-length batch (prefill, and any causal varlen attention).
+"""FlashAttention for a packed, variable-length batch (prefill, decode on a contiguous cache, any causal varlen).
 
     q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> out [Tq, H, d]
 
@@ -6,30 +6,59 @@ Semantics are the `attention` stage's (stages/attention.py): sequence b owns
 query rows cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys from cu_seqlens_k[b],
 seqused_k[b] of them (else up to cu_seqlens_k[b+1]); causal mask aligned
 bottom-right (query i sees key j iff j <= i + Lk - Lq); rows that see no key
-give 0; query head h reads KV head h // (H // Hkv).
+give 0; query head h reads KV head h // G, G = H // Hkv.
 
-Tiles. One program owns BLOCK_M query rows of one sequence and one query
-head: grid (query tile, sequence, head); tiles past a sequence's end return at
-once. The program loads its Q tile once, then walks the sequence's keys
-BLOCK_N at a time, folding each K/V tile into the running (acc, m, l) of the
-online softmax (attention_common.py). The [Lq, Lk] score matrix never exists:
-per head, HBM traffic is Q + K + V + out — O(N) — instead of also writing and
-reading S and P — O(N^2).
+Tiles and GQA packing. One program owns one KV head of one sequence and a
+tile of BLOCK_M rows; grid (row tile, sequence, KV head). The rows are
+(query, group head) pairs, query-major, as in paged attention:
 
-Causal tiles. The query rows m0 .. m0+BLOCK_M-1 see keys up to j = i + Lk - Lq:
+    row r of the sequence  ->  query r // G, query head kv_head * G + r % G
+
+so the G query heads that share a KV head sit in one tile, and every K/V tile
+the program loads serves all of them. The program loads its Q tile once, then
+walks the sequence's keys BLOCK_N at a time, folding each K/V tile into the
+running (acc, m, l) of the online softmax (attention_common.py).
+
+What the packing saves. A decode step (one query per sequence: the static
+runner over its contiguous cache) has G rows per KV head: one tile of
+BLOCK_M = 16 rows (G <= 16), so each sequence's K/V are read once per KV head
+— Hkv * Lk * d * 2 elements — where one program per query head read them G
+times (SmolLM2: G = 3; Llama 3 8B: G = 4; 70B: G = 8). In prefill a KV head
+has G * Lq rows, G * Lq / BLOCK_M tiles, as many as G heads of Lq / BLOCK_M
+tiles had: the same K/V traffic; one kernel simply serves both.
+
+Traffic and memory. K/V stream past every row tile, so per KV head they are
+read about G * Lq / BLOCK_M times (half of them under the causal mask):
+Theta(N^2 d / BLOCK_M), FlashAttention's Theta(N^2 d^2 / M) for on-chip memory
+M. What becomes O(N) is the *extra memory*: the [Lq, Lk] score matrix never
+exists, where the naive path writes S and P, O(N^2) bytes, and reads them back.
+
+Causal tiles. The tile's queries run from f0 // G to its last row's query; it
+sees keys up to j = query + Lk - Lq:
 
     keys [0, full)        every row of the tile sees them: no mask work at all
-    keys [full, hi)       the diagonal band: mask j <= i + Lk - Lq and j < Lk
+    keys [full, hi)       the diagonal band: mask j <= query + Lk - Lq and j < Lk
     keys [hi, Lk)         no row sees them: never loaded
 
 so a causal prefill loads about half of K/V, and only diagonal tiles pay
 for the mask.
 
+Tile shapes. Up to DECODE_ROWS rows (decode): BLOCK_M 16 and BLOCK_N keys of
+about KV_TILE_BYTES per K (or V) tile, a fixed choice as in paged attention.
+Longer runs: autotuned on a GPU; the key holds the row bucket, d, G and the dot
+precision. The interpreter always uses INTERPRETER_BLOCKS.
+
 Strides: q/k/v may be strided views (q is a view of the fused qkv output:
 token stride (H + 2 Hkv) d, head stride d); only the last dimension must be
-contiguous. bf16/fp16 inputs: on a GPU the dots run on 16-bit tensor cores
-with fp32 accumulation; in the CPU interpreter (whose bf16 arithmetic is not
-trustworthy) every tile is converted to fp32 after the load.
+contiguous.
+
+Dot precision (precision.py, one policy for every kernel): fp16/bf16 inputs
+run 16-bit tensor-core dots with fp32 accumulation, P rounded to the input
+dtype before P @ V; fp32 inputs run TF32 dots when
+torch.backends.cuda.matmul.allow_tf32 is on, IEEE fp32 otherwise (PyTorch's
+default). In the CPU interpreter fp16 keeps its 16-bit dots, bf16 tiles (whose
+interpreter arithmetic is wrong) are converted to fp32 after the load, and fp32
+is always full fp32.
 """
 
 import torch
@@ -46,9 +75,12 @@ from stagewise.kernels.attention_common import (
     qk_scale_log2,
 )
 from stagewise.kernels.checks import KernelInputError, check_same_device
+from stagewise.kernels.precision import dot_policy
 
 NAME = "flash_attention"
 INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}  # the interpreter pays per op, not per FLOP: few, small tiles
+DECODE_ROWS = 16  # a longest run of at most this many (query, group head) rows gets the decode tile
+KV_TILE_BYTES = 16 * 1024  # decode: bytes of one K (or V) tile; sets BLOCK_N from d and the element size
 
 
 def _gpu_configs() -> list:
@@ -80,32 +112,34 @@ def _flash_attention_kernel(
     stride_o_head,  # elements between consecutive output heads
     GROUP: tl.constexpr,  # query heads per KV head, H // Hkv
     HEAD_DIM: tl.constexpr,  # d (a power of two)
-    BLOCK_M: tl.constexpr,  # query rows per tile
+    BLOCK_M: tl.constexpr,  # (query, group head) rows per tile
     BLOCK_N: tl.constexpr,  # keys per tile
     HAS_SEQUSED_K: tl.constexpr,  # key counts come from seqused_k, not from cu_seqlens_k
-    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 before the dots (interpreter, fp32 inputs)
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision of fp32 tiles: "ieee" or "tf32" (precision.py)
 ):
     q_block = tl.program_id(0)
     seq = tl.program_id(1)
-    head = tl.program_id(2)
+    kv_head = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    m0 = q_block * BLOCK_M  # first query row of this tile, within the sequence
-    if m0 >= q_len:
-        return  # this sequence has fewer query tiles than the longest one
+    f0 = q_block * BLOCK_M  # first (query, group head) row of this tile, within the sequence
+    if f0 >= q_len * GROUP:
+        return  # this sequence has fewer row tiles than the longest one
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     if HAS_SEQUSED_K:
         k_len = tl.load(seqused_k_ptr + seq)
     else:
         k_len = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
-    shift = k_len - q_len  # bottom-right causal alignment: row i sees keys j <= i + shift
-    kv_head = head // GROUP  # GQA: an index map, no copy of K/V
+    shift = k_len - q_len  # bottom-right causal alignment: query i sees keys j <= i + shift
 
-    rows = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows within the sequence
+    flat = f0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed rows
+    query = flat // GROUP  # [BLOCK_M] query within the sequence
+    head = kv_head * GROUP + flat % GROUP  # [BLOCK_M] query head: GQA by index map, no copy of K/V
     dims = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    row_ok = rows < q_len
-    q_rows = (q_start + rows).to(tl.int64)  # int64: row * stride may pass 2^31
-    q_ptrs = q_ptr + q_rows[:, None] * stride_q_token + head * stride_q_head + dims[None, :]
+    row_ok = query < q_len
+    q_rows = (q_start + query).to(tl.int64)  # int64: row * stride may pass 2^31
+    q_ptrs = q_ptr + q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
     if FP32_DOTS:
         q = q.to(tl.float32)
@@ -114,9 +148,9 @@ def _flash_attention_kernel(
     m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    last_row = tl.minimum(m0 + BLOCK_M, q_len) - 1
-    hi = tl.maximum(tl.minimum(k_len, last_row + shift + 1), 0)  # keys past hi: no row of the tile sees them
-    full = tl.maximum(tl.minimum(k_len, m0 + shift + 1), 0)  # keys before full: every row sees them
+    last_query = (tl.minimum(f0 + BLOCK_M, q_len * GROUP) - 1) // GROUP  # the tile's last query
+    hi = tl.maximum(tl.minimum(k_len, last_query + shift + 1), 0)  # keys past hi: no row of the tile sees them
+    full = tl.maximum(tl.minimum(k_len, f0 // GROUP + shift + 1), 0)  # keys before full: every row sees them
     full = (full // BLOCK_N) * BLOCK_N  # whole tiles only
     k_base = k_ptr + kv_head * stride_k_head + dims[None, :]
     v_base = v_ptr + kv_head * stride_v_head + dims[None, :]
@@ -127,7 +161,7 @@ def _flash_attention_kernel(
         v = tl.load(v_base + keys[:, None] * stride_v_token)
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, FP32_DOTS)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION)
 
     for n0 in range(full, hi, BLOCK_N):  # the diagonal band: causal and length masks
         cols = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions within the sequence
@@ -137,12 +171,12 @@ def _flash_attention_kernel(
         v = tl.load(v_base + keys[:, None] * stride_v_token, mask=col_ok[:, None], other=0.0)
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        visible = (cols[None, :] <= rows[:, None] + shift) & col_ok[None, :]  # [BLOCK_M, BLOCK_N]
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, FP32_DOTS)
+        visible = (cols[None, :] <= query[:, None] + shift) & col_ok[None, :]  # [BLOCK_M, BLOCK_N]
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0 and l == 0 -> writes 0
     out = acc / l_safe[:, None]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_o_token + head * stride_o_head + dims[None, :]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -158,11 +192,20 @@ def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
     return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= max_tile]
 
 
+def _decode_blocks(head_dim: int, fp32_dots: bool) -> dict:
+    """The decode tile: 16 rows (a GQA group), BLOCK_N keys of about KV_TILE_BYTES per K (or V) tile."""
+    element_bytes = 4 if fp32_dots else 2
+    block_n = max(16, min(128, KV_TILE_BYTES // (head_dim * element_bytes)))
+    return {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+
+
 _flash_attention_kernel = triton.jit(_flash_attention_kernel)
+_tuned_flash_attention_kernel = None
 if not INTERPRETER:  # autotune needs a driver: on a GPU only
-    _flash_attention_kernel = triton.autotune(
+    _tuned_flash_attention_kernel = triton.autotune(
         configs=_gpu_configs(),
-        key=["q_len_bucket", "HEAD_DIM", "GROUP", "FP32_DOTS"],
+        # INPUT_PRECISION too: a tile shape tuned for TF32 dots is not the one for IEEE fp32 dots
+        key=["q_len_bucket", "HEAD_DIM", "GROUP", "FP32_DOTS", "INPUT_PRECISION"],
         prune_configs_by={"early_config_prune": _prune_configs},
     )(_flash_attention_kernel)
 
@@ -209,9 +252,17 @@ def flash_attention(
     max_q_len = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
     if max_q_len == 0:
         return out
-    blocks = INTERPRETER_BLOCKS if INTERPRETER else {}  # on a GPU autotune picks BLOCK_M / BLOCK_N
-    grid = lambda meta: (triton.cdiv(max_q_len, meta["BLOCK_M"]), num_seqs, num_heads)
-    _flash_attention_kernel[grid](
+    group = num_heads // num_kv_heads
+    rows = max_q_len * group  # (query, group head) rows of the longest sequence
+    policy = dot_policy(q.dtype)
+    if INTERPRETER:
+        kernel, blocks = _flash_attention_kernel, INTERPRETER_BLOCKS
+    elif rows <= DECODE_ROWS:
+        kernel, blocks = _flash_attention_kernel, _decode_blocks(head_dim, policy.fp32_dots)
+    else:  # autotune picks BLOCK_M / BLOCK_N
+        kernel, blocks = _tuned_flash_attention_kernel, {}
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads)
+    kernel[grid](
         q_ptr=q,
         k_ptr=k,
         v_ptr=v,
@@ -229,10 +280,11 @@ def flash_attention(
         stride_v_head=v.stride(1),
         stride_o_token=out.stride(0),
         stride_o_head=out.stride(1),
-        GROUP=num_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         HAS_SEQUSED_K=seqused_k is not None,
-        FP32_DOTS=INTERPRETER or q.dtype == torch.float32,
+        FP32_DOTS=policy.fp32_dots,
+        INPUT_PRECISION=policy.input_precision,
         **blocks,
     )
     return out

@@ -34,11 +34,17 @@ Configs. In Triton's CPU interpreter there is no driver, so `@triton.autotune`
 with several configs cannot run: `gemm_config` picks one fixed config per shape
 class. On a CUDA GPU the launcher autotunes over a few configs per class.
 
+Dot precision (precision.py, one policy for every kernel with dots): fp16/bf16
+tiles go to 16-bit tensor-core dots with fp32 accumulation; fp32 tiles use TF32
+when torch.backends.cuda.matmul.allow_tf32 is on and IEEE fp32 otherwise, like
+torch.matmul. The autotune key holds that precision, so a tuning done for one
+is not reused for the other.
+
 Interpreter quirks (triton 3.9): bf16 `tl.dot` and arithmetic are silently
 wrong and fp32 -> bf16 casts truncate instead of rounding to nearest even. So
-under the interpreter the tiles are upcast to fp32 before the dot and bf16
-stores are rounded by hand (`round_to_bf16`); the GPU path keeps bf16 tensor-core
-dots with fp32 accumulation.
+under the interpreter bf16 tiles are upcast to fp32 before the dot and bf16
+stores are rounded by hand (`round_to_bf16`); fp16 tiles keep their 16-bit dot
+(the interpreter gets that one right), and fp32 is always full fp32.
 """
 
 from dataclasses import dataclass
@@ -49,6 +55,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
+from stagewise.kernels.precision import dot_policy
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -113,8 +120,9 @@ def _matmul_kernel(
     stride_cm,  # elements between rows of c
     stride_cn,  # elements between columns of c
     GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
-    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: fp32 dots, bf16 rounded by hand
-    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 inputs: "ieee" or "tf32"
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision of fp32 tiles: "ieee" or "tf32" (precision.py)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -151,7 +159,7 @@ def _matmul_kernel(
         k_left = K - k_step * BLOCK_K  # valid depth in this step (the last one may be partial)
         a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        if INTERPRETED:
+        if FP32_DOTS:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
@@ -180,11 +188,14 @@ _PREFILL_CONFIGS = [
 ]
 if not INTERPRETER:
     _TUNED = {
-        # Keyed on M_BUCKET, not M, so prefill steps of every length in a bucket reuse one tuning result.
-        "decode": triton.autotune([c.triton_config() for c in _DECODE_CONFIGS], key=["N", "K"])(_matmul_kernel),
-        "prefill": triton.autotune([c.triton_config() for c in _PREFILL_CONFIGS], key=["M_BUCKET", "N", "K"])(
-            _matmul_kernel
-        ),
+        # Keyed on M_BUCKET, not M, so prefill steps of every length in a bucket reuse one tuning result; and on
+        # the dot precision (Triton adds the dtypes itself), so a TF32 tuning is never reused for IEEE fp32.
+        "decode": triton.autotune(
+            [c.triton_config() for c in _DECODE_CONFIGS], key=["N", "K", "FP32_DOTS", "INPUT_PRECISION"]
+        )(_matmul_kernel),
+        "prefill": triton.autotune(
+            [c.triton_config() for c in _PREFILL_CONFIGS], key=["M_BUCKET", "N", "K", "FP32_DOTS", "INPUT_PRECISION"]
+        )(_matmul_kernel),
     }
 
 
@@ -233,7 +244,7 @@ def matmul(
         return c
     if k == 0:
         return c.zero_()
-    use_tf32 = a.dtype == torch.float32 and not INTERPRETER and torch.backends.cuda.matmul.allow_tf32
+    policy = dot_policy(a.dtype)
     args = dict(
         a_ptr=a,
         b_ptr=b,
@@ -251,7 +262,8 @@ def matmul(
         stride_cn=c.stride(1),
         GATHER=row_index is not None,
         INTERPRETED=INTERPRETER,
-        INPUT_PRECISION="tf32" if use_tf32 or a.dtype != torch.float32 else "ieee",  # match torch's fp32 matmul
+        FP32_DOTS=policy.fp32_dots,
+        INPUT_PRECISION=policy.input_precision,  # fp32: TF32 exactly when torch.matmul may use it
     )
     if INTERPRETER or config is not None:
         cfg = config or gemm_config(m, n, k)

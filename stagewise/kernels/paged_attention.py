@@ -29,6 +29,12 @@ B * Hkv programs — too few to fill a GPU. `paged_attention` then splits each
 sequence's keys across NUM_SPLITS programs; each writes an unnormalised
 partial (acc, m, l), and `split_k_reduce` merges them exactly (split_k.py
 shows why). `choose_num_splits` decides, from the grid size and the length.
+
+Dot precision (precision.py, the policy of every kernel with dots): fp16/bf16
+run 16-bit tensor-core dots with fp32 accumulation; fp32 runs TF32 dots when
+torch.backends.cuda.matmul.allow_tf32 is on, IEEE fp32 otherwise. In the CPU
+interpreter fp16 keeps its 16-bit dots, bf16 is upcast after the load, fp32 is
+full fp32.
 """
 
 import torch
@@ -45,6 +51,7 @@ from stagewise.kernels.attention_common import (
     qk_scale_log2,
 )
 from stagewise.kernels.checks import KernelInputError, check_contiguous, check_dim, check_dtype, check_same_device
+from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
 
 NAME = "paged_attention"
@@ -105,7 +112,8 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,  # (query, group head) rows per tile
     BLOCK_N: tl.constexpr,  # keys per tile
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
-    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 before the dots (interpreter, fp32 inputs)
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision of fp32 tiles: "ieee" or "tf32" (precision.py)
 ):
     q_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -152,7 +160,7 @@ def _paged_attention_kernel(
         v = _load_kv_tile(v_cache_ptr, bt_row, pos, pos, kv_head, dims, stride_slot, stride_kv_head, BLOCK_SIZE, False)
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, FP32_DOTS)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION)
 
     for n0 in range(mid, hi, BLOCK_N):  # the causal diagonal and the sequence's last, partial tile
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -166,7 +174,7 @@ def _paged_attention_kernel(
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
         visible = (pos[None, :] <= query[:, None] + shift) & in_seq[None, :]  # [BLOCK_M, BLOCK_N]
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, FP32_DOTS)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION)
 
     o_rows = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head  # [BLOCK_M, 1]
     if NUM_SPLITS == 1:
@@ -241,6 +249,7 @@ def paged_attention(
     if max_q_len == 0:
         return out
     group = num_heads // num_kv_heads
+    policy = dot_policy(q.dtype)
     blocks = _blocks(max_q_len, group, head_dim)
     num_q_blocks = triton.cdiv(max_q_len * group, blocks["BLOCK_M"])
     if num_splits is None:
@@ -281,7 +290,8 @@ def paged_attention(
         GROUP=group,
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
-        FP32_DOTS=INTERPRETER or q.dtype == torch.float32,
+        FP32_DOTS=policy.fp32_dots,
+        INPUT_PRECISION=policy.input_precision,
         **blocks,
     )
     if num_splits > 1:

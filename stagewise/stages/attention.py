@@ -26,15 +26,20 @@ sequence at a time; the optimized FlashAttention kernel never does (tiles +
 online softmax).
 
 What the kernel (`kernels/flash_attention.py`) does differently: one program
-holds a tile of BLOCK_M query rows of one head in registers and streams the
-sequence's K/V past it BLOCK_N keys at a time. It cannot take a softmax over a
-row it never holds whole, so it keeps a running max m, a running sum l and an
-accumulator acc per row; each new tile raises m if needed, rescales l and acc
-by exp(m_old - m_new) and adds its own exp(s - m_new) terms (the online
-softmax, `kernels/attention_common.py`). At the end out = acc / l. Per head
-the naive path writes and re-reads S and P, O(N^2) bytes of memory traffic;
-the kernel reads Q, K, V and writes out once: O(N). Causal tiles stop at the
-diagonal, so keys no query of the tile may see are never loaded.
+holds a tile of BLOCK_M query rows of one KV head's GQA group in registers
+(rows are (query, group head) pairs, so the heads that share K/V share the
+tile) and streams the sequence's K/V past it BLOCK_N keys at a time. It cannot
+take a softmax over a row it never holds whole, so it keeps a running max m, a
+running sum l and an accumulator acc per row; each new tile raises m if
+needed, rescales l and acc by exp(m_old - m_new) and adds its own
+exp(s - m_new) terms (the online softmax, `kernels/attention_common.py`). At
+the end out = acc / l. The naive path writes S and P, O(N^2) extra memory per
+head, and reads them back; the kernel needs O(N) extra memory (m and l per
+row). Its HBM traffic is still quadratic — K/V are re-read once per query tile,
+Theta(N^2 d / BLOCK_M) — but far below the naive path's N^2 score bytes. In
+decode a tile is one query's whole GQA group, so K/V are read once per KV head,
+not once per query head. Causal tiles stop at the diagonal, so keys no query of
+the tile may see are never loaded.
 """
 
 import torch

@@ -1,0 +1,52 @@
+"""Which precision a kernel's `tl.dot` runs in: one policy for every kernel with dots.
+
+The kernels with dots (matmul, flash_attention, paged_attention) all ask
+`dot_policy(dtype)` at launch and pass its two answers as constexprs:
+
+    inputs   on a GPU                                      in the CPU interpreter
+    fp32     TF32 if PyTorch allows it for fp32 matmuls,    full fp32 (the interpreter has no TF32)
+             else full fp32 ("ieee")
+    fp16     fp16 tensor-core dots, fp32 accumulation        fp16 operands, fp32 accumulation
+    bf16     bf16 tensor-core dots, fp32 accumulation        tiles upcast to fp32 after the load
+
+The fp32 switch is PyTorch's own, `torch.backends.cuda.matmul.allow_tf32`
+(`torch.set_float32_matmul_precision("high")` turns it on, "highest" — the
+default — off), read at every launch: a Triton kernel's fp32 dots then round
+like `torch.matmul` on the same tensors. TF32 keeps 10 of fp32's 23 mantissa
+bits of each operand (a product is off by up to ~2^-10 relative; a dot of N(0, 1)
+values by ~1e-3 of its size), IEEE keeps all 23.
+
+Why bf16 is upcast in the interpreter and fp16 is not: the interpreter's bf16
+arithmetic and bf16 `tl.dot` are wrong (numpy has no bf16), while its fp16 dot
+multiplies the fp16 operands exactly and sums in fp32 like a tensor core. So the
+16-bit dot branch of every kernel runs in CI through fp16 inputs.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.kernels import INTERPRETER
+
+DEFAULT_16BIT_PRECISION = "tf32"  # Triton's default input_precision; it changes nothing for 16-bit operands
+
+
+@dataclass(frozen=True)
+class DotPolicy:
+    fp32_dots: bool  # the dots take fp32 tiles: fp32 inputs, or bf16 tiles upcast after the load (interpreter)
+    input_precision: str  # tl.dot's input_precision: "ieee" or "tf32" for fp32 tiles (16-bit tiles ignore it)
+
+
+def tf32_allowed() -> bool:
+    """PyTorch's switch for fp32 matmuls on CUDA: True lets them use TF32 tensor cores."""
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def dot_policy(dtype: torch.dtype, interpreter: bool = INTERPRETER) -> DotPolicy:
+    """The dot precision for inputs of `dtype` (fp32, bf16 or fp16), on a GPU or in the interpreter."""
+    if dtype == torch.float32:
+        use_tf32 = tf32_allowed() and not interpreter  # the interpreter computes full fp32 whatever it is told
+        return DotPolicy(fp32_dots=True, input_precision="tf32" if use_tf32 else "ieee")
+    if dtype == torch.bfloat16 and interpreter:
+        return DotPolicy(fp32_dots=True, input_precision="ieee")
+    return DotPolicy(fp32_dots=False, input_precision=DEFAULT_16BIT_PRECISION)
