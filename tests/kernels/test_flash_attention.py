@@ -10,22 +10,31 @@ import pytest
 import torch
 
 from stagewise.config import PRESETS
-from stagewise.kernels.attention_common import online_softmax_reference
+from stagewise.kernels import INTERPRETER
+from stagewise.kernels.attention_common import LOG2E, online_softmax_reference
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.flash_attention import flash_attention
 from stagewise.stages import STAGES
 from stagewise.stages.attention import naive
 from tests.helpers import assert_close
+from tests.kernels.interpreter_loads import count_loaded_bytes
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-# The reference runs in fp32 on the very same (bf16-rounded) inputs, so for fp32 only the order
-# of the additions (tile by tile, exp2 instead of exp) differs: ~1e-6 relative, well inside 1e-5.
+# The reference runs in IEEE fp32 on the very same (16-bit-rounded) inputs. fp32: the kernel's dots are
+# IEEE fp32 too (the interpreter always; on a GPU tests/kernels/conftest.py keeps TF32 off), so only the
+# order of the additions (tile by tile, exp2 instead of exp) differs: ~1e-6 relative, well inside 1e-5.
 # bf16 (8 significant bits): the output is rounded once to bf16 — to nearest on a GPU (<= 2^-8
 # relative), by truncation in Triton's interpreter (< 2^-7, one ulp) — and on a GPU P is also
 # rounded to bf16 before P @ V (<= 2^-8 per weight; the errors average out over the keys). Outputs are weighted means of
 # N(0, 1) values, |out| <~ 3, so 1e-2 absolute + 1e-2 relative covers both with margin.
-TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}
+# fp16 (11 significant bits; 16-bit dots in the interpreter too): q k^T is exact (fp16 x fp16 products
+# fit in fp32), P is rounded to fp16 before P @ V (<= 2^-11 per weight, so <= 2^-11 * max|v| ~ 2e-3
+# absolute at the very worst, far less as the errors average out), and the output is rounded once
+# (<= 2^-11 relative): 2e-3 absolute + 2^-10 relative.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2), torch.float16: (2e-3, 2**-10)}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 
 def packed_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, dtype, seed=0):
@@ -71,6 +80,47 @@ def test_worked_example_uniform_attention():
     assert_close(out, expected, 1e-5, 1e-6, "mean of the visible values")
 
 
+def test_fp16_runs_16_bit_dots_p_is_rounded_before_p_v():
+    """Pins the 16-bit branch: with fp16 inputs P is rounded to fp16 before P @ V, as on tensor cores.
+
+    One query, two keys; scale * log2(e) = 1, so the base-2 scores are q.k = 0 and -1 + 2^-11:
+    p = 1 and 2^(-1 + 2^-11) = 0.50017, which fp16 (spacing 2^-11 above 0.5) rounds to 0.5.
+    With v = -1 and 2: out = (1 * -1 + 0.5 * 2) / l = 0 exactly; unrounded, (-1 + 2 * 0.50017) / 1.50017 = 2.26e-4.
+    """
+    d = 16
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0] = 1.0
+    k = torch.zeros(2, 1, d)
+    k[1, 0, 0] = -1.0 + 2.0**-11
+    v = torch.stack([torch.full((1, d), -1.0), torch.full((1, d), 2.0)])  # [2 keys, 1 head, d]
+    cu_q, cu_k = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32)
+    args = dict(cu_seqlens_q=cu_q.to(DEVICE), cu_seqlens_k=cu_k.to(DEVICE), scale=1.0 / LOG2E)
+    p1 = 2.0 ** (-1.0 + 2.0**-11)
+    unrounded = (-1.0 + 2.0 * p1) / (1.0 + p1)
+    half = [t.to(DEVICE, torch.float16) for t in (q, k, v)]
+    out16 = flash_attention(*half, **args)
+    assert torch.equal(out16.float().cpu(), torch.zeros(1, 1, d)), "fp16 inputs must run 16-bit dots (P in fp16)"
+    out32 = flash_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), **args)
+    assert_close(out32, torch.full((1, 1, d), unrounded), 1e-7, 1e-4, "fp32 keeps P unrounded")
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="counts the loads of Triton's CPU interpreter")
+def test_decode_reads_each_kv_element_once():
+    """GQA packing: a decode step (one query per sequence) loads every used K/V element exactly once.
+
+    G = 3 query heads share each KV head; one program per query head would load K/V three times.
+    The slots past seqused_k are never loaded at all.
+    """
+    k_lens, used = [40, 33, 17], [40, 20, 17]
+    inputs = packed_batch([1, 1, 1], k_lens, 6, 2, 16, torch.float32, seed=4)
+    inputs["seqused_k"] = torch.tensor(used, dtype=torch.int32)
+    with count_loaded_bytes(inputs["k"], inputs["v"]) as loaded:
+        out = flash_attention(**inputs)
+    used_bytes = sum(used) * 2 * 16 * 4  # keys x Hkv x d x fp32
+    assert loaded == [used_bytes, used_bytes], f"K, V bytes loaded {loaded}, each used element once is {used_bytes}"
+    assert_close(out, reference(inputs), *TOL[torch.float32], "decode")
+
+
 CASES = {  # name: (q_lens, k_lens, H, Hkv, d)
     "prefill, GQA 1": ([7, 33, 1], [7, 33, 1], 2, 2, 64),
     "decode and chunk on a prefix, GQA 3": ([1, 7, 1], [33, 20, 1], 9, 3, 64),
@@ -82,7 +132,7 @@ CASES = {  # name: (q_lens, k_lens, H, Hkv, d)
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_naive_on_packed_batches(case, dtype):
     q_lens, k_lens, num_heads, num_kv_heads, head_dim = CASES[case]
@@ -102,7 +152,7 @@ def test_head_dim_256():
     assert_close(flash_attention(**inputs), reference(inputs), *TOL[torch.float32], "head_dim 256")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_seqused_k_reads_a_cache_with_gaps(dtype):
     """A contiguous cache: row b owns slots [b * 40, b * 40 + 40) and uses seqused_k[b] of them.
 
@@ -133,7 +183,7 @@ def test_strided_views_of_a_fused_qkv():
     assert_close(flash_attention(**inputs), reference(inputs), *TOL[torch.float32], "strided views")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 def test_registry_stage_optimized_matches_naive(num_tokens, dtype):
     stage = STAGES["attention"]

@@ -10,20 +10,27 @@ import pytest
 import torch
 
 from stagewise.config import PRESETS
+from stagewise.kernels import INTERPRETER
+from stagewise.kernels.attention_common import LOG2E
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.paged_attention import paged_attention
 from stagewise.kernels.split_k import choose_num_splits
 from stagewise.stages import STAGES
 from stagewise.stages.paged_attention import naive
 from tests.helpers import assert_close
+from tests.kernels.interpreter_loads import count_loaded_bytes
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-# Same reasoning as test_flash_attention.py: the reference runs in fp32 on the same bf16-rounded
-# inputs, so fp32 differs only in the order of additions (~1e-6), and bf16 only by the output
-# rounding (< 2^-7 relative: the interpreter truncates) plus, on a GPU, P rounded to bf16 before
-# P @ V (<= 2^-8 per weight). |out| <~ 3, so 1e-2 absolute + 1e-2 relative.
-TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}
+# Same reasoning as test_flash_attention.py: the reference runs in IEEE fp32 on the same 16-bit-rounded
+# inputs, so fp32 (IEEE dots: the interpreter always, on a GPU conftest.py keeps TF32 off) differs only in
+# the order of additions (~1e-6); bf16 only by the output rounding (< 2^-7 relative: the interpreter
+# truncates) plus, on a GPU, P rounded to bf16 before P @ V (<= 2^-8 per weight), |out| <~ 3, so 1e-2
+# absolute + 1e-2 relative; fp16 (16-bit dots in the interpreter too) by P rounded to fp16 (<= 2^-11 per
+# weight, <= 2^-11 * max|v| ~ 2e-3 at the very worst) and the output rounding (<= 2^-11 relative).
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2), torch.float16: (2e-3, 2**-10)}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 
 def paged_batch(seq_lens, q_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, seed=0):
@@ -93,7 +100,7 @@ CASES = {  # name: (seq_lens, q_lens, block_size, H, Hkv, d)
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_naive(case, dtype):
     seq_lens, q_lens, block_size, num_heads, num_kv_heads, head_dim = CASES[case]
@@ -117,9 +124,48 @@ def test_split_k_matches_naive(num_splits):
     assert_close(out, reference(inputs), *TOL[torch.float32], f"{num_splits} splits")
 
 
-def test_split_k_bf16():
-    inputs = paged_batch([97, 2], [1, 1], 32, 3, 1, 64, torch.bfloat16, seed=4)
-    assert_close(paged_attention(**inputs, num_splits=4), reference(inputs), *TOL[torch.bfloat16], "bf16 splits")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_split_k_16_bit(dtype):
+    """fp16 runs the 16-bit dots into the fp32 partials; the reduce casts the merged rows to fp16 once."""
+    inputs = paged_batch([97, 2], [1, 1], 32, 3, 1, 64, dtype, seed=4)
+    assert_close(paged_attention(**inputs, num_splits=4), reference(inputs), *TOL[dtype], f"{dtype} splits")
+
+
+def test_fp16_runs_16_bit_dots_p_is_rounded_before_p_v():
+    """Pins the 16-bit branch, as in test_flash_attention.py: base-2 scores 0 and -1 + 2^-11 give
+    p = 1 and 0.50017, which fp16 rounds to 0.5; with v = -1 and 2 the output is exactly 0
+    (unrounded P: 2.26e-4). Both with and without split-K (the split that holds the key pair decides)."""
+    d = 16
+    k_cache, v_cache = torch.zeros(1, 16, 1, d), torch.zeros(1, 16, 1, d)
+    k_cache[0, 1, 0, 0] = -1.0 + 2.0**-11
+    v_cache[0, 0], v_cache[0, 1] = -1.0, 2.0
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0] = 1.0
+    meta = {
+        "block_table": torch.tensor([[0]], dtype=torch.int32, device=DEVICE),
+        "seq_lens": torch.tensor([2], dtype=torch.int32, device=DEVICE),
+        "cu_seqlens_q": torch.tensor([0, 1], dtype=torch.int32, device=DEVICE),
+        "scale": 1.0 / LOG2E,
+    }
+    half = {n: t.to(DEVICE, torch.float16) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
+    for num_splits in (1, 2):
+        out = paged_attention(**half, **meta, num_splits=num_splits)
+        assert torch.equal(out.float().cpu(), torch.zeros(1, 1, d)), f"{num_splits} splits: P must be rounded to fp16"
+    p1 = 2.0 ** (-1.0 + 2.0**-11)
+    out32 = paged_attention(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), **meta)
+    assert_close(out32, torch.full((1, 1, d), (-1.0 + 2.0 * p1) / (1.0 + p1)), 1e-7, 1e-4, "fp32 keeps P unrounded")
+
+
+@pytest.mark.skipif(not INTERPRETER, reason="counts the loads of Triton's CPU interpreter")
+def test_decode_reads_each_cached_kv_element_once():
+    """GQA packing: a decode step loads each sequence's cached K/V once per KV head (G = 3 here)."""
+    seq_lens = [15, 33, 1]
+    inputs = paged_batch(seq_lens, [1, 1, 1], 16, 6, 2, 16, torch.float32, seed=6)
+    with count_loaded_bytes(inputs["k_cache"], inputs["v_cache"]) as loaded:
+        out = paged_attention(**inputs, num_splits=1)
+    used_bytes = sum(seq_lens) * 2 * 16 * 4  # keys x Hkv x d x fp32
+    assert loaded == [used_bytes, used_bytes], f"K, V bytes loaded {loaded}, each used element once is {used_bytes}"
+    assert_close(out, reference(inputs), *TOL[torch.float32], "decode")
 
 
 def test_split_k_heuristic():
@@ -142,7 +188,7 @@ def test_strided_q_view():
     assert_close(paged_attention(**inputs), reference(inputs), *TOL[torch.float32], "strided q")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 def test_registry_stage_optimized_matches_naive(num_tokens, block_size, dtype):
