@@ -28,8 +28,9 @@
 # **FlashAttention** never builds `S`: it streams K/V past a tile of queries
 # `BLOCK_N` keys at a time and keeps, per query row, a running max `m`, a
 # running sum `l` and an accumulator (the **online softmax**). Same result,
-# **O(N)** traffic. This notebook shows both, checks they agree, and
-# measures what the naive path costs.
+# **O(N)** extra memory (its traffic stays quadratic: K/V are re-read once per
+# tile of queries, but no `N x N` matrix ever reaches memory). This notebook
+# shows both, checks they agree, and measures what the naive path costs.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
 # timing stops at shorter sequences and uses fewer repeats. The Triton kernel
@@ -357,11 +358,14 @@ for T in lengths:
 
 # %% [markdown]
 # **Memory.** Per layer, the naive path holds `S` and `P`: `2 x H x T^2`
-# float32 numbers. FlashAttention's traffic is just `Q, K, V, out`: `(2H + 2Hkv)
+# float32 numbers. FlashAttention holds just `Q, K, V, out`: `(2H + 2Hkv)
 # x d x T` numbers. Left: SmolLM2 (float32 here); right: Llama 3 8B in bf16
 # with its 32 heads. The score matrices pass the whole model's weights well
 # before 100k tokens; at 128k tokens Llama 3 8B's would be terabytes, per
-# layer. That is the "memory wall" FlashAttention breaks: O(N^2) -> O(N).
+# layer. That is the "memory wall" FlashAttention breaks: O(N^2) -> O(N)
+# memory. (Its *traffic* stays quadratic — K/V are re-read once per tile of
+# BLOCK_M query rows, Theta(T^2 d / BLOCK_M) — but that is BLOCK_M / d times
+# fewer numbers than the T^2 scores per head.)
 
 # %%
 Ts = np.logspace(7, 17, 41, base=2)  # 128 .. 131072 tokens
@@ -397,7 +401,7 @@ plt.show()
 # * naive attention is `softmax(q k^T / sqrt(d) + mask) v` per sequence and
 #   head, and it materialises `[Lq, Lk]` matrices: O(T^2) memory;
 # * the online softmax keeps `(m, l, acc)` per row and folds in one tile of
-#   keys at a time — exactly the same result, with only O(T) memory traffic;
+#   keys at a time — exactly the same result, with only O(T) extra memory;
 # * varlen batches carry `cu_seqlens`; the causal mask is aligned
 #   bottom-right so the same rule serves prefill, decode and chunked prefill;
 # * the Triton FlashAttention kernel matches the naive stage.

@@ -102,7 +102,9 @@ for name, stage in STAGES.items():
 # * **attention** (`kernels/flash_attention.py`): **FlashAttention**: a Q tile
 #   in registers, K/V streamed past it tile by tile with the **online
 #   softmax**, fully masked causal tiles never loaded. S = QK^T and P are never
-#   written: O(N) memory traffic instead of O(N^2).
+#   written: O(N) extra memory instead of O(N^2) (K/V are still re-read once
+#   per query tile). A tile's rows are (query, head) pairs of one GQA group,
+#   so a decode step reads K/V once per KV head.
 # * **paged_attention** (`kernels/paged_attention.py`): the same online
 #   softmax with K/V read **through the block table** (no gathered copy of the
 #   cache); the G query heads of a KV head form one tile, so K/V are read once
@@ -138,8 +140,9 @@ for block_n in (1, 7, 16, 64, 100):
 
 # %% [markdown]
 # Only the order of the additions differs, so the results agree to float64
-# rounding. In the kernel a tile of scores lives only in registers; per head
-# the memory traffic is Q + K + V + out, never the `[N, N]` matrices.
+# rounding. In the kernel a tile of scores lives only in registers; the
+# `[N, N]` matrices never reach memory, only Q, K, V (re-read once per query
+# tile) and out.
 #
 # ## 3. Check: naive vs Triton for every stage
 #

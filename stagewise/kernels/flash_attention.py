@@ -25,7 +25,8 @@ BLOCK_M = 16 rows (G <= 16), so each sequence's K/V are read once per KV head
 — Hkv * Lk * d * 2 elements — where one program per query head read them G
 times (SmolLM2: G = 3; Llama 3 8B: G = 4; 70B: G = 8). In prefill a KV head
 has G * Lq rows, G * Lq / BLOCK_M tiles, as many as G heads of Lq / BLOCK_M
-tiles had: the same K/V traffic; one kernel simply serves both.
+tiles had: about the same K/V traffic (a little less: a tile spans BLOCK_M / G
+queries, so its causal bound sits closer to the diagonal); one kernel serves both.
 
 Traffic and memory. K/V stream past every row tile, so per KV head they are
 read about G * Lq / BLOCK_M times (half of them under the causal mask):
@@ -80,7 +81,7 @@ from stagewise.kernels.precision import dot_policy
 NAME = "flash_attention"
 INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}  # the interpreter pays per op, not per FLOP: few, small tiles
 DECODE_ROWS = 16  # a longest run of at most this many (query, group head) rows gets the decode tile
-KV_TILE_BYTES = 16 * 1024  # decode: bytes of one K (or V) tile; sets BLOCK_N from d and the element size
+KV_TILE_BYTES = 8 * 1024  # decode: bytes of one K (or V) tile, sets BLOCK_N; 16 KB spills registers (ptxas)
 
 
 def _gpu_configs() -> list:
@@ -193,10 +194,14 @@ def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
 
 
 def _decode_blocks(head_dim: int, fp32_dots: bool) -> dict:
-    """The decode tile: 16 rows (a GQA group), BLOCK_N keys of about KV_TILE_BYTES per K (or V) tile."""
+    """The decode tile: 16 rows (a GQA group), BLOCK_N keys of about KV_TILE_BYTES per K (or V) tile.
+
+    16-bit: d 64 -> 64 keys, 128 -> 32, 256 -> 16; fp32 half that (at least 16, tl.dot's minimum).
+    fp32 runs unpipelined: with 2 or 3 stages ptxas -v shows spills on sm_89 / sm_90 at some d and G.
+    """
     element_bytes = 4 if fp32_dots else 2
     block_n = max(16, min(128, KV_TILE_BYTES // (head_dim * element_bytes)))
-    return {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 1 if fp32_dots else 2}
 
 
 _flash_attention_kernel = triton.jit(_flash_attention_kernel)
