@@ -44,6 +44,11 @@ sees keys up to j = query + Lk - Lq:
 so a causal prefill loads about half of K/V, and only diagonal tiles pay
 for the mask.
 
+Split-K (flash decoding). Packing leaves a decode step B * Hkv programs —
+too few to fill a GPU at small batch. As in paged attention, the keys of each
+tile are then split across NUM_SPLITS programs whose partial (acc, m, l)
+`split_k_reduce` merges exactly (split_k.py); `choose_num_splits` decides.
+
 Tile shapes. Up to DECODE_ROWS rows (decode): BLOCK_M 16 and BLOCK_N keys of
 about KV_TILE_BYTES per K (or V) tile, a fixed choice as in paged attention.
 Longer runs: autotuned on a GPU; the key holds the row bucket, d, G and the dot
@@ -77,6 +82,7 @@ from stagewise.kernels.attention_common import (
 )
 from stagewise.kernels.checks import KernelInputError, check_same_device
 from stagewise.kernels.precision import dot_policy
+from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
 
 NAME = "flash_attention"
 INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}  # the interpreter pays per op, not per FLOP: few, small tiles
@@ -97,7 +103,9 @@ def _flash_attention_kernel(
     q_ptr,  # [Tq, H, d] queries, last dim contiguous
     k_ptr,  # [Tk, Hkv, d] keys, last dim contiguous
     v_ptr,  # [Tk, Hkv, d] values, last dim contiguous
-    out_ptr,  # [Tq, H, d] output
+    out_ptr,  # [Tq, H, d] output (NUM_SPLITS == 1) or [Tq, H, NUM_SPLITS, d] fp32 partial acc
+    m_part_ptr,  # [Tq, H, NUM_SPLITS] fp32 partial running max (written only when NUM_SPLITS > 1)
+    l_part_ptr,  # [Tq, H, NUM_SPLITS] fp32 partial running sum (written only when NUM_SPLITS > 1)
     cu_seqlens_q_ptr,  # [B+1] int32: query rows of each sequence
     cu_seqlens_k_ptr,  # [B+1] int32: first key row of each sequence
     seqused_k_ptr,  # [B] int32: keys used per sequence (read only when HAS_SEQUSED_K)
@@ -109,8 +117,11 @@ def _flash_attention_kernel(
     stride_k_head,  # elements between consecutive KV heads of k
     stride_v_token,  # elements between consecutive value tokens
     stride_v_head,  # elements between consecutive KV heads of v
-    stride_o_token,  # elements between consecutive output tokens
-    stride_o_head,  # elements between consecutive output heads
+    stride_o_token,  # elements between consecutive output tokens (of out or the partial acc)
+    stride_o_head,  # elements between consecutive output heads (of out or the partial acc)
+    stride_o_split,  # elements between consecutive splits of the partial acc (unused without split-K)
+    stride_ml_token,  # elements between consecutive tokens of m_part / l_part
+    stride_ml_head,  # elements between consecutive heads of m_part / l_part
     GROUP: tl.constexpr,  # query heads per KV head, H // Hkv
     HEAD_DIM: tl.constexpr,  # d (a power of two)
     BLOCK_M: tl.constexpr,  # (query, group head) rows per tile
@@ -118,10 +129,12 @@ def _flash_attention_kernel(
     HAS_SEQUSED_K: tl.constexpr,  # key counts come from seqused_k, not from cu_seqlens_k
     FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
     INPUT_PRECISION: tl.constexpr,  # tl.dot input precision of fp32 tiles: "ieee" or "tf32" (precision.py)
+    NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
 ):
     q_block = tl.program_id(0)
     seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     f0 = q_block * BLOCK_M  # first (query, group head) row of this tile, within the sequence
@@ -153,10 +166,16 @@ def _flash_attention_kernel(
     hi = tl.maximum(tl.minimum(k_len, last_query + shift + 1), 0)  # keys past hi: no row of the tile sees them
     full = tl.maximum(tl.minimum(k_len, f0 // GROUP + shift + 1), 0)  # keys before full: every row sees them
     full = (full // BLOCK_N) * BLOCK_N  # whole tiles only
+    lo = 0
+    if NUM_SPLITS > 1:  # this program's share of [0, hi), in whole tiles
+        per_split = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = tl.minimum(split * per_split, hi)
+        hi = tl.minimum(lo + per_split, hi)
+    mid = tl.maximum(lo, tl.minimum(full, hi))  # [lo, mid) unmasked tiles, [mid, hi) masked tiles
     k_base = k_ptr + kv_head * stride_k_head + dims[None, :]
     v_base = v_ptr + kv_head * stride_v_head + dims[None, :]
 
-    for n0 in range(0, full, BLOCK_N):  # tiles below the diagonal: no masks
+    for n0 in range(lo, mid, BLOCK_N):  # tiles below the diagonal: no masks
         keys = (k_start + n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BLOCK_N]
         k = tl.load(k_base + keys[:, None] * stride_k_token)  # [BLOCK_N, HEAD_DIM]
         v = tl.load(v_base + keys[:, None] * stride_v_token)
@@ -164,7 +183,7 @@ def _flash_attention_kernel(
             k, v = k.to(tl.float32), v.to(tl.float32)
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION)
 
-    for n0 in range(full, hi, BLOCK_N):  # the diagonal band: causal and length masks
+    for n0 in range(mid, hi, BLOCK_N):  # the diagonal band: causal and length masks
         cols = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions within the sequence
         col_ok = cols < k_len
         keys = (k_start + cols).to(tl.int64)
@@ -175,10 +194,16 @@ def _flash_attention_kernel(
         visible = (cols[None, :] <= query[:, None] + shift) & col_ok[None, :]  # [BLOCK_M, BLOCK_N]
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION)
 
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0 and l == 0 -> writes 0
-    out = acc / l_safe[:, None]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    o_rows = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head  # [BLOCK_M, 1]
+    if NUM_SPLITS == 1:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0 and l == 0 -> writes 0
+        out = acc / l_safe[:, None]
+        tl.store(out_ptr + o_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:  # unnormalised partials; split_k_reduce merges the NUM_SPLITS of each row
+        tl.store(out_ptr + o_rows + split * stride_o_split + dims[None, :], acc, mask=row_ok[:, None])
+        ml_rows = q_rows * stride_ml_token + head * stride_ml_head + split  # [BLOCK_M]
+        tl.store(m_part_ptr + ml_rows, m_i, mask=row_ok)
+        tl.store(l_part_ptr + ml_rows, l_i, mask=row_ok)
 
 
 def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
@@ -210,7 +235,7 @@ if not INTERPRETER:  # autotune needs a driver: on a GPU only
     _tuned_flash_attention_kernel = triton.autotune(
         configs=_gpu_configs(),
         # INPUT_PRECISION too: a tile shape tuned for TF32 dots is not the one for IEEE fp32 dots
-        key=["q_len_bucket", "HEAD_DIM", "GROUP", "FP32_DOTS", "INPUT_PRECISION"],
+        key=["q_len_bucket", "HEAD_DIM", "GROUP", "FP32_DOTS", "INPUT_PRECISION", "NUM_SPLITS"],
         prune_configs_by={"early_config_prune": _prune_configs},
     )(_flash_attention_kernel)
 
@@ -223,8 +248,12 @@ def flash_attention(
     cu_seqlens_k: torch.Tensor,
     scale: float,
     seqused_k: torch.Tensor | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1] int32, seqused_k [B] int32 or None -> [Tq, H, d].
+
+    `num_splits` forces split-K (1 = off); None lets `choose_num_splits` decide for the decode tile,
+    from the grid and Tk / B keys per sequence (a contiguous cache's capacity per row; no host read).
 
     Reads cu_seqlens_q (and the key counts) on the host once, to size the grid
     and to check every sequence's rows lie inside q and k.
@@ -260,18 +289,33 @@ def flash_attention(
     group = num_heads // num_kv_heads
     rows = max_q_len * group  # (query, group head) rows of the longest sequence
     policy = dot_policy(q.dtype)
-    if INTERPRETER:
-        kernel, blocks = _flash_attention_kernel, INTERPRETER_BLOCKS
-    elif rows <= DECODE_ROWS:
-        kernel, blocks = _flash_attention_kernel, _decode_blocks(head_dim, policy.fp32_dots)
-    else:  # autotune picks BLOCK_M / BLOCK_N
+    if INTERPRETER or rows <= DECODE_ROWS:  # fixed tiles: the interpreter's, or the decode tile
+        kernel = _flash_attention_kernel
+        blocks = INTERPRETER_BLOCKS if INTERPRETER else _decode_blocks(head_dim, policy.fp32_dots)
+        if num_splits is None:  # a few long sequences leave SMs idle: split their keys (flash decoding)
+            programs = triton.cdiv(rows, blocks["BLOCK_M"]) * num_seqs * num_kv_heads
+            num_splits = choose_num_splits(programs, k.shape[0] // num_seqs, num_sms(q.device))
+    else:  # autotune picks BLOCK_M / BLOCK_N; a prefill grid is large enough unsplit
         kernel, blocks = _tuned_flash_attention_kernel, {}
-    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads)
+    num_splits = 1 if num_splits is None else num_splits
+    if num_splits < 1:
+        raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
+    if num_splits == 1:
+        target, m_part, l_part = out, out, out  # the partial buffers are not touched without split-K
+        stride_o_split, stride_ml = 0, (0, 0)
+    else:
+        target = torch.empty(*q.shape[:2], num_splits, head_dim, dtype=torch.float32, device=q.device)
+        m_part = torch.empty(*q.shape[:2], num_splits, dtype=torch.float32, device=q.device)  # [Tq, H, S]
+        l_part = torch.empty_like(m_part)
+        stride_o_split, stride_ml = target.stride(2), m_part.stride()[:2]
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads * num_splits)
     kernel[grid](
         q_ptr=q,
         k_ptr=k,
         v_ptr=v,
-        out_ptr=out,
+        out_ptr=target,
+        m_part_ptr=m_part,
+        l_part_ptr=l_part,
         cu_seqlens_q_ptr=cu_seqlens_q,
         cu_seqlens_k_ptr=cu_seqlens_k,
         seqused_k_ptr=seqused_k if seqused_k is not None else cu_seqlens_k,  # unread without HAS_SEQUSED_K
@@ -283,13 +327,19 @@ def flash_attention(
         stride_k_head=k.stride(1),
         stride_v_token=v.stride(0),
         stride_v_head=v.stride(1),
-        stride_o_token=out.stride(0),
-        stride_o_head=out.stride(1),
+        stride_o_token=target.stride(0),
+        stride_o_head=target.stride(1),
+        stride_o_split=stride_o_split,
+        stride_ml_token=stride_ml[0],
+        stride_ml_head=stride_ml[1],
         GROUP=group,
         HEAD_DIM=head_dim,
         HAS_SEQUSED_K=seqused_k is not None,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,
+        NUM_SPLITS=num_splits,
         **blocks,
     )
+    if num_splits > 1:
+        split_k_reduce(target, m_part, l_part, out)
     return out

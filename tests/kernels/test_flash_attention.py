@@ -1,9 +1,11 @@
 """Triton FlashAttention (varlen, causal, GQA) vs the naive attention reference.
 
-Chain: the online softmax equals the full softmax -> a hand-checkable example ->
-irregular packed batches (prefill, chunks on a prefix, decode, rows with no key,
-empty sequences) in both dtypes -> a contiguous cache with gaps (seqused_k) ->
-strided q/k/v views of a fused qkv -> the registry stage -> the launcher's errors.
+Chain: the online softmax equals the full softmax -> hand-checkable examples (uniform
+attention; fp16 rounds P before P @ V) -> a decode step loads each K/V element once (GQA
+packing, counted) -> irregular packed batches (prefill, chunks on a prefix, decode, rows
+with no key, empty sequences) in fp32, bf16 and fp16 -> a contiguous cache with gaps
+(seqused_k) -> split-K -> strided q/k/v views of a fused qkv -> the registry stage -> the
+launcher's errors.
 """
 
 import pytest
@@ -142,6 +144,21 @@ def test_matches_naive_on_packed_batches(case, dtype):
     assert_close(out, reference(inputs), *TOL[dtype], case)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_split_k_matches_naive(num_splits, dtype):
+    """Split-K on decodes over a cache with gaps (one split of the 5-key row gets no key) and on a chunk."""
+    capacity, used, q_lens = 130, [130, 33, 5, 40], [1, 1, 1, 4]
+    inputs = packed_batch(q_lens, [capacity] * 4, 4, 2, 64, dtype, seed=3)
+    for b, n in enumerate(used):  # slots past seqused_k hold NaN: a read would show
+        inputs["k"][b * capacity + n : (b + 1) * capacity] = float("nan")
+        inputs["v"][b * capacity + n : (b + 1) * capacity] = float("nan")
+    inputs["seqused_k"] = torch.tensor(used, dtype=torch.int32, device=DEVICE)
+    out = flash_attention(**inputs, num_splits=num_splits)
+    assert torch.isfinite(out.float()).all()
+    assert_close(out, reference(inputs), *TOL[dtype], f"{num_splits} splits")
+
+
 def test_empty_batch():
     inputs = packed_batch([], [], 4, 2, 64, torch.float32)
     assert flash_attention(**inputs).shape == (0, 4, 64)
@@ -223,6 +240,7 @@ ERRORS = {  # name: (inputs, words the message must contain)
     ),
     "last dim strided": (_bad(q=lambda i: i["q"].transpose(1, 2).contiguous().transpose(1, 2)), "last dimension"),
     "zero scale": (_bad(scale=0.0), "scale"),
+    "zero splits": (_bad(num_splits=0), "num_splits"),
 }
 
 

@@ -2,8 +2,10 @@
 
 Chain: a hand-checkable example -> mixed batches (decode and prefill chunks,
 lengths crossing block boundaries, shuffled blocks, block sizes 16/32/64, GQA
-1/3/4) in both dtypes -> split-K against the plain kernel, and its heuristic ->
-a strided q view -> the registry stage -> the launcher's errors.
+1/3/4) in fp32, bf16 and fp16 -> split-K against the plain kernel, and its
+heuristic -> fp16 rounds P before P @ V (the 16-bit branch runs) -> a decode step
+loads each cached K/V element once -> a strided q view -> the registry stage ->
+the launcher's errors.
 """
 
 import pytest
