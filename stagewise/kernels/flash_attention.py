@@ -28,11 +28,12 @@ has G * Lq rows, G * Lq / BLOCK_M tiles, as many as G heads of Lq / BLOCK_M
 tiles had: about the same K/V traffic (a little less: a tile spans BLOCK_M / G
 queries, so its causal bound sits closer to the diagonal); one kernel serves both.
 
-Traffic and memory. K/V stream past every row tile, so per KV head they are
-read about G * Lq / BLOCK_M times (half of them under the causal mask):
-Theta(N^2 d / BLOCK_M), FlashAttention's Theta(N^2 d^2 / M) for on-chip memory
-M. What becomes O(N) is the *extra memory*: the [Lq, Lk] score matrix never
-exists, where the naive path writes S and P, O(N^2) bytes, and reads them back.
+Traffic and memory. K/V stream past every row tile: per KV head that is
+G * Lq / BLOCK_M passes over the keys (about half of them each, under the
+causal mask), Theta(N^2 d / BLOCK_M) elements — FlashAttention's
+Theta(N^2 d^2 / M) for on-chip memory M. What becomes O(N) is the *extra
+memory*: the [Lq, Lk] score matrix never exists, where the naive path writes
+S and P, O(N^2) bytes, and reads them back.
 
 Causal tiles. The tile's queries run from f0 // G to its last row's query; it
 sees keys up to j = query + Lk - Lq:
