@@ -1,0 +1,338 @@
+"""Split-K GEMM for decode shapes (M <= 16 rows): `c = a @ b` when the weights are the whole cost.
+
+    a [M, K] @ b [K, N] -> c [M, N]        M = running sequences (1..16), K x N = a weight matrix
+
+Why decode needs its own kernel. In decode every weight element is read once
+and used by only M rows, so the GEMM is a matrix-vector product: its time is
+the time to stream K x N weights from memory. A Llama-3-8B 4096 x 4096 bf16
+matrix is 33.5 MB; at ~4 TB/s (H200) that is ~8.5 us, but only if enough
+bytes are in flight at once. The tiled GEMM (`kernels/matmul.py`) gives each
+program one [16, BLOCK_N] tile of c and walks all of K: for N = 4096 and
+BLOCK_N = 64 that is 64 programs on a GPU with 132 SMs, each streaming 512 KB
+one BLOCK_K step after another. Half the SMs idle and the others cannot keep
+enough loads outstanding to cover DRAM latency.
+
+Split-K. Cut K into SPLIT_K ranges and give each (tile of N, range of K) its
+own program:
+
+    programs = ceil(N / BLOCK_N) * SPLIT_K          (64 * 8 = 512 for o_proj: ~4 per SM)
+    bytes per program = (K / SPLIT_K) * BLOCK_N * element size
+
+Each program computes a partial product over its K range, in fp32:
+
+    partial[s] = a[:, K_s] @ b[K_s, :]          c = partial[0] + partial[1] + ... + partial[SPLIT_K - 1]
+
+The same bytes are read in total, but by many more programs at once, so every
+SM has several programs' loads in flight. The price is a small fp32 buffer
+[SPLIT_K, M, N] (for M = 1, N = 4096, SPLIT_K = 8: 128 KB, against 33.5 MB of
+weights) and a second tiny kernel that sums it. When N alone gives enough
+programs (the FFN's gate/up, the LM head's 128k columns) SPLIT_K = 1: the
+program stores c directly and no second kernel runs.
+
+Deterministic by construction. The partials could be added with fp32
+`atomic_add` into a zeroed buffer, but atomics land in whatever order the
+programs finish, and fp32 addition is not associative: the low bits of c would
+change from run to run, and a greedy decode could pick a different token.
+Here every program writes its own slot, and the reduce kernel adds
+partial[0], partial[1], ... in that fixed order, so the same inputs always
+give the same bits. Batch invariance: the config is chosen per (N, K, dtype,
+layout), never per M, and each row's dot products do not see the other rows,
+so a sequence's logits are the same bits whether it decodes alone or with 15
+others (what keeps the engine modes' greedy tokens identical).
+
+The tile. `tl.dot` needs at least 16 rows, so M <= 16 rows are padded to one
+BLOCK_M = 16 tile (masked loads read zeros): the extra multiply-adds are free
+in a memory-bound kernel, and the dot's loads of b are the ones Triton
+pipelines through shared memory (num_stages tiles in flight per program). A
+multiply-and-sum without `tl.dot` would save the padding's arithmetic only.
+
+Choosing the config. Under the CPU interpreter (programs run one after
+another, so splitting only adds work) a fixed config with a small split keeps
+the split path exercised. On a GPU the first call for each (N, K, dtype,
+layout, precision) times a few candidates (tile shape, warps, stages, and
+SPLIT_K sized for ~2 or ~4 programs per SM) with `triton.testing.do_bench`,
+reduce kernel included, and keeps the fastest; its own small tuner rather than
+`@triton.autotune`, because the launcher must know SPLIT_K before the launch
+(to size the partial buffer and launch the reduce). Shared memory per program
+is (num_stages - 1) buffers of one [BLOCK_K, BLOCK_N] tile of b and one
+[16, BLOCK_K] tile of a (the pipeline keeps num_stages - 1 loads ahead of the
+dot; compiled for sm_80/89/90, `metadata.shared` matches this exactly).
+Candidates are cut to fit 96 KB, under sm_89's 99 KB (sm_80: 163 KB, sm_90:
+227 KB), so fp32 inputs get fewer stages.
+
+Interpreter quirks as in `kernels/matmul.py`: tiles are upcast to fp32 before
+the dot and bf16 stores are rounded by hand.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels import INTERPRETER
+from stagewise.kernels.checks import KernelInputError, check_contiguous, check_shape
+from stagewise.kernels.matmul import DECODE_MAX_M, round_to_bf16
+from stagewise.kernels.split_k import num_sms
+
+BLOCK_M = DECODE_MAX_M  # one tile-row of 16 covers every decode batch; tl.dot's minimum
+MAX_SPLIT_K = 16  # bounds the partial buffer [SPLIT_K, M, N] and the reduce's work
+SMEM_BUDGET = 96 * 1024  # bytes of shared memory a candidate may use: fits sm_89 (99 KB), sm_80, sm_90
+PROGRAMS_PER_SM = (2, 4)  # GPU candidates aim at these many programs per SM
+REDUCE_BLOCK = 1024  # output elements per program of the reduce kernel
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # columns of b (and of c) per program; power of two >= 16
+    block_k: int  # depth of one step along K; power of two >= 16
+    split_k: int  # K ranges (programs per tile of N); 1 = no split, the program stores c itself
+    num_warps: int = 4  # GPU only: warps per program
+    num_stages: int = 3  # GPU only: tiles of b in flight per program (software pipelining)
+
+    def __post_init__(self) -> None:
+        blocks = (self.block_n, self.block_k)
+        if any(b < 16 or b & (b - 1) for b in blocks) or not 1 <= self.split_k <= MAX_SPLIT_K:
+            raise KernelInputError(
+                f"matmul_decode: blocks {blocks} must be powers of two >= 16 (tl.dot), "
+                f"split_k {self.split_k} in [1, {MAX_SPLIT_K}]"
+            )
+
+
+def split_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(k_per_split, num_splits): each split walks k_per_split (a multiple of block_k) of K, the last one less.
+
+    Asking for split_k ranges can give fewer: K = 4096 in 128-deep steps is 32 steps; 9 ranges of 4 steps
+    would leave the 9th empty, so it becomes 8 ranges of 4 steps. No split is ever empty.
+    """
+    steps = triton.cdiv(k, block_k)
+    k_per_split = triton.cdiv(steps, min(split_k, steps)) * block_k
+    return k_per_split, triton.cdiv(k, k_per_split)
+
+
+@triton.jit
+def _decode_kernel(
+    a_ptr,  # [M_in, K] input rows, any strides
+    b_ptr,  # [K, N] weights, any strides (row-major, or a transposed view)
+    out_ptr,  # [SPLIT_K, M, N] fp32 partials, or c [M, N] itself when there is one split
+    row_index_ptr,  # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
+    M,  # rows of c (<= BLOCK_M)
+    N,  # columns of b and c
+    K,  # reduction length
+    K_PER_SPLIT,  # depth of K each split walks: a multiple of BLOCK_K (the last split may get less)
+    stride_am,  # elements between rows of a
+    stride_ak,  # elements between columns of a
+    stride_bk,  # elements between rows of b
+    stride_bn,  # elements between columns of b
+    stride_os,  # elements between the partials of consecutive splits (0 when out is c)
+    stride_om,  # elements between rows of out
+    stride_on,  # elements between columns of out
+    GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: fp32 dots, bf16 rounded by hand
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 inputs: "ieee" or "tf32"
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    tile_n = tl.program_id(0)  # which BLOCK_N columns of c
+    split = tl.program_id(1)  # which range of K
+    k_start = split * K_PER_SPLIT
+    k_stop = tl.minimum(K, k_start + K_PER_SPLIT)
+
+    offs_m = tl.arange(0, BLOCK_M)  # [BLOCK_M] all rows of c (M <= BLOCK_M)
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] columns of c
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    if GATHER:
+        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)  # [BLOCK_M] rows of a
+    else:
+        rows_a = offs_m.to(tl.int64)
+    cols_b = offs_n.to(tl.int64)  # int64: col * stride may pass 2**31 for a transposed LM head
+    ks = k_start.to(tl.int64) + offs_k  # [BLOCK_K] positions along K of the first step
+
+    a_ptrs = a_ptr + rows_a[:, None] * stride_am + ks[None, :] * stride_ak  # [BLOCK_M, BLOCK_K]
+    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols_b[None, :] * stride_bn  # [BLOCK_K, BLOCK_N]
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)  # fp32 partial of this K range
+    for k in range(k_start, k_stop, BLOCK_K):
+        k_left = k_stop - k  # valid depth in this step (the last step of K may be partial)
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if INTERPRETED:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
+        acc = round_to_bf16(acc)
+    out_ptrs = out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None] * stride_om + cols_b[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _split_k_sum_kernel(
+    partials_ptr,  # [SPLIT_K, M, N] fp32 partial products, contiguous
+    c_ptr,  # [M, N] output, contiguous
+    NUMEL,  # M * N
+    SPLIT_K: tl.constexpr,  # partials to add, always in the order 0, 1, ..., SPLIT_K - 1
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 rounded by hand
+    BLOCK: tl.constexpr,  # output elements per program
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] flat positions in c
+    mask = offs < NUMEL
+    total = tl.load(partials_ptr + offs, mask=mask, other=0.0)  # [BLOCK] partial 0
+    for s in range(1, SPLIT_K):  # fixed order: the same bits every run, whichever split finished first
+        total += tl.load(partials_ptr + s * NUMEL + offs, mask=mask, other=0.0)
+    if INTERPRETED and c_ptr.dtype.element_ty == tl.bfloat16:
+        total = round_to_bf16(total)
+    tl.store(c_ptr + offs, total.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def split_k_sum(partials: torch.Tensor, c: torch.Tensor) -> None:
+    """c = partials[0] + partials[1] + ... in fp32, in that order, cast to c's dtype; c written in place.
+
+    partials [SPLIT_K, M, N] fp32 contiguous, c [M, N] contiguous.
+    """
+    check_contiguous("matmul_decode", "partials", partials)
+    check_contiguous("matmul_decode", "c", c)
+    if partials.dtype != torch.float32 or partials.dim() != 3:
+        raise KernelInputError(f"matmul_decode: partials must be 3-D float32, got {partials.dtype} {list(partials.shape)}")
+    check_shape("matmul_decode", "c", c, tuple(partials.shape[1:]))
+    numel = c.numel()
+    _split_k_sum_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](
+        partials_ptr=partials,
+        c_ptr=c,
+        NUMEL=numel,
+        SPLIT_K=partials.shape[0],
+        INTERPRETED=INTERPRETER,
+        BLOCK=REDUCE_BLOCK,
+    )
+
+
+def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None:
+    """One decode GEMM with a given config: the split kernel, then (if split) the ordered reduce."""
+    m, n, k = c.shape[0], c.shape[1], a.shape[1]
+    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    if splits == 1:
+        out, stride_os = c, 0
+    else:
+        out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
+        stride_os = out.stride(0)
+    _decode_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+        a_ptr=a,
+        b_ptr=b,
+        out_ptr=out,
+        row_index_ptr=a if row_index is None else row_index,
+        M=m,
+        N=n,
+        K=k,
+        K_PER_SPLIT=k_per_split,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_bk=b.stride(0),
+        stride_bn=b.stride(1),
+        stride_os=stride_os,
+        stride_om=out.stride(-2),
+        stride_on=out.stride(-1),
+        GATHER=row_index is not None,
+        INTERPRETED=INTERPRETER,
+        INPUT_PRECISION=input_precision,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        split_k_sum(out, c)
+
+
+# Under the interpreter: 128-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2 steps.
+INTERPRETER_CONFIG = DecodeConfig(block_n=128, block_k=64, split_k=2)
+# On a GPU: (block_n, block_k, num_warps, num_stages) tiles; each gets SPLIT_K for every PROGRAMS_PER_SM.
+GPU_TILES = [  # bf16 shared memory (see shared_memory_bytes): 60, 72, 72, 40 KB
+    (64, 128, 4, 4),
+    (128, 128, 4, 3),
+    (32, 256, 4, 4),
+    (64, 64, 2, 5),  # small: many programs resident per SM
+]
+
+
+def shared_memory_bytes(cfg: DecodeConfig, element_size: int) -> int:
+    """(num_stages - 1) buffers (at least 1) of a b tile [BLOCK_K, BLOCK_N] and an a tile [BLOCK_M, BLOCK_K]."""
+    buffers = max(1, cfg.num_stages - 1)
+    return buffers * (cfg.block_k * cfg.block_n + BLOCK_M * cfg.block_k) * element_size
+
+
+def gpu_candidates(n: int, k: int, element_size: int, sms: int) -> list[DecodeConfig]:
+    """The configs the GPU tuner times for one shape: each tile, split for ~2 and ~4 programs per SM.
+
+    Stages are cut until the estimate fits SMEM_BUDGET (fp32 inputs get about half). A split never
+    exceeds MAX_SPLIT_K or the number of BLOCK_K steps, and shapes with enough tiles of N get 1.
+    """
+    found: dict[tuple, DecodeConfig] = {}
+    for block_n, block_k, warps, stages in GPU_TILES:
+        per_stage = shared_memory_bytes(DecodeConfig(block_n, block_k, 1, warps, 1), element_size)
+        stages = max(1, min(stages, 1 + SMEM_BUDGET // per_stage))
+        tiles_n = triton.cdiv(n, block_n)
+        for per_sm in PROGRAMS_PER_SM:
+            wanted = min(MAX_SPLIT_K, max(1, triton.cdiv(per_sm * sms, tiles_n)))
+            _, splits = split_plan(k, block_k, wanted)
+            cfg = DecodeConfig(block_n, block_k, splits, warps, stages)
+            found[(block_n, block_k, splits, warps, stages)] = cfg
+    return list(found.values())
+
+
+_TUNED: dict[tuple, DecodeConfig] = {}  # GPU: (N, K, dtype, b layout, precision) -> fastest config
+
+
+def decode_config(a, b, c, row_index, input_precision: str) -> DecodeConfig:
+    """The config for this shape: fixed under the interpreter; timed once per shape class on a GPU.
+
+    The key leaves out M on purpose: every decode batch size uses the same split and tile, so a row's
+    result does not depend on how many other rows share the step.
+    """
+    if INTERPRETER or c.device.type != "cuda":
+        return INTERPRETER_CONFIG
+    n, k = c.shape[1], a.shape[1]
+    key = (n, k, a.dtype, b.stride(1) == 1, input_precision, row_index is not None)
+    cfg = _TUNED.get(key)
+    if cfg is None:
+        candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device))
+        times = [
+            triton.testing.do_bench(lambda cand=cand: _launch(a, b, c, row_index, cand, input_precision), warmup=5, rep=25)
+            for cand in candidates
+        ]
+        cfg = _TUNED[key] = candidates[times.index(min(times))]
+    return cfg
+
+
+def matmul_decode(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    *,
+    row_index: torch.Tensor | None = None,
+    input_precision: str = "ieee",
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """c = a @ b (or a[row_index] @ b) for M <= 16 rows, written into c [M, N] (contiguous); returns c.
+
+    a and b are checked by `kernels.matmul.matmul`, which calls this for decode shapes: a [M_in, K] and
+    b [K, N] of one float dtype, any strides. input_precision: tl.dot's for fp32 inputs ("ieee"/"tf32").
+    config: a fixed config (default: `decode_config`).
+    """
+    m = c.shape[0]
+    if m > BLOCK_M:
+        raise KernelInputError(f"matmul_decode: {m} rows; the decode kernel takes at most {BLOCK_M}")
+    check_contiguous("matmul_decode", "c", c)
+    check_shape("matmul_decode", "c", c, (None, b.shape[1]))
+    if m == 0 or c.shape[1] == 0:
+        return c
+    if a.shape[1] == 0:
+        return c.zero_()
+    cfg = config or decode_config(a, b, c, row_index, input_precision)
+    _launch(a, b, c, row_index, cfg, input_precision)
+    return c
