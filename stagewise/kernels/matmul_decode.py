@@ -99,15 +99,20 @@ class DecodeConfig:
             )
 
 
+def _cdiv(x: int, y: int) -> int:
+    """Ceil division on the host (triton.cdiv is a constexpr_function in triton 3.9: ~100x slower to call)."""
+    return -(-x // y)
+
+
 def split_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     """(k_per_split, num_splits): each split walks k_per_split (a multiple of block_k) of K, the last one less.
 
     Asking for split_k ranges can give fewer: K = 4096 in 128-deep steps is 32 steps; 9 ranges of 4 steps
     would leave the 9th empty, so it becomes 8 ranges of 4 steps. No split is ever empty.
     """
-    steps = triton.cdiv(k, block_k)
-    k_per_split = triton.cdiv(steps, min(split_k, steps)) * block_k
-    return k_per_split, triton.cdiv(k, k_per_split)
+    steps = _cdiv(k, block_k)
+    k_per_split = _cdiv(steps, min(split_k, steps)) * block_k
+    return k_per_split, _cdiv(k, k_per_split)
 
 
 @triton.jit
@@ -198,10 +203,15 @@ def split_k_sum(partials: torch.Tensor, c: torch.Tensor) -> None:
     check_contiguous("matmul_decode", "partials", partials)
     check_contiguous("matmul_decode", "c", c)
     if partials.dtype != torch.float32 or partials.dim() != 3:
-        raise KernelInputError(f"matmul_decode: partials must be 3-D float32, got {partials.dtype} {list(partials.shape)}")
+        raise KernelInputError(f"matmul_decode: partials must be 3-D float32, got {partials.dtype} {partials.shape}")
     check_shape("matmul_decode", "c", c, tuple(partials.shape[1:]))
+    _sum_partials(partials, c)
+
+
+def _sum_partials(partials: torch.Tensor, c: torch.Tensor) -> None:
+    """split_k_sum without the checks, for the decode launcher that made both tensors."""
     numel = c.numel()
-    _split_k_sum_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](
+    _split_k_sum_kernel[(_cdiv(numel, REDUCE_BLOCK),)](
         partials_ptr=partials,
         c_ptr=c,
         NUMEL=numel,
@@ -220,7 +230,7 @@ def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None
     else:
         out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
         stride_os = out.stride(0)
-    _decode_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+    _decode_kernel[(_cdiv(n, cfg.block_n), splits)](
         a_ptr=a,
         b_ptr=b,
         out_ptr=out,
@@ -246,7 +256,7 @@ def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None
         num_stages=cfg.num_stages,
     )
     if splits > 1:
-        split_k_sum(out, c)
+        _sum_partials(out, c)
 
 
 # Under the interpreter: 128-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2 steps.
@@ -276,9 +286,9 @@ def gpu_candidates(n: int, k: int, element_size: int, sms: int) -> list[DecodeCo
     for block_n, block_k, warps, stages in GPU_TILES:
         per_stage = shared_memory_bytes(DecodeConfig(block_n, block_k, 1, warps, 1), element_size)
         stages = max(1, min(stages, 1 + SMEM_BUDGET // per_stage))
-        tiles_n = triton.cdiv(n, block_n)
+        tiles_n = _cdiv(n, block_n)
         for per_sm in PROGRAMS_PER_SM:
-            wanted = min(MAX_SPLIT_K, max(1, triton.cdiv(per_sm * sms, tiles_n)))
+            wanted = min(MAX_SPLIT_K, max(1, _cdiv(per_sm * sms, tiles_n)))
             _, splits = split_plan(k, block_k, wanted)
             cfg = DecodeConfig(block_n, block_k, splits, warps, stages)
             found[(block_n, block_k, splits, warps, stages)] = cfg
@@ -301,12 +311,14 @@ def decode_config(a, b, c, row_index, input_precision: str) -> DecodeConfig:
     cfg = _TUNED.get(key)
     if cfg is None:
         candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device))
-        times = [
-            triton.testing.do_bench(lambda cand=cand: _launch(a, b, c, row_index, cand, input_precision), warmup=5, rep=25)
-            for cand in candidates
-        ]
+        times = [_time_ms(a, b, c, row_index, cand, input_precision) for cand in candidates]
         cfg = _TUNED[key] = candidates[times.index(min(times))]
     return cfg
+
+
+def _time_ms(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> float:
+    """GPU milliseconds of one decode GEMM with cfg, reduce included (do_bench flushes L2 between runs)."""
+    return triton.testing.do_bench(lambda: _launch(a, b, c, row_index, cfg, input_precision), warmup=5, rep=25)
 
 
 def matmul_decode(
@@ -327,8 +339,9 @@ def matmul_decode(
     m = c.shape[0]
     if m > BLOCK_M:
         raise KernelInputError(f"matmul_decode: {m} rows; the decode kernel takes at most {BLOCK_M}")
-    check_contiguous("matmul_decode", "c", c)
-    check_shape("matmul_decode", "c", c, (None, b.shape[1]))
+    if not c.is_contiguous() or c.dim() != 2 or c.shape[1] != b.shape[1]:  # cheap test first: this runs per call
+        check_contiguous("matmul_decode", "c", c)
+        check_shape("matmul_decode", "c", c, (None, b.shape[1]))
     if m == 0 or c.shape[1] == 0:
         return c
     if a.shape[1] == 0:
