@@ -26,9 +26,11 @@ every weight element is used by only M rows, so the GEMM is really a
 matrix-vector product, bound by how fast the weights stream from memory. A
 small BLOCK_M (16, the smallest `tl.dot` accepts) wastes little work on padded
 rows, and wide BLOCK_N / deep BLOCK_K tiles give each program long contiguous
-weight reads. In prefill M is thousands of tokens: each weight element is
-reused M times, the GEMM is compute bound, and large square-ish tiles maximise
-the flops per byte loaded into shared memory.
+weight reads. `matmul` hands these shapes (M <= 16, no fixed config) to the
+split-K kernel in `kernels/matmul_decode.py`, which also cuts K into ranges
+so that enough programs stream the weights at once. In prefill M is thousands
+of tokens: each weight element is reused M times, the GEMM is compute bound,
+and large square-ish tiles maximise the flops per byte loaded into shared memory.
 
 Configs. In Triton's CPU interpreter there is no driver, so `@triton.autotune`
 with several configs cannot run: `gemm_config` picks one fixed config per shape

@@ -13,8 +13,10 @@ Weights have the shape [in, out] so the code reads `x @ w`, like the math
 
 Optimized: a tiled Triton GEMM (`kernels/matmul.py`) with fp32 accumulation and
 grouped program ordering, so tiles running together share rows of x and
-columns of w_qkv in L2. Decode steps (few tokens) use thin BLOCK_M=16 tiles,
-since there the GEMM is a memory-bound matrix-vector product over the weights.
+columns of w_qkv in L2. Decode steps (M <= 16 tokens) are a memory-bound
+matrix-vector product over the weights: they run a split-K kernel
+(`kernels/matmul_decode.py`) whose programs each stream one range of K of a
+thin tile of columns, so every SM has weight loads in flight.
 """
 
 import torch
