@@ -95,6 +95,10 @@ for name, stage in STAGES.items():
 # * **qkv_proj, o_proj** (`kernels/matmul.py`): a **tiled** GEMM with fp32
 #   accumulation and grouped tile order: each loaded weight tile is reused by
 #   a whole tile of rows, and neighbouring tiles share what is in L2.
+#   Decode shapes (M <= 16 rows) go to a **split-K** kernel
+#   (`kernels/matmul_decode.py`): K is cut into ranges, one program per
+#   (columns, range), so enough programs stream the weights at once; the
+#   fp32 partials are added in a fixed order, so results are deterministic.
 # * **rope** (`kernels/rope.py`): in place on the strided q/k views of the
 #   fused QKV output: read once, written once, nothing allocated.
 # * **kv_store** (`kernels/kv_store.py`): one scatter through `slot_mapping`,
