@@ -259,8 +259,8 @@ def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None
         _sum_partials(out, c)
 
 
-# Under the interpreter: 128-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2 steps.
-INTERPRETER_CONFIG = DecodeConfig(block_n=128, block_k=64, split_k=2)
+# Under the interpreter: 256-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2 steps.
+INTERPRETER_CONFIG = DecodeConfig(block_n=256, block_k=64, split_k=2)
 # On a GPU: (block_n, block_k, num_warps, num_stages) tiles; each gets SPLIT_K for every PROGRAMS_PER_SM.
 GPU_TILES = [  # bf16 shared memory (see shared_memory_bytes): 60, 72, 72, 40 KB
     (64, 128, 4, 4),
