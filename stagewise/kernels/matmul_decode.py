@@ -316,6 +316,11 @@ def decode_config(a, b, c, row_index, input_precision: str) -> DecodeConfig:
     return cfg
 
 
+def tuned_configs() -> dict[tuple, DecodeConfig]:
+    """What the GPU tuner chose so far: (N, K, dtype, b row-major, precision, gather) -> config."""
+    return dict(_TUNED)
+
+
 def _time_ms(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> float:
     """GPU milliseconds of one decode GEMM with cfg, reduce included (do_bench flushes L2 between runs)."""
     return triton.testing.do_bench(lambda: _launch(a, b, c, row_index, cfg, input_precision), warmup=5, rep=25)
