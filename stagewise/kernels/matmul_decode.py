@@ -57,8 +57,9 @@ reduce kernel included, and keeps the fastest; its own small tuner rather than
 is (num_stages - 1) buffers of one [BLOCK_K, BLOCK_N] tile of b and one
 [16, BLOCK_K] tile of a (the pipeline keeps num_stages - 1 loads ahead of the
 dot; compiled for sm_80/89/90, `metadata.shared` matches this exactly).
-Candidates are cut to fit 96 KB, under sm_89's 99 KB (sm_80: 163 KB, sm_90:
-227 KB), so fp32 inputs get fewer stages.
+Candidates are cut to fit the GPU's opt-in limit less 8 KB (sm_89: 99 KB,
+sm_80: 163 KB, sm_90: 227 KB; 96 KB if torch does not say), so fp32 inputs
+and smaller GPUs get fewer stages.
 
 Interpreter quirks as in `kernels/matmul.py`: tiles are upcast to fp32 before
 the dot and bf16 stores are rounded by hand.
@@ -77,7 +78,8 @@ from stagewise.kernels.split_k import num_sms
 
 BLOCK_M = DECODE_MAX_M  # one tile-row of 16 covers every decode batch; tl.dot's minimum
 MAX_SPLIT_K = 16  # bounds the partial buffer [SPLIT_K, M, N] and the reduce's work
-SMEM_BUDGET = 96 * 1024  # bytes of shared memory a candidate may use: fits sm_89 (99 KB), sm_80, sm_90
+SMEM_BUDGET = 96 * 1024  # bytes of shared memory per program when the GPU's limit is unknown: fits sm_89 (99 KB)
+SMEM_HEADROOM = 8 * 1024  # kept free under the GPU's opt-in limit
 PROGRAMS_PER_SM = (2, 4)  # GPU candidates aim at these many programs per SM
 REDUCE_BLOCK = 1024  # output elements per program of the reduce kernel
 
@@ -262,11 +264,11 @@ def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None
 # Under the interpreter: 256-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2 steps.
 INTERPRETER_CONFIG = DecodeConfig(block_n=256, block_k=64, split_k=2)
 # On a GPU: (block_n, block_k, num_warps, num_stages) tiles; each gets SPLIT_K for every PROGRAMS_PER_SM.
-GPU_TILES = [  # bf16 shared memory (see shared_memory_bytes): 60, 72, 72, 40 KB
-    (64, 128, 4, 4),
-    (128, 128, 4, 3),
+GPU_TILES = [  # at most this many stages; bf16 shared memory (see shared_memory_bytes): 80, 108, 72, 50 KB
+    (64, 128, 4, 5),
+    (128, 128, 4, 4),  # 3 stages (72 KB) on sm_89
     (32, 256, 4, 4),
-    (64, 64, 2, 5),  # small: many programs resident per SM
+    (64, 64, 2, 6),  # small: many programs resident per SM
 ]
 
 
@@ -276,16 +278,22 @@ def shared_memory_bytes(cfg: DecodeConfig, element_size: int) -> int:
     return buffers * (cfg.block_k * cfg.block_n + BLOCK_M * cfg.block_k) * element_size
 
 
-def gpu_candidates(n: int, k: int, element_size: int, sms: int) -> list[DecodeConfig]:
+def smem_budget(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on this GPU: its opt-in limit less SMEM_HEADROOM."""
+    optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    return optin - SMEM_HEADROOM if optin else SMEM_BUDGET
+
+
+def gpu_candidates(n: int, k: int, element_size: int, sms: int, budget: int = SMEM_BUDGET) -> list[DecodeConfig]:
     """The configs the GPU tuner times for one shape: each tile, split for ~2 and ~4 programs per SM.
 
-    Stages are cut until the estimate fits SMEM_BUDGET (fp32 inputs get about half). A split never
+    Stages are cut until the estimate fits `budget` bytes (fp32 inputs get about half). A split never
     exceeds MAX_SPLIT_K or the number of BLOCK_K steps, and shapes with enough tiles of N get 1.
     """
     found: dict[tuple, DecodeConfig] = {}
     for block_n, block_k, warps, stages in GPU_TILES:
         per_stage = shared_memory_bytes(DecodeConfig(block_n, block_k, 1, warps, 1), element_size)
-        stages = max(1, min(stages, 1 + SMEM_BUDGET // per_stage))
+        stages = max(1, min(stages, 1 + budget // per_stage))
         tiles_n = _cdiv(n, block_n)
         for per_sm in PROGRAMS_PER_SM:
             wanted = min(MAX_SPLIT_K, max(1, _cdiv(per_sm * sms, tiles_n)))
@@ -310,7 +318,7 @@ def decode_config(a, b, c, row_index, input_precision: str) -> DecodeConfig:
     key = (n, k, a.dtype, b.stride(1) == 1, input_precision, row_index is not None)
     cfg = _TUNED.get(key)
     if cfg is None:
-        candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device))
+        candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device), smem_budget(c.device))
         times = [_time_ms(a, b, c, row_index, cand, input_precision) for cand in candidates]
         cfg = _TUNED[key] = candidates[times.index(min(times))]
     return cfg

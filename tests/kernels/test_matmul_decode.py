@@ -170,15 +170,22 @@ def test_a_rows_result_does_not_depend_on_its_batch():
 
 def test_gpu_candidates_fit_shared_memory_and_fill_the_gpu():
     sms = 132  # H200
-    for element_size in (2, 4):
-        for n, k in [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (200, 96)]:
-            for cfg in decode.gpu_candidates(n, k, element_size, sms):
-                assert decode.shared_memory_bytes(cfg, element_size) <= decode.SMEM_BUDGET, (n, k, cfg)
-                assert split_plan(k, cfg.block_k, cfg.split_k)[1] == cfg.split_k  # no empty split
+    for budget in (99 * 1024 - decode.SMEM_HEADROOM, decode.SMEM_BUDGET, 227 * 1024 - decode.SMEM_HEADROOM):
+        for element_size in (2, 4):
+            for n, k in [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (200, 96)]:
+                for cfg in decode.gpu_candidates(n, k, element_size, sms, budget):
+                    assert decode.shared_memory_bytes(cfg, element_size) <= budget, (budget, n, k, cfg)
+                    assert split_plan(k, cfg.block_k, cfg.split_k)[1] == cfg.split_k  # no empty split
+    # sm_89's 99 KB cuts the 128 x 128 tile (36 KB a stage in bf16) to 2 buffers; sm_90 keeps 3.
+    stages = {
+        b: {c.num_stages for c in decode.gpu_candidates(4096, 4096, 2, sms, b) if c.block_n == 128}
+        for b in (91 * 1024, 219 * 1024)
+    }
+    assert stages == {91 * 1024: {3}, 219 * 1024: {4}}
     # Llama-3-8B o_proj (N = K = 4096): 64 tiles of 64 columns; ~4 programs per SM asks for 9 splits of
     # 32 steps, which become 8 ranges of 4 steps: 512 programs instead of the unsplit 64.
     o_proj = decode.gpu_candidates(4096, 4096, 2, sms)
-    assert DecodeConfig(64, 128, 8, 4, 4) in o_proj
+    assert DecodeConfig(64, 128, 8, 4, 5) in o_proj
     assert max(-(-4096 // c.block_n) * c.split_k for c in o_proj) >= 2 * sms
     # The LM head's 128256 columns make >= 1002 tiles already: no split.
     assert {c.split_k for c in decode.gpu_candidates(128256, 4096, 2, sms)} == {1}
