@@ -90,7 +90,7 @@ class DecodeConfig:
     block_k: int  # depth of one step along K; power of two >= 16
     split_k: int  # K ranges (programs per tile of N); 1 = no split, the program stores c itself
     num_warps: int = 4  # GPU only: warps per program
-    num_stages: int = 3  # GPU only: tiles of b in flight per program (software pipelining)
+    num_stages: int = 3  # GPU only: software-pipelining depth (num_stages - 1 tiles of b loading ahead)
 
     def __post_init__(self) -> None:
         blocks = (self.block_n, self.block_k)
