@@ -359,6 +359,8 @@ def matmul_decode(
         return c
     if a.shape[1] == 0:
         return c.zero_()
+    if a.dtype != torch.float32:
+        input_precision = "tf32"  # no meaning for 16-bit inputs; the value `matmul` passes (one compiled variant)
     cfg = config or decode_config(a, b, c, row_index, input_precision)
     _launch(a, b, c, row_index, cfg, input_precision)
     return c
