@@ -48,11 +48,11 @@ def compile_decode(cfg: md.DecodeConfig, dtype: str, arch: int, precision: str, 
         "a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": "*fp32", "row_index_ptr": "*i64",
         "M": "i32", "N": "i32", "K": "i32", "K_PER_SPLIT": "i32", "stride_am": "i32", "stride_ak": "constexpr",
         "stride_bk": "i32", "stride_bn": "constexpr", "stride_os": "i32", "stride_om": "i32", "stride_on": "constexpr",
-        "GATHER": "constexpr", "INTERPRETED": "constexpr", "INPUT_PRECISION": "constexpr",
+        "GATHER": "constexpr", "INTERPRETED": "constexpr", "FP32_DOTS": "constexpr", "INPUT_PRECISION": "constexpr",
         "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
     }  # fmt: skip
     constants = {
-        **unit, "GATHER": gather, "INTERPRETED": False, "INPUT_PRECISION": precision,
+        **unit, "GATHER": gather, "INTERPRETED": False, "FP32_DOTS": dtype == "fp32", "INPUT_PRECISION": precision,
         "BLOCK_M": md.BLOCK_M, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
     }  # fmt: skip
     names = list(signature)

@@ -247,6 +247,10 @@ def matmul(
     if k == 0:
         return c.zero_()
     policy = dot_policy(a.dtype)
+    if config is None and m <= DECODE_MAX_M:  # decode: split-K over the weights (kernels/matmul_decode.py)
+        from stagewise.kernels.matmul_decode import matmul_decode  # imported here: it imports this module
+
+        return matmul_decode(a, b, c, row_index=row_index, policy=policy)
     args = dict(
         a_ptr=a,
         b_ptr=b,
@@ -267,10 +271,6 @@ def matmul(
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,  # fp32: TF32 exactly when torch.matmul may use it
     )
-    if config is None and m <= DECODE_MAX_M:  # decode: split-K over the weights (kernels/matmul_decode.py)
-        from stagewise.kernels.matmul_decode import matmul_decode  # imported here: it imports this module
-
-        return matmul_decode(a, b, c, row_index=row_index, input_precision=args["INPUT_PRECISION"])
     if INTERPRETER or config is not None:
         cfg = config or gemm_config(m, n, k)
         grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)

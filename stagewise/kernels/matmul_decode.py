@@ -61,8 +61,10 @@ Candidates are cut to fit the GPU's opt-in limit less 8 KB (sm_89: 99 KB,
 sm_80: 163 KB, sm_90: 227 KB; 96 KB if torch does not say), so fp32 inputs
 and smaller GPUs get fewer stages.
 
-Interpreter quirks as in `kernels/matmul.py`: tiles are upcast to fp32 before
-the dot and bf16 stores are rounded by hand.
+Dot precision follows `kernels/precision.py`, like `kernels/matmul.py`: 16-bit
+tiles take tensor-core dots with fp32 accumulation, fp32 tiles TF32 exactly
+when torch.matmul may use it; in the interpreter bf16 tiles are upcast to fp32
+before the dot (fp16 keeps its 16-bit dot) and bf16 stores are rounded by hand.
 """
 
 from dataclasses import dataclass
@@ -74,6 +76,7 @@ import triton.language as tl
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_contiguous, check_shape
 from stagewise.kernels.matmul import DECODE_MAX_M, round_to_bf16
+from stagewise.kernels.precision import DotPolicy, dot_policy
 from stagewise.kernels.split_k import num_sms
 
 BLOCK_M = DECODE_MAX_M  # one tile-row of 16 covers every decode batch; tl.dot's minimum
@@ -135,8 +138,9 @@ def _decode_kernel(
     stride_om,  # elements between rows of out
     stride_on,  # elements between columns of out
     GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
-    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: fp32 dots, bf16 rounded by hand
-    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 inputs: "ieee" or "tf32"
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 tiles: "ieee" or "tf32"
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -165,7 +169,7 @@ def _decode_kernel(
         k_left = k_stop - k  # valid depth in this step (the last step of K may be partial)
         a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
-        if INTERPRETED:
+        if FP32_DOTS:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
@@ -223,7 +227,7 @@ def _sum_partials(partials: torch.Tensor, c: torch.Tensor) -> None:
     )
 
 
-def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None:
+def _launch(a, b, c, row_index, cfg: DecodeConfig, policy: DotPolicy) -> None:
     """One decode GEMM with a given config: the split kernel, then (if split) the ordered reduce."""
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
@@ -250,7 +254,8 @@ def _launch(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> None
         stride_on=out.stride(-1),
         GATHER=row_index is not None,
         INTERPRETED=INTERPRETER,
-        INPUT_PRECISION=input_precision,
+        FP32_DOTS=policy.fp32_dots,
+        INPUT_PRECISION=policy.input_precision,
         BLOCK_M=BLOCK_M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -306,7 +311,7 @@ def gpu_candidates(n: int, k: int, element_size: int, sms: int, budget: int = SM
 _TUNED: dict[tuple, DecodeConfig] = {}  # GPU: (N, K, dtype, b layout, precision) -> fastest config
 
 
-def decode_config(a, b, c, row_index, input_precision: str) -> DecodeConfig:
+def decode_config(a, b, c, row_index, policy: DotPolicy) -> DecodeConfig:
     """The config for this shape: fixed under the interpreter; timed once per shape class on a GPU.
 
     The key leaves out M on purpose: every decode batch size uses the same split and tile, so a row's
@@ -315,11 +320,11 @@ def decode_config(a, b, c, row_index, input_precision: str) -> DecodeConfig:
     if INTERPRETER or c.device.type != "cuda":
         return INTERPRETER_CONFIG
     n, k = c.shape[1], a.shape[1]
-    key = (n, k, a.dtype, b.stride(1) == 1, input_precision, row_index is not None)
+    key = (n, k, a.dtype, b.stride(1) == 1, policy.input_precision, row_index is not None)
     cfg = _TUNED.get(key)
     if cfg is None:
         candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device), smem_budget(c.device))
-        times = [_time_ms(a, b, c, row_index, cand, input_precision) for cand in candidates]
+        times = [_time_ms(a, b, c, row_index, cand, policy) for cand in candidates]
         cfg = _TUNED[key] = candidates[times.index(min(times))]
     return cfg
 
@@ -329,9 +334,9 @@ def tuned_configs() -> dict[tuple, DecodeConfig]:
     return dict(_TUNED)
 
 
-def _time_ms(a, b, c, row_index, cfg: DecodeConfig, input_precision: str) -> float:
+def _time_ms(a, b, c, row_index, cfg: DecodeConfig, policy: DotPolicy) -> float:
     """GPU milliseconds of one decode GEMM with cfg, reduce included (do_bench flushes L2 between runs)."""
-    return triton.testing.do_bench(lambda: _launch(a, b, c, row_index, cfg, input_precision), warmup=5, rep=25)
+    return triton.testing.do_bench(lambda: _launch(a, b, c, row_index, cfg, policy), warmup=5, rep=25)
 
 
 def matmul_decode(
@@ -340,14 +345,14 @@ def matmul_decode(
     c: torch.Tensor,
     *,
     row_index: torch.Tensor | None = None,
-    input_precision: str = "ieee",
+    policy: DotPolicy | None = None,
     config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """c = a @ b (or a[row_index] @ b) for M <= 16 rows, written into c [M, N] (contiguous); returns c.
 
     a and b are checked by `kernels.matmul.matmul`, which calls this for decode shapes: a [M_in, K] and
-    b [K, N] of one float dtype, any strides. input_precision: tl.dot's for fp32 inputs ("ieee"/"tf32").
-    config: a fixed config (default: `decode_config`).
+    b [K, N] of one float dtype, any strides. policy: the dot precision (default: `dot_policy(a.dtype)`,
+    what matmul passes). config: a fixed config (default: `decode_config`).
     """
     m = c.shape[0]
     if m > BLOCK_M:
@@ -359,8 +364,7 @@ def matmul_decode(
         return c
     if a.shape[1] == 0:
         return c.zero_()
-    if a.dtype != torch.float32:
-        input_precision = "tf32"  # no meaning for 16-bit inputs; the value `matmul` passes (one compiled variant)
-    cfg = config or decode_config(a, b, c, row_index, input_precision)
-    _launch(a, b, c, row_index, cfg, input_precision)
+    policy = policy or dot_policy(a.dtype)
+    cfg = config or decode_config(a, b, c, row_index, policy)
+    _launch(a, b, c, row_index, cfg, policy)
     return c
