@@ -3,12 +3,50 @@
 `ModelConfig` names every dimension the stages use; the shape annotations in
 the code use the same names (T = num_tokens, H = num_heads, Hkv = num_kv_heads,
 d = head_dim). Presets cover the default model, a tiny random model for tests,
-and shape-only Llama 3 models that run on the `meta` device.
+and shape-only Llama 3 / 3.1 / 3.2 models that run on the `meta` device.
 """
 
 from dataclasses import dataclass, replace
 
 from stagewise.errors import StagewiseError
+
+
+ROPE_SCALING_KINDS = ("linear", "llama3", "freq_factors")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a long-context model stretches RoPE's angles (`stages/rope.py` shows the formulas).
+
+    - "linear": every inverse frequency divided by `factor` (positions squeezed by `factor`).
+    - "llama3" (Llama 3.1 / 3.2 / 3.3): high frequencies kept, low frequencies divided by
+      `factor`, a smooth blend in between, set by the wavelength compared with the
+      pre-training context `original_max_position_embeddings`.
+    - "freq_factors": one divisor per frequency, as llama.cpp stores llama3 scaling in a
+      GGUF (`rope_freqs.weight`, computed by its converter from the four numbers above).
+    """
+
+    kind: str  # one of ROPE_SCALING_KINDS
+    factor: float = 1.0  # linear and llama3: how much longer the context became
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original / low_freq_factor get the full factor
+    high_freq_factor: float = 4.0  # llama3: wavelengths below original / high_freq_factor stay unscaled
+    original_max_position_embeddings: int = 8192  # llama3: the context length of pre-training
+    freq_factors: tuple[float, ...] = ()  # freq_factors: divisor of each of the rotary_dim / 2 frequencies
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALING_KINDS:
+            raise StagewiseError(f"RoPE scaling '{self.kind}' is not supported; known: {', '.join(ROPE_SCALING_KINDS)}")
+        if self.kind == "freq_factors" and not self.freq_factors:
+            raise StagewiseError("RoPE scaling 'freq_factors' needs one factor per frequency")
+        if self.kind == "llama3" and not self.low_freq_factor < self.high_freq_factor:
+            raise StagewiseError("llama3 RoPE scaling needs low_freq_factor < high_freq_factor")
+
+
+# Llama 3.1 / 3.2 / 3.3's `rope_scaling` in config.json (all sizes use the same numbers).
+LLAMA31_ROPE_SCALING = RopeScaling(
+    kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+LLAMA32_ROPE_SCALING = replace(LLAMA31_ROPE_SCALING, factor=32.0)  # Llama 3.2 1B and 3B
 
 
 @dataclass(frozen=True)
@@ -25,6 +63,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5  # epsilon inside RMSNorm's rsqrt
     max_position_embeddings: int = 2048  # rows of cos_sin_cache; the longest sequence
     tie_word_embeddings: bool = True  # LM head reuses the embedding matrix
+    rope_scaling: RopeScaling | None = None  # long-context RoPE scaling (Llama 3.1+); None = plain RoPE
     shape_only: bool = False  # True for presets that only exist on the meta device
 
     def __post_init__(self) -> None:
@@ -126,6 +165,7 @@ PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=False,
         shape_only=True,
     ),
+    # Llama 3.1 405B (the seeds' model): 128k context through llama3 RoPE scaling.
     "llama-3-405b": ModelConfig(
         name="llama-3-405b",
         vocab_size=128256,
@@ -138,6 +178,38 @@ PRESETS: dict[str, ModelConfig] = {
         rope_theta=500000.0,
         max_position_embeddings=131072,
         tie_word_embeddings=False,
+        rope_scaling=LLAMA31_ROPE_SCALING,
+        shape_only=True,
+    ),
+    # Llama 3.2 1B and 3B (meta-llama/Llama-3.2-1B, -3B config.json): tied embeddings, factor-32 llama3 RoPE.
+    "llama-3.2-1b": ModelConfig(
+        name="llama-3.2-1b",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        rope_scaling=LLAMA32_ROPE_SCALING,
+        shape_only=True,
+    ),
+    "llama-3.2-3b": ModelConfig(
+        name="llama-3.2-3b",
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        rope_scaling=LLAMA32_ROPE_SCALING,
         shape_only=True,
     ),
 }

@@ -19,10 +19,13 @@ from stagewise.models.tokenizer import Tokenizer
 CFG = PRESETS["tiny"]
 
 
-def hf_tiny_model(seed: int = 0, tie: bool = True) -> LlamaForCausalLM:
+def hf_tiny_model(
+    seed: int = 0, tie: bool = True, rope_scaling: dict | None = None, vocab_size: int = CFG.vocab_size
+) -> LlamaForCausalLM:
+    """`rope_scaling`: config.json's dict ({"rope_type": "llama3", ...}), None for plain RoPE."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=CFG.vocab_size,
+        vocab_size=vocab_size,
         hidden_size=CFG.hidden_size,
         intermediate_size=CFG.intermediate_size,
         num_hidden_layers=CFG.num_layers,
@@ -36,6 +39,7 @@ def hf_tiny_model(seed: int = 0, tie: bool = True) -> LlamaForCausalLM:
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
+        rope_scaling=rope_scaling,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # trained-model scales, so attention and every norm visibly matter
@@ -71,8 +75,27 @@ def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, 2, out_f // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, model: LlamaForCausalLM, arch: str = "llama") -> Path:
+def write_tiny_bpe_tokenizer(w: gguf.GGUFWriter) -> None:
+    """The tiny byte-level BPE vocabulary as llama.cpp writes a "gpt2" tokenizer."""
     tok = Tokenizer.tiny()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tok.pre)
+    w.add_token_list(tok.tokens)
+    w.add_token_types([3 if t in tok.special_tokens else 1 for t in tok.tokens])
+    w.add_token_merges([f"{a} {b}" for a, b in tok.merges])
+    w.add_bos_token_id(tok.bos_id)
+    w.add_eos_token_id(tok.eos_id)
+    w.add_chat_template(tok.chat_template)
+
+
+def write_gguf(
+    path: Path,
+    model: LlamaForCausalLM,
+    arch: str = "llama",
+    write_tokenizer=write_tiny_bpe_tokenizer,
+    rope_freqs: np.ndarray | None = None,
+) -> Path:
+    """`write_tokenizer(writer)` adds the tokenizer.ggml.* keys; `rope_freqs` is llama.cpp's llama3 tensor."""
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(CFG.num_layers)
@@ -84,14 +107,9 @@ def write_gguf(path: Path, model: LlamaForCausalLM, arch: str = "llama") -> Path
     w.add_rope_freq_base(CFG.rope_theta)
     w.add_layer_norm_rms_eps(CFG.rms_norm_eps)
     w.add_rope_dimension_count(CFG.head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tok.pre)
-    w.add_token_list(tok.tokens)
-    w.add_token_types([3 if t in tok.special_tokens else 1 for t in tok.tokens])
-    w.add_token_merges([f"{a} {b}" for a, b in tok.merges])
-    w.add_bos_token_id(tok.bos_id)
-    w.add_eos_token_id(tok.eos_id)
-    w.add_chat_template(tok.chat_template)
+    write_tokenizer(w)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     # token_embd as Q8_0 (like SmolLM2's file), everything else float32
     q8 = gguf.quants.quantize(sd["model.embed_tokens.weight"], gguf.GGMLQuantizationType.Q8_0)
     w.add_tensor("token_embd.weight", q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)

@@ -11,6 +11,8 @@ Q8_0 for the default model; about a second), and rearrange:
 - llama.cpp's converter permutes the rows of W_q and W_k so that its RoPE can
   rotate interleaved pairs (2i, 2i+1). We undo that permutation here, head by
   head, and keep Hugging Face's rotate-half RoPE (pairs (i, i + d/2)).
+- Llama 3.1+ RoPE scaling arrives as a tensor of per-frequency divisors,
+  `rope_freqs.weight`; it becomes `config.rope_scaling` (`rope_scaling_from_gguf`).
 """
 
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stagewise.config import ModelConfig
+from stagewise.config import ModelConfig, RopeScaling
 from stagewise.errors import StagewiseError
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
@@ -70,7 +72,31 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         rms_norm_eps=float(field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=int(field(reader, "llama.context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
+        rope_scaling=rope_scaling_from_gguf(reader, name),
     )
+
+
+def rope_scaling_from_gguf(reader, name: str) -> RopeScaling | None:
+    """llama.cpp's two spellings of RoPE scaling -> RopeScaling or None.
+
+    Llama 3.1+ (llama3 scaling): the converter computes one divisor per frequency pair from
+    config.json's four numbers and stores them as the float32 tensor `rope_freqs.weight`
+    [head_dim / 2]. Linear scaling: the keys `llama.rope.scaling.type = "linear"` and
+    `llama.rope.scaling.factor` (older files: `llama.rope.scale_linear`).
+    """
+    from gguf.quants import dequantize
+
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        factors = np.asarray(dequantize(freqs.data, freqs.tensor_type), dtype=np.float32).reshape(-1)
+        return RopeScaling(kind="freq_factors", freq_factors=tuple(float(f) for f in factors))
+    kind = field(reader, "llama.rope.scaling.type", "none")
+    factor = field(reader, "llama.rope.scaling.factor") or field(reader, "llama.rope.scale_linear")
+    if kind == "linear" or (kind == "none" and factor not in (None, 1.0)):
+        return RopeScaling(kind="linear", factor=float(factor))
+    if kind == "none":
+        return None
+    raise StagewiseError(f"{name}: RoPE scaling '{kind}' is not supported; known: none, linear, rope_freqs (llama3)")
 
 
 def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from stagewise.config import ModelConfig
+from stagewise.config import ModelConfig, RopeScaling
 from stagewise.errors import StagewiseError
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
@@ -29,9 +29,6 @@ def config_from_hf(path: Path) -> ModelConfig:
         kind = cfg.get("model_type") or ", ".join(archs) or "unknown"
         raise StagewiseError(f"{path}: model type '{kind}' is not supported; stagewise runs Llama models")
     rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope_params.get("rope_type", rope_params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise StagewiseError(f"{path}: RoPE scaling '{rope_type}' is not supported; only plain RoPE is")
     heads = cfg["num_attention_heads"]
     return ModelConfig(
         name=str(path),
@@ -46,7 +43,32 @@ def config_from_hf(path: Path) -> ModelConfig:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_scaling=rope_scaling_from_hf(rope_params, cfg, path),
     )
+
+
+def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | None:
+    """config.json's `rope_scaling` (transformers >= 5: `rope_parameters`) -> RopeScaling or None.
+
+    `{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}` is Llama 3.2's; older files spell the key "type".
+    """
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=float(params["factor"]))
+    if kind == "llama3":
+        return RopeScaling(
+            kind="llama3",
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(
+                params.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 8192)
+            ),
+        )
+    raise StagewiseError(f"{path}: RoPE scaling '{kind}' is not supported; known: default, linear, llama3")
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -41,7 +41,7 @@ class LlamaModel:
         cfg = self.config
         # Precomputed rotation angles: [max_position, rotary_dim], float32 (space for time).
         self.cos_sin_cache = build_cos_sin_cache(
-            cfg.max_position_embeddings, cfg.rotary_dim, cfg.rope_theta, self.device
+            cfg.max_position_embeddings, cfg.rotary_dim, cfg.rope_theta, self.device, scaling=cfg.rope_scaling
         )
         self.scale = cfg.head_dim**-0.5
 

@@ -16,7 +16,9 @@ rule here is correct for weights from either source.
 The angles are precomputed once (space for time, as in vLLM): row p of
 `cos_sin_cache` is [cos(p * f_0..f_{d/2-1}), sin(p * f_0..f_{d/2-1})], so a
 forward pass gathers rows by position instead of calling sin/cos millions of
-times.
+times. Long-context models (Llama 3.1+: `llama3`, or `linear`) rescale the
+frequencies before the cache is built (`inverse_frequencies`), so the stage
+and its kernel are unchanged.
 
 The Triton kernel (`kernels/rope.py`) rotates q and k *in place*: one program
 per tile of tokens (and block of heads) loads their q and k heads, gathers each
@@ -27,16 +29,61 @@ the naive path, which returns new tensors, `optimized` modifies q and k and
 returns those same objects; callers use the return value either way.
 """
 
+import math
+
 import torch
 
-from stagewise.config import ModelConfig
+from stagewise.config import ModelConfig, RopeScaling
+from stagewise.errors import StagewiseError
 from stagewise.stages.base import Stage
 
 
-def build_cos_sin_cache(max_position: int, rotary_dim: int, theta: float, device=None) -> torch.Tensor:
-    """-> [max_position, rotary_dim] float32: cos in the first half of each row, sin in the second."""
+def inverse_frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | None = None, device=None) -> torch.Tensor:
+    """-> [rotary_dim / 2] float32: the angle per position of each feature pair, `theta^(-2i/d)`, scaled.
+
+    Long-context models change only these numbers (the rotation itself stays the same):
+
+    - linear: `inv_freq / factor` for every pair, as if positions were `factor` times closer.
+    - llama3 (Llama 3.1+): a pair turns through one full circle every `wavelen = 2*pi / inv_freq`
+      positions. Pairs whose wavelength is short compared with the pre-training context
+      (`wavelen < original / high_freq_factor`) keep their frequency; pairs whose wavelength
+      exceeds it (`wavelen > original / low_freq_factor`) are divided by `factor`; in between,
+      `smooth = (original / wavelen - low) / (high - low)` blends the two:
+      `inv_freq * ((1 - smooth) / factor + smooth)`.
+    - freq_factors (llama.cpp's `rope_freqs.weight`): `inv_freq / freq_factors[i]`, the llama3
+      result precomputed per pair by llama.cpp's converter.
+    """
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
     inv_freq = 1.0 / (theta**exponents)  # [rotary_dim / 2]
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    if scaling.kind == "freq_factors":
+        factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device=device)
+        if factors.shape != inv_freq.shape:
+            raise StagewiseError(f"rope_freqs has {factors.numel()} factors, expected {inv_freq.numel()}")
+        return inv_freq / factors
+    # llama3
+    original = scaling.original_max_position_embeddings
+    low_wavelen = original / scaling.low_freq_factor  # longer than this: fully scaled
+    high_wavelen = original / scaling.high_freq_factor  # shorter than this: untouched
+    wavelen = 2 * math.pi / inv_freq  # [rotary_dim / 2] positions per full turn
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = inv_freq * ((1 - smooth) / scaling.factor + smooth)
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, blended)
+    return torch.where(wavelen < high_wavelen, inv_freq, scaled)  # [rotary_dim / 2]
+
+
+def build_cos_sin_cache(
+    max_position: int, rotary_dim: int, theta: float, device=None, scaling: RopeScaling | None = None
+) -> torch.Tensor:
+    """-> [max_position, rotary_dim] float32: cos in the first half of each row, sin in the second.
+
+    `scaling` (a model's `config.rope_scaling`) changes the frequencies only; the kernels read
+    the finished cache, so a scaled model needs no other change.
+    """
+    inv_freq = inverse_frequencies(rotary_dim, theta, scaling, device)  # [rotary_dim / 2]
     t = torch.arange(max_position, dtype=torch.float32, device=device)  # [max_position]
     freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim / 2]
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
@@ -78,7 +125,7 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     positions = torch.randint(0, max_position, (num_tokens,), generator=gen)
     q = torch.randn(num_tokens, config.num_heads, config.head_dim, generator=gen)
     k = torch.randn(num_tokens, config.num_kv_heads, config.head_dim, generator=gen)
-    cache = build_cos_sin_cache(max_position, config.rotary_dim, config.rope_theta)
+    cache = build_cos_sin_cache(max_position, config.rotary_dim, config.rope_theta, scaling=config.rope_scaling)
     return {
         "positions": positions.to(device),
         "q": q.to(device, dtype),
