@@ -37,6 +37,7 @@ from stagewise.errors import StagewiseError
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel, load_model
+from stagewise.stages.rope import describe_rope
 from stagewise.trace.hooks import active_tracer
 
 MODES = ("paged", "kv", "naive")
@@ -172,6 +173,7 @@ class LLM:
             "head_dim": cfg.head_dim,
             "intermediate_size": cfg.intermediate_size,
             "vocab_size": cfg.vocab_size,
+            "rope": describe_rope(cfg.rope_theta, cfg.rope_scaling),  # the cos_sin_cache's frequencies
             "max_model_len": self.max_model_len,
             "mode": self.mode,
             "backend": self.ops.describe(),

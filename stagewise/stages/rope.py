@@ -89,6 +89,22 @@ def build_cos_sin_cache(
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim]
 
 
+def describe_rope(theta: float, scaling: RopeScaling | None) -> str:
+    """One line for traces and headers: "theta 500000, llama3 x32 (pre-trained 8192, low 1, high 4)"."""
+    text = f"theta {theta:g}"
+    if scaling is None:
+        return text
+    if scaling.kind == "llama3":
+        return (
+            f"{text}, llama3 x{scaling.factor:g} (pre-trained {scaling.original_max_position_embeddings}, "
+            f"low {scaling.low_freq_factor:g}, high {scaling.high_freq_factor:g})"
+        )
+    if scaling.kind == "linear":
+        return f"{text}, linear x{scaling.factor:g}"
+    factors = scaling.freq_factors
+    return f"{text}, rope_freqs from the GGUF (divisors {min(factors):g}..{max(factors):g})"
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, d], cos/sin [T, 1, d] (each half repeated) -> rotated x, computed in float32.
 
