@@ -1,13 +1,21 @@
-"""The tokenizer's data: a GPT-2 style byte-level BPE vocabulary, loaded from the model's own files.
+"""The tokenizer's data, loaded from the model's own files, and decoding.
 
-`Tokenizer` holds what a model ships (token strings, merges in rank order,
-special tokens, bos/eos, the chat template) and knows how to turn ids back
-into text. Encoding is the `tokenize` stage (`stagewise.stages.tokenize`):
+Two kinds of vocabulary, named as llama.cpp's `tokenizer.ggml.model` names them:
+
+- "gpt2": GPT-2 style byte-level BPE (SmolLM2, Llama 3): token strings in a
+  byte alphabet, merges in rank order, a regex pre-tokenizer.
+- "llama": SentencePiece BPE (Llama 1/2, TinyLlama, Mistral): "▁" for spaces,
+  a score per piece (merges by score), `<0xNN>` byte-fallback tokens.
+
+`Tokenizer` holds what a model ships (tokens, merges or scores, literal tokens,
+bos/eos, the chat template) and turns ids back into text. Encoding is the
+`tokenize` stage (`stages/tokenize.py`, `stages/tokenize_sentencepiece.py`):
 `encode` only picks its naive or optimized path.
 
 Sources: a GGUF file (llama.cpp's `tokenizer.ggml.*` metadata), a Hugging
-Face directory (`tokenizer.json` + `tokenizer_config.json`), or `tiny()`, a
-512-token vocabulary trained on a built-in corpus for the tiny test model.
+Face directory (`tokenizer.json` + `tokenizer_config.json`, or only a
+SentencePiece `tokenizer.model`), or `tiny()`, a 512-token byte-level
+vocabulary trained on a built-in corpus for the tiny test model.
 """
 
 import codecs
@@ -23,10 +31,12 @@ import tokenizers
 
 from stagewise.config import PRESETS
 from stagewise.errors import StagewiseError
-from stagewise.models import bpe_train
+from stagewise.models import bpe_train, sentencepiece_files
 from stagewise.models.chat_template import CHATML_TEMPLATE, render_chat_template
 from stagewise.stages import tokenize as tokenize_stage
+from stagewise.stages import tokenize_sentencepiece as sp_stage
 
+TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE, SentencePiece BPE (llama.cpp's names)
 GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4  # llama.cpp token types that are matched literally, before BPE
 # `encode(backend=...)` -> stage path; "optimized" and "triton" are the names the rest of the package uses.
 ENCODE_BACKENDS = {
@@ -39,7 +49,7 @@ ENCODE_BACKENDS = {
 
 @dataclass(eq=False, repr=False)
 class Tokenizer:
-    """A byte-level BPE vocabulary and what goes with it; `encode` runs the tokenize stage."""
+    """A byte-level or SentencePiece BPE vocabulary and what goes with it; `encode` runs the tokenize stage."""
 
     tokens: list[str]  # id -> token in the byte alphabet ("Ġthe"); special tokens as written ("<|im_end|>")
     merges: list[tuple[str, str]]  # BPE merges in rank order (rank 0 was learned first)
@@ -51,6 +61,11 @@ class Tokenizer:
     pre: str = "gpt2"  # pre-tokenizer name, a key of `tokenize_stage.PRE_TOKENIZERS`
     add_bos: bool = False  # prepend bos_id when encoding (SmolLM2: False, its template writes the markers)
     ignore_merges: bool = False  # Llama 3: a piece that is already a token skips the merges
+    model: str = "gpt2"  # "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE); see TOKENIZER_MODELS
+    scores: list[float] | None = None  # llama: id -> piece score; the best-scoring pair merges first
+    token_types: list[int] | None = None  # llama: id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+    unk_id: int | None = None  # llama: the <unk> id, for characters without byte tokens
+    space_prefix: str = "sentencepiece"  # llama: where the dummy "▁" goes (sp_stage.SPACE_PREFIXES)
 
     def __repr__(self) -> str:  # the dataclass default would print all 49152 tokens
         return (
@@ -59,10 +74,16 @@ class Tokenizer:
         )
 
     def __post_init__(self) -> None:
+        if self.model not in TOKENIZER_MODELS:
+            raise StagewiseError(f"tokenizer model '{self.model}' is not supported; known: {', '.join(TOKENIZER_MODELS)}")
+        if self.model == "llama" and (self.scores is None or self.token_types is None):
+            raise StagewiseError("a SentencePiece ('llama') tokenizer needs scores and token types")
+        if self.model == "llama" and self.space_prefix not in sp_stage.SPACE_PREFIXES:
+            raise StagewiseError(f"unknown space prefix '{self.space_prefix}'; known: {', '.join(sp_stage.SPACE_PREFIXES)}")
         if self.pre not in tokenize_stage.PRE_TOKENIZERS:
             known = ", ".join(tokenize_stage.PRE_TOKENIZERS)
             raise StagewiseError(f"unsupported pre-tokenizer '{self.pre}'; supported: {known}")
-        for name in ("bos_id", "eos_id", "pad_id"):
+        for name in ("bos_id", "eos_id", "pad_id", "unk_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < len(self.tokens):
                 raise StagewiseError(f"{name} {value} is outside the vocabulary of {len(self.tokens)} tokens")
@@ -87,8 +108,17 @@ class Tokenizer:
             return fields[key].contents() if key in fields else default
 
         model = read("tokenizer.ggml.model")
+        common = {
+            "bos_id": read("tokenizer.ggml.bos_token_id"),
+            "eos_id": read("tokenizer.ggml.eos_token_id"),
+            "pad_id": read("tokenizer.ggml.padding_token_id"),
+            "chat_template": read("tokenizer.chat_template"),
+        }
+        if model == "llama":
+            return cls(model="llama", **common, **sentencepiece_files.from_gguf_fields(read, name))
         if model != "gpt2":
-            raise StagewiseError(f"{name}: tokenizer '{model}' is not supported; only gpt2 (byte-level BPE) is")
+            known = ", ".join(TOKENIZER_MODELS)
+            raise StagewiseError(f"{name}: tokenizer model '{model}' is not supported; known: {known}")
         tokens = read("tokenizer.ggml.tokens")
         token_types = read("tokenizer.ggml.token_type", [])
         literal_types = (GGUF_CONTROL, GGUF_USER_DEFINED)
@@ -98,10 +128,7 @@ class Tokenizer:
             tokens=tokens,
             merges=[tuple(merge.split(" ", 1)) for merge in read("tokenizer.ggml.merges", [])],
             special_tokens=special,
-            bos_id=read("tokenizer.ggml.bos_token_id"),
-            eos_id=read("tokenizer.ggml.eos_token_id"),
-            pad_id=read("tokenizer.ggml.padding_token_id"),
-            chat_template=read("tokenizer.chat_template"),
+            **common,
             pre=pre,
             add_bos=bool(read("tokenizer.ggml.add_bos_token", False)),
             ignore_merges=pre == "llama-bpe",  # llama.cpp does the same for Llama 3
@@ -109,12 +136,16 @@ class Tokenizer:
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> "Tokenizer":
-        """Read a Hugging Face `tokenizer.json` (byte-level BPE only) and `tokenizer_config.json`."""
+        """Read `tokenizer.json` (byte-level or SentencePiece BPE; else `tokenizer.model`) and its config."""
         path = Path(path)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
-            raise StagewiseError(f"no tokenizer.json in {path}")
+            if (path / "tokenizer.model").is_file():
+                return cls._sentencepiece(path, sentencepiece_files.read_model_proto(path / "tokenizer.model"))
+            raise StagewiseError(f"no tokenizer.json or tokenizer.model in {path}")
         spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+        if sentencepiece_files.is_sentencepiece_json(spec):
+            return cls._sentencepiece(path, sentencepiece_files.from_tokenizer_json(spec, str(tokenizer_file)))
         model = spec.get("model") or {}
         if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
             kind = f"{model.get('type')} model, {(spec.get('decoder') or {}).get('type')} decoder"
@@ -149,6 +180,22 @@ class Tokenizer:
             add_bos=bool(config.get("add_bos_token", bos_from_post is not None)),
             ignore_merges=bool(model.get("ignore_merges", False)),
         )
+
+    @classmethod
+    def _sentencepiece(cls, path: Path, fields: dict) -> "Tokenizer":
+        """A SentencePiece vocabulary plus tokenizer_config.json (bos/eos names, add_bos, chat template)."""
+        config, template = _read_hf_config(path)
+        lookup = {token: i for i, token in enumerate(fields["tokens"])}
+        for key in ("bos", "eos", "pad", "unk"):
+            value = config.get(f"{key}_token")
+            value = value.get("content") if isinstance(value, dict) else value
+            if value in lookup:
+                fields[f"{key}_id"] = lookup[value]
+        fields.setdefault("bos_id", lookup.get("<s>"))
+        fields.setdefault("eos_id", lookup.get("</s>"))
+        # tokenizer.json's post-processor decides; else the config; else True, Llama 2's default.
+        add_bos = bool(fields.pop("add_bos", config.get("add_bos_token", True))) and fields["bos_id"] is not None
+        return cls(model="llama", chat_template=template, add_bos=add_bos, **fields)
 
     @classmethod
     def tiny(cls) -> "Tokenizer":
@@ -209,12 +256,26 @@ class Tokenizer:
         return {}  # pre-tokenized piece -> ids, filled by the naive stage
 
     @functools.cached_property
+    def sp_scores(self) -> dict[str, float]:
+        """llama: the pieces a merge may build (normal tokens with a finite score) -> score."""
+        normal = sp_stage.NORMAL
+        pairs = zip(self.tokens, self.scores, self.token_types, strict=True)
+        return {token: score for token, score, kind in pairs if kind == normal and score != float("-inf")}
+
+    @functools.cached_property
+    def sp_pieces(self) -> dict[str, int]:
+        """llama: normal pieces -> id (a merged symbol outside this map falls back to bytes)."""
+        return {token: i for i, (token, kind) in enumerate(zip(self.tokens, self.token_types)) if kind == sp_stage.NORMAL}
+
+    @functools.cached_property
     def rust(self) -> tokenizers.Tokenizer:
         return tokenize_stage.build_rust_tokenizer(self)  # the optimized path's engine
 
     @functools.cached_property
     def token_bytes(self) -> list[bytes]:
         """id -> the bytes the token stands for (special tokens: their UTF-8 text)."""
+        if self.model == "llama":
+            return sp_stage.token_bytes(self.tokens, self.token_types)
         byte_of = {char: byte for byte, char in tokenize_stage.bytes_to_unicode().items()}
         special_ids = set(self.special_tokens.values())
         return [
@@ -232,15 +293,36 @@ class Tokenizer:
             raise StagewiseError(f"unknown tokenizer backend '{backend}'; use naive or fast")
         return ENCODE_BACKENDS[backend](text=text, tokenizer=self).tolist()
 
+    @property
+    def _utf8_errors(self) -> str:
+        """How invalid UTF-8 reads: byte-level BPE one U+FFFD per broken sequence (as the Rust
+        library), SentencePiece one per byte (as sentencepiece)."""
+        return sp_stage.PER_BYTE_ERRORS if self.model == "llama" else "replace"
+
+    @property
+    def strips_leading_space(self) -> bool:
+        """SentencePiece decoders drop the dummy prefix: one space at the start of the text."""
+        return self.model == "llama" and self.space_prefix != "none"
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`: join the tokens' bytes, then decode UTF-8 (broken sequences become U+FFFD)."""
-        return self._bytes_of(ids, skip_special_tokens).decode("utf-8", errors="replace")
+        """Text of `ids`: join the tokens' bytes, decode UTF-8 (broken bytes become U+FFFD), drop a dummy prefix."""
+        text = self._bytes_of(ids, skip_special_tokens).decode("utf-8", errors=self._utf8_errors)
+        return text[1:] if self.strips_leading_space and text.startswith(" ") else text
 
     def incremental_decoder(self, skip_special_tokens: bool = False) -> "IncrementalDecoder":
         return IncrementalDecoder(self, skip_special_tokens)
 
+    @functools.cached_property
+    def skipped_ids(self) -> frozenset[int]:
+        """Ids `skip_special_tokens` drops: the literal tokens (SentencePiece: control and unknown only,
+        its user-defined tokens are text, as transformers treats them)."""
+        if self.model == "llama":
+            skipped = (sp_stage.CONTROL, sp_stage.UNKNOWN)
+            return frozenset(i for i in self.special_tokens.values() if self.token_types[i] in skipped)
+        return frozenset(self.special_tokens.values())
+
     def _bytes_of(self, ids: Iterable[int], skip_special_tokens: bool) -> bytes:
-        special_ids = set(self.special_tokens.values()) if skip_special_tokens else set()
+        special_ids = self.skipped_ids if skip_special_tokens else frozenset()
         table = self.token_bytes
         out = []
         for token_id in ids:
@@ -272,22 +354,31 @@ class IncrementalDecoder:
     A token can end in the middle of a multi-byte UTF-8 character (an emoji is
     often split over several byte tokens); those bytes are held back until the
     character is complete. Python's incremental UTF-8 decoder does that and
-    replaces invalid bytes the same way `bytes.decode` does, so the pieces
-    (plus `finish()`) concatenate to exactly `tokenizer.decode(all_ids)`.
+    replaces invalid bytes the same way `bytes.decode` does (SentencePiece's
+    `<0xNN>` tokens are such bytes too). A SentencePiece decoder also drops one
+    leading space, so the first character that comes out is checked once. The
+    pieces (plus `finish()`) concatenate to exactly `tokenizer.decode(all_ids)`.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors=tokenizer._utf8_errors)
+        self._at_start = tokenizer.strips_leading_space  # the first character may be the dummy prefix
 
     def add(self, token_id: int) -> str:
         """Append one id; return the text it completes ("" while a character is incomplete)."""
-        return self._utf8.decode(self.tokenizer._bytes_of([token_id], self.skip_special_tokens))
+        return self._strip(self._utf8.decode(self.tokenizer._bytes_of([token_id], self.skip_special_tokens)))
 
     def finish(self) -> str:
         """End of stream: flush held-back bytes (an unfinished character becomes U+FFFD)."""
-        return self._utf8.decode(b"", final=True)
+        return self._strip(self._utf8.decode(b"", final=True))
+
+    def _strip(self, text: str) -> str:
+        if self._at_start and text:
+            self._at_start = False
+            return text[1:] if text.startswith(" ") else text
+        return text
 
 
 def _read_hf_config(path: Path) -> tuple[dict, str | None]:

@@ -1,4 +1,4 @@
-"""Tokenize: text -> token ids, with GPT-2 style byte-level BPE.
+"""Tokenize: text -> token ids, with GPT-2 style byte-level BPE (SentencePiece: `tokenize_sentencepiece.py`).
 
 Shapes: a Python string -> int64 `[num_tokens]`.
 
@@ -49,6 +49,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from stagewise.config import ModelConfig
 from stagewise.errors import StagewiseError
+from stagewise.stages import tokenize_sentencepiece
 from stagewise.stages.base import Stage
 
 if TYPE_CHECKING:  # the tokenizer module imports this one; no import cycle at run time
@@ -184,6 +185,8 @@ def piece_to_ids(piece: str, tokenizer: "Tokenizer") -> list[int]:
 
 def naive(text: str, tokenizer: "Tokenizer") -> torch.Tensor:
     """Pure-Python byte-level BPE: special tokens, pre-tokenize, byte map, merge by rank, look up."""
+    if tokenizer.model == "llama":  # SentencePiece BPE: ▁, merge by score, byte fallback
+        return tokenize_sentencepiece.naive(text, tokenizer)
     ids = [tokenizer.bos_id] if tokenizer.add_bos else []
     for chunk, is_special in split_special_tokens(text, tokenizer.special_tokens):
         if is_special:
@@ -238,6 +241,8 @@ def pre_name_from_hf(pre_json: dict | None) -> str:
 
 def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
     """A Rust `tokenizers.Tokenizer` with the same vocab, merges, pre-tokenizer and special tokens."""
+    if tokenizer.model == "llama":
+        return tokenize_sentencepiece.build_rust_tokenizer(tokenizer)
     vocab = {token: token_id for token_id, token in enumerate(tokenizer.tokens)}
     bpe = models.BPE(vocab=vocab, merges=list(tokenizer.merges), ignore_merges=tokenizer.ignore_merges)
     rust = tokenizers.Tokenizer(bpe)

@@ -1,0 +1,207 @@
+"""Tokenize, SentencePiece flavour: text -> token ids the way Llama 1/2, TinyLlama and Mistral do it.
+
+Shapes: a Python string -> int64 `[num_tokens]` (the same stage as `tokenize.py`; the
+`tokenize` stage hands a tokenizer with `model == "llama"` to the functions here).
+
+SentencePiece BPE differs from GPT-2's byte-level BPE in four ways, and the
+naive path below does each of them in plain Python:
+
+1. Literal tokens first. Control tokens (`<s>`, `</s>`), the unknown token
+   `<unk>` and user-defined tokens are matched in the raw text (longest match
+   wins) and become their own id, exactly as in byte-level BPE.
+2. Spaces become a visible character, "▁" (U+2581), and every text chunk
+   gets a "dummy prefix" "▁", so "Hello world" is spelled "▁Hello▁world" and
+   the first word looks like every other word. There is no regex
+   pre-tokenizer: the chunk is one sequence of characters, and a piece may
+   only hold "▁" at its start because training never built one that does not.
+   Where the "▁" goes is `SPACE_PREFIXES` (sentencepiece and llama.cpp: before
+   every text chunk; Hugging Face's Metaspace: not when the chunk already
+   starts with a space, and with "first" only at the start of the input).
+3. Merge by score, not by a merge list. Start from single characters; among
+   all adjacent pairs whose concatenation is a vocabulary piece, merge the one
+   whose piece has the highest score (the leftmost on a tie), one pair at a
+   time, until no adjacent pair forms a piece.
+4. Byte fallback. A symbol that is not a piece (a character never seen in
+   training: "Ž", an emoji, ...) is written as its UTF-8 bytes, one `<0xNN>`
+   token per byte (`<unk>` only if the vocabulary lacks byte tokens).
+
+Decoding undoes it: "▁" -> " ", runs of `<0xNN>` tokens -> their bytes, read
+as UTF-8 (a byte that starts no valid character becomes U+FFFD, one per byte,
+as sentencepiece does), and one leading space is dropped (the dummy prefix).
+`token_bytes` gives each id's bytes; `models/tokenizer.py` does the rest.
+
+The optimized path builds a Rust `tokenizers` BPE model with `byte_fallback`
+from the same vocabulary. Rust BPE needs a merge list, so `merges_from_scores`
+writes one (every split of every piece into two pieces, ordered by the piece's
+score, as transformers' converter does). One difference remains by design: when
+two *different* pairs form pieces of *equal* score, sentencepiece merges the
+leftmost and Rust the lower-ranked; real vocabularies give every piece its own
+score, so this does not arise there.
+"""
+
+import codecs
+from typing import TYPE_CHECKING
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from stagewise.errors import StagewiseError
+
+if TYPE_CHECKING:
+    from stagewise.models.tokenizer import Tokenizer as StagewiseTokenizer
+
+SPACE = "\u2581"  # "▁", SentencePiece's visible space
+# Token types, numbered as in sentencepiece's model proto and llama.cpp's GGUF `tokenizer.ggml.token_type`.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+LITERAL_TYPES = (UNKNOWN, CONTROL, USER_DEFINED)  # matched in the raw text before BPE (as llama.cpp does)
+# Where the dummy-prefix "▁" goes:
+SPACE_PREFIXES = {
+    "sentencepiece": "before every text chunk (sentencepiece, llama.cpp, HF's legacy Prepend normalizer)",
+    "metaspace-always": "before every text chunk that does not already start with a space (HF Metaspace)",
+    "metaspace-first": "before the input's first chunk, unless it starts with a space (HF Metaspace 'first')",
+    "none": "never (add_space_prefix = false)",
+}
+PER_BYTE_ERRORS = "stagewise-per-byte"  # decode error handler: one U+FFFD per invalid byte, like sentencepiece
+
+
+def _one_replacement_per_byte(err: UnicodeDecodeError) -> tuple[str, int]:
+    return "\ufffd" * (err.end - err.start), err.end
+
+
+codecs.register_error(PER_BYTE_ERRORS, _one_replacement_per_byte)
+
+
+def byte_token(byte: int) -> str:
+    """The fallback token of one byte: 0x0A -> "<0x0A>"."""
+    return f"<0x{byte:02X}>"
+
+
+def byte_value(token: str) -> int | None:
+    """Inverse of `byte_token` ("<0x0A>" -> 10), None for any other token."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return int(token[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def add_space_prefix(chunk: str, scheme: str, at_input_start: bool) -> str:
+    """Spell one text chunk the SentencePiece way: dummy prefix, then every " " -> "▁"."""
+    if scheme not in SPACE_PREFIXES:
+        raise StagewiseError(f"unknown space prefix '{scheme}'; known: {', '.join(SPACE_PREFIXES)}")
+    prefix = scheme == "sentencepiece" or (
+        scheme.startswith("metaspace") and not chunk.startswith(" ") and (scheme.endswith("always") or at_input_start)
+    )
+    return (" " + chunk if prefix else chunk).replace(" ", SPACE)  # "Hello world" -> "▁Hello▁world"
+
+
+def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
+    """SentencePiece BPE on one chunk: merge the adjacent pair forming the best-scoring piece, repeat.
+
+    O(n^2) in the chunk length, written for reading; the Rust path does it with a priority queue.
+    """
+    symbols = list(symbols)
+    while True:
+        best, best_score = None, None
+        for i in range(len(symbols) - 1):
+            score = scores.get(symbols[i] + symbols[i + 1])  # None: the pair forms no piece
+            if score is not None and (best_score is None or score > best_score):  # ">": leftmost wins a tie
+                best, best_score = i, score
+        if best is None:
+            return symbols
+        symbols[best : best + 2] = [symbols[best] + symbols[best + 1]]  # "▁", "t" -> "▁t"
+
+
+def symbols_to_ids(symbols: list[str], tokenizer: "StagewiseTokenizer") -> list[int]:
+    """Each merged symbol -> its id; a symbol outside the vocabulary falls back to `<0xNN>` byte tokens."""
+    pieces, ids = tokenizer.sp_pieces, []
+    for symbol in symbols:
+        if symbol in pieces:
+            ids.append(pieces[symbol])
+            continue
+        byte_ids = [tokenizer.token_to_id.get(byte_token(byte)) for byte in symbol.encode("utf-8")]
+        if None not in byte_ids:
+            ids.extend(byte_ids)  # "Ž" -> b"\xc5\xbd" -> <0xC5>, <0xBD>
+        elif tokenizer.unk_id is None:
+            raise StagewiseError(f"cannot encode {symbol!r}: no byte tokens and no unknown token")
+        elif not ids or ids[-1] != tokenizer.unk_id:  # a run of unknown characters is one <unk>
+            ids.append(tokenizer.unk_id)
+    return ids
+
+
+def naive(text: str, tokenizer: "StagewiseTokenizer") -> torch.Tensor:
+    """Pure Python: literal tokens, "▁" and the dummy prefix, merge by score, byte fallback."""
+    from stagewise.stages.tokenize import split_special_tokens  # the same literal-token split as byte-level BPE
+
+    ids = [tokenizer.bos_id] if tokenizer.add_bos else []
+    at_input_start = True
+    for chunk, is_literal in split_special_tokens(text, tokenizer.special_tokens):
+        if is_literal:
+            ids.append(tokenizer.special_tokens[chunk])
+        else:
+            spelled = add_space_prefix(chunk, tokenizer.space_prefix, at_input_start)
+            cache = tokenizer.bpe_cache
+            if spelled not in cache:
+                cache[spelled] = symbols_to_ids(merge_by_score(list(spelled), tokenizer.sp_scores), tokenizer)
+            ids.extend(cache[spelled])
+        at_input_start = False
+    return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
+
+
+def merges_from_scores(tokenizer: "StagewiseTokenizer") -> list[tuple[str, str]]:
+    """A merge list equivalent to score order: every way to split each piece into two pieces.
+
+    Ordered by the merged piece's score (highest first), then the shorter left part first,
+    as transformers' `generate_merges` orders them.
+    """
+    scores = tokenizer.sp_scores
+    candidates = []
+    for piece, score in scores.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in tokenizer.sp_pieces and right in tokenizer.sp_pieces:
+                candidates.append((-score, len(left), len(right), left, right))
+    candidates.sort(key=lambda c: c[:3])  # stable: ties keep vocabulary order
+    return [(left, right) for *_, left, right in candidates]
+
+
+def build_rust_tokenizer(tokenizer: "StagewiseTokenizer") -> Tokenizer:
+    """Rust `tokenizers`: BPE with byte fallback over the same vocabulary, "▁" handling, literal tokens."""
+    vocab = {token: token_id for token_id, token in enumerate(tokenizer.tokens)}
+    merges = list(tokenizer.merges) or merges_from_scores(tokenizer)
+    unk = tokenizer.tokens[tokenizer.unk_id] if tokenizer.unk_id is not None else None
+    rust = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    scheme = tokenizer.space_prefix
+    if scheme == "sentencepiece":
+        rust.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+    elif scheme == "none":
+        rust.normalizer = normalizers.Replace(" ", SPACE)
+    else:
+        prepend = scheme.removeprefix("metaspace-")
+        rust.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme=prepend, split=False)
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    rust.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if scheme != "none" else []))
+    literal = sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
+    rust.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in literal])
+    if tokenizer.add_bos:
+        bos = tokenizer.tokens[tokenizer.bos_id]
+        rust.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_id)]
+        )
+    return rust
+
+
+def optimized(text: str, tokenizer: "StagewiseTokenizer") -> torch.Tensor:
+    """The Rust `tokenizers` library, built once from the same vocabulary."""
+    ids = tokenizer.rust.encode(text, add_special_tokens=True).ids
+    return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
+
+
+def token_bytes(tokens: list[str], token_types: list[int]) -> list[bytes]:
+    """id -> the bytes it decodes to: `<0xNN>` -> one byte, any other token -> its text with "▁" -> " "."""
+    out = []
+    for token, kind in zip(tokens, token_types, strict=True):
+        value = byte_value(token) if kind == BYTE else None
+        out.append(bytes([value]) if value is not None else token.replace(SPACE, " ").encode("utf-8"))
+    return out
