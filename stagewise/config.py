@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 
 from stagewise.errors import StagewiseError
 
-
 ROPE_SCALING_KINDS = ("linear", "llama3", "freq_factors")
 
 

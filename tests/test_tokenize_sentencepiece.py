@@ -159,7 +159,10 @@ def test_legacy_tokenizer_json_agrees_with_sentencepiece(tok, sp, model_dir, tmp
     spec["pre_tokenizer"] = None
     spec["normalizer"] = {
         "type": "Sequence",
-        "normalizers": [{"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}],
+        "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        ],
     }
     bos, seq = {"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}
     spec["post_processor"] = {  # and it adds <s> in front, like Llama 2's file

@@ -169,7 +169,9 @@ def read_model_proto(path: Path) -> dict:
         raise StagewiseError(f"{path}: SentencePiece model type {trainer.get(3, 1)} is not supported; only BPE (2) is")
     name = normalizer.get(1, b"identity").decode()
     if name != "identity" or normalizer.get(4, 1):
-        raise StagewiseError(f"{path}: normalizer '{name}' (or extra-whitespace removal) is not supported; need identity")
+        raise StagewiseError(
+            f"{path}: normalizer '{name}' (or extra-whitespace removal) is not supported; need identity"
+        )
 
     def token_id(number: int, default: int) -> int | None:
         value = _int32(trainer.get(number, default))

@@ -35,6 +35,7 @@ from stagewise.models import bpe_train, sentencepiece_files
 from stagewise.models.chat_template import CHATML_TEMPLATE, render_chat_template
 from stagewise.stages import tokenize as tokenize_stage
 from stagewise.stages import tokenize_sentencepiece as sp_stage
+from stagewise.stages.pre_tokenizers import IGNORE_MERGES, canonical_pre_name
 
 TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE, SentencePiece BPE (llama.cpp's names)
 GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4  # llama.cpp token types that are matched literally, before BPE
@@ -58,7 +59,7 @@ class Tokenizer:
     eos_id: int | None  # end-of-sequence id; generation stops on it
     pad_id: int | None = None  # padding id, if the model names one
     chat_template: str | None = None  # jinja2 template that renders a chat into one prompt string
-    pre: str = "gpt2"  # pre-tokenizer name, a key of `tokenize_stage.PRE_TOKENIZERS`
+    pre: str = "gpt2"  # pre-tokenizer name (llama.cpp's), canonicalised to a key of `PRE_TOKENIZERS`
     add_bos: bool = False  # prepend bos_id when encoding (SmolLM2: False, its template writes the markers)
     ignore_merges: bool = False  # Llama 3: a piece that is already a token skips the merges
     model: str = "gpt2"  # "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE); see TOKENIZER_MODELS
@@ -75,14 +76,16 @@ class Tokenizer:
 
     def __post_init__(self) -> None:
         if self.model not in TOKENIZER_MODELS:
-            raise StagewiseError(f"tokenizer model '{self.model}' is not supported; known: {', '.join(TOKENIZER_MODELS)}")
+            raise StagewiseError(
+                f"tokenizer model '{self.model}' is not supported; known: {', '.join(TOKENIZER_MODELS)}"
+            )
         if self.model == "llama" and (self.scores is None or self.token_types is None):
             raise StagewiseError("a SentencePiece ('llama') tokenizer needs scores and token types")
         if self.model == "llama" and self.space_prefix not in sp_stage.SPACE_PREFIXES:
-            raise StagewiseError(f"unknown space prefix '{self.space_prefix}'; known: {', '.join(sp_stage.SPACE_PREFIXES)}")
-        if self.pre not in tokenize_stage.PRE_TOKENIZERS:
-            known = ", ".join(tokenize_stage.PRE_TOKENIZERS)
-            raise StagewiseError(f"unsupported pre-tokenizer '{self.pre}'; supported: {known}")
+            raise StagewiseError(
+                f"unknown space prefix '{self.space_prefix}'; known: {', '.join(sp_stage.SPACE_PREFIXES)}"
+            )
+        self.pre = canonical_pre_name(self.pre)  # llama.cpp's other spellings ("gpt-2") -> ours ("gpt2")
         for name in ("bos_id", "eos_id", "pad_id", "unk_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < len(self.tokens):
@@ -123,7 +126,7 @@ class Tokenizer:
         token_types = read("tokenizer.ggml.token_type", [])
         literal_types = (GGUF_CONTROL, GGUF_USER_DEFINED)
         special = {tokens[i]: i for i, kind in enumerate(token_types) if kind in literal_types}
-        pre = read("tokenizer.ggml.pre", "gpt2")
+        pre = read("tokenizer.ggml.pre", "default")  # llama.cpp's fallback when the key is missing
         return cls(
             tokens=tokens,
             merges=[tuple(merge.split(" ", 1)) for merge in read("tokenizer.ggml.merges", [])],
@@ -131,7 +134,7 @@ class Tokenizer:
             **common,
             pre=pre,
             add_bos=bool(read("tokenizer.ggml.add_bos_token", False)),
-            ignore_merges=pre == "llama-bpe",  # llama.cpp does the same for Llama 3
+            ignore_merges=pre in IGNORE_MERGES,  # llama.cpp does the same (Llama 3, tekken, ...)
         )
 
     @classmethod
@@ -265,7 +268,9 @@ class Tokenizer:
     @functools.cached_property
     def sp_pieces(self) -> dict[str, int]:
         """llama: normal pieces -> id (a merged symbol outside this map falls back to bytes)."""
-        return {token: i for i, (token, kind) in enumerate(zip(self.tokens, self.token_types)) if kind == sp_stage.NORMAL}
+        return {
+            token: i for i, (token, kind) in enumerate(zip(self.tokens, self.token_types)) if kind == sp_stage.NORMAL
+        }
 
     @functools.cached_property
     def rust(self) -> tokenizers.Tokenizer:

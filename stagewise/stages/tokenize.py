@@ -13,7 +13,7 @@ does exactly these steps, in Python):
    words with their leading space, runs of digits or punctuation, runs of
    whitespace). Merges never cross a piece boundary, so " the" is one piece
    and merges into one token no matter what comes next. Each model family
-   has its own regex list (`PRE_TOKENIZERS`); SmolLM2 ("smollm") first splits
+   has its own regex list (`PRE_TOKENIZERS`, under llama.cpp's names); SmolLM2 ("smollm") first splits
    every digit on its own (`\\p{N}`), then applies the GPT-2 pattern.
 3. Bytes -> printable unicode. Each piece is encoded to UTF-8 and every byte
    is spelled as one printable character (`bytes_to_unicode`: printable
@@ -51,28 +51,16 @@ from stagewise.config import ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.stages import tokenize_sentencepiece
 from stagewise.stages.base import Stage
+from stagewise.stages.pre_tokenizers import (  # the split rules, under llama.cpp's names
+    DIGITS_PATTERN,
+    GPT2_PATTERN,
+    LLAMA3_PATTERN,  # noqa: F401  (re-exported)
+    PRE_TOKENIZERS,
+    canonical_pre_name,
+)
 
 if TYPE_CHECKING:  # the tokenizer module imports this one; no import cycle at run time
     from stagewise.models.tokenizer import Tokenizer
-
-# Every digit alone (SmolLM2, StarCoder): "2024" -> "2", "0", "2", "4".
-DIGITS_PATTERN = r"\p{N}"
-# GPT-2's pre-tokenizer: English contractions, letters, numbers, other symbols, whitespace.
-# `\s+(?!\S)` leaves the last space of a run to start the next word (" x" stays together).
-GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-# Llama 3 ("llama-bpe"): case-insensitive contractions, numbers in groups of up to three digits.
-LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# Pre-tokenizer name (llama.cpp's `tokenizer.ggml.pre`) -> regexes applied one after the other;
-# each regex cuts every piece the previous one produced, keeping matches and gaps alike.
-PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    "gpt2": (GPT2_PATTERN,),
-    "smollm": (DIGITS_PATTERN, GPT2_PATTERN),
-    "llama-bpe": (LLAMA3_PATTERN,),
-}
 
 
 @functools.cache
@@ -123,8 +111,7 @@ def split_special_tokens(text: str, special_tokens: dict[str, int]) -> list[tupl
 
 def pre_tokenize(text: str, pre: str) -> list[str]:
     """Cut text into pieces with the model's regexes; the pieces concatenate back to `text`."""
-    if pre not in PRE_TOKENIZERS:
-        raise StagewiseError(f"unknown pre-tokenizer '{pre}'; supported: {', '.join(PRE_TOKENIZERS)}")
+    pre = canonical_pre_name(pre)  # "gpt-2" -> "gpt2"; an unknown name is a one-line error
     pieces = [text] if text else []
     for pattern in PRE_TOKENIZERS[pre]:
         compiled = _compiled(pattern)
@@ -199,7 +186,7 @@ def naive(text: str, tokenizer: "Tokenizer") -> torch.Tensor:
 
 def rust_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     """The `tokenizers` pre-tokenizer equivalent to `PRE_TOKENIZERS[pre]` (as HF's own files spell it)."""
-    patterns = list(PRE_TOKENIZERS[pre])
+    patterns = list(PRE_TOKENIZERS[canonical_pre_name(pre)])
     gpt2_last = patterns[-1] == GPT2_PATTERN  # ByteLevel(use_regex=True) runs exactly this pattern
     if gpt2_last:
         patterns.pop()

@@ -63,7 +63,8 @@ def model_header(model: dict) -> Text:
         f"[bold]{m.get('name')}[/]: {m.get('num_layers')} layers, hidden {m.get('hidden_size')}, "
         f"{m.get('num_heads')} heads, {m.get('num_kv_heads')} KV heads (GQA group {m.get('group_size')}), "
         f"head_dim {m.get('head_dim')}, inter {m.get('intermediate_size')}, vocab {m.get('vocab_size')} "
-        f"· RoPE {m.get('rope', 'plain')} · mode [bold]{m.get('mode')}[/] · backend [bold]{m.get('backend')}[/] · {m.get('dtype')} on {m.get('device')}"
+        f"· RoPE {m.get('rope', 'plain')} "
+        f"· mode [bold]{m.get('mode')}[/] · backend [bold]{m.get('backend')}[/] · {m.get('dtype')} on {m.get('device')}"
     )
 
 
