@@ -144,3 +144,21 @@ def test_unsupported_rope_scaling_is_one_line(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(StagewiseError, match=r"RoPE scaling 'yarn' is not supported; known: default, linear, llama3$"):
         load_model(str(d))
+
+
+def test_triton_kernel_reads_the_scaled_cache():
+    """The kernel is unchanged: given the llama3-scaled cache it rotates exactly as the naive stage."""
+    from stagewise.stages.rope import naive, optimized
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cache = build_cos_sin_cache(200, 16, 10000.0, device, scaling=scaling_of(LLAMA3))
+    gen = torch.Generator().manual_seed(0)
+    positions = torch.tensor([0, 5, 63, 64, 150, 199], device=device)
+    q = torch.randn(6, 4, 16, generator=gen).to(device)
+    k = torch.randn(6, 2, 16, generator=gen).to(device)
+    q_ref, k_ref = naive(positions, q, k, cache)
+    q_out, k_out = optimized(positions, q.clone(), k.clone(), cache)
+    assert_close(q_out, q_ref, 1e-5, 1e-5, "triton rope, scaled cache, q")
+    assert_close(k_out, k_ref, 1e-5, 1e-5, "triton rope, scaled cache, k")
+    plain_q, _ = naive(positions, q, k, build_cos_sin_cache(200, 16, 10000.0, device))
+    assert (plain_q - q_ref).abs().max() > 1e-2, "the scaled cache must rotate differently"
