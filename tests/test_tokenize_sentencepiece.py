@@ -115,6 +115,10 @@ def test_worked_example(tok, sp):
     assert sp_stage.merge_by_score(list("abc"), {"ab": -2.0, "bc": -1.0}) == ["a", "bc"]
     # on a tie the leftmost pair merges first
     assert sp_stage.merge_by_score(list("abc"), {"ab": -1.0, "bc": -1.0}) == ["ab", "c"]
+    # words merge on their own only when no piece holds "▁" after another character
+    assert not tok.sp_space_inside_pieces
+    assert sp_stage.split_words("▁the▁▁cat▁", False) == ["▁the", "▁▁cat", "▁"]
+    assert sp_stage.split_words("▁the▁▁cat▁", True) == ["▁the▁▁cat▁"]
 
 
 def test_literal_tokens_are_matched_first(tok):
@@ -307,3 +311,19 @@ def test_unigram_tokenizer_model_is_refused(tmp_path):
     with pytest.raises(StagewiseError, match=r"model type 1 is not supported; only BPE \(2\) is$"):
         Tokenizer.from_hf_dir(tmp_path)
     shutil.rmtree(tmp_path)
+
+
+def test_pieces_across_spaces(tmp_path):
+    """Trained without `split_by_whitespace`, pieces span words ("e▁c"): no word shortcut, same ids."""
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TRAINING.splitlines()), model_writer=out, model_type="bpe", vocab_size=VOCAB,
+        byte_fallback=True, split_by_whitespace=False, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, character_coverage=1.0, minloglevel=2,
+    )  # fmt: skip
+    (tmp_path / "tokenizer.model").write_bytes(out.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    tokenizer = Tokenizer.from_hf_dir(tmp_path)
+    assert tokenizer.sp_space_inside_pieces
+    for text in TEXTS:
+        check_paths_agree(tokenizer, text, [tokenizer.bos_id] + sp.encode(text))

@@ -266,6 +266,11 @@ class Tokenizer:
         return {token: score for token, score, kind in pairs if kind == normal and score != float("-inf")}
 
     @functools.cached_property
+    def sp_space_inside_pieces(self) -> bool:
+        """llama: does some mergeable piece hold "▁" after another character ("a▁b", "end▁")?"""
+        return any(sp_stage.SPACE in piece.lstrip(sp_stage.SPACE) for piece in self.sp_scores)
+
+    @functools.cached_property
     def sp_pieces(self) -> dict[str, int]:
         """llama: normal pieces -> id (a merged symbol outside this map falls back to bytes)."""
         return {

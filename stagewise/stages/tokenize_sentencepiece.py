@@ -42,6 +42,7 @@ score, so this does not arise there.
 import codecs
 from typing import TYPE_CHECKING
 
+import regex
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
@@ -113,6 +114,19 @@ def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
         symbols[best : best + 2] = [symbols[best] + symbols[best + 1]]  # "▁", "t" -> "▁t"
 
 
+def split_words(spelled: str, space_inside_pieces: bool) -> list[str]:
+    """Cut "▁the▁cat" into "▁the", "▁cat" when no merge can cross such a cut (a shortcut, not a rule).
+
+    Merging is one pass over the whole chunk, O(n^2) here. But if no vocabulary piece holds
+    "▁" after another character (sentencepiece's default `split_by_whitespace` training never
+    makes one), no merge can join the "t" of "▁the" to the "▁" of "▁cat", so each word merges
+    on its own, to the same result, and words repeat (cached). Otherwise: one word.
+    """
+    if space_inside_pieces:
+        return [spelled]
+    return [word for word in regex.split(f"(?<=[^{SPACE}])(?={SPACE})", spelled) if word]
+
+
 def symbols_to_ids(symbols: list[str], tokenizer: "StagewiseTokenizer") -> list[int]:
     """Each merged symbol -> its id; a symbol outside the vocabulary falls back to `<0xNN>` byte tokens."""
     pieces, ids = tokenizer.sp_pieces, []
@@ -141,10 +155,11 @@ def naive(text: str, tokenizer: "StagewiseTokenizer") -> torch.Tensor:
             ids.append(tokenizer.special_tokens[chunk])
         else:
             spelled = add_space_prefix(chunk, tokenizer.space_prefix, at_input_start)
-            cache = tokenizer.bpe_cache
-            if spelled not in cache:
-                cache[spelled] = symbols_to_ids(merge_by_score(list(spelled), tokenizer.sp_scores), tokenizer)
-            ids.extend(cache[spelled])
+            for word in split_words(spelled, tokenizer.sp_space_inside_pieces):
+                cache = tokenizer.bpe_cache
+                if word not in cache:
+                    cache[word] = symbols_to_ids(merge_by_score(list(word), tokenizer.sp_scores), tokenizer)
+                ids.extend(cache[word])
         at_input_start = False
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
 
