@@ -327,3 +327,33 @@ def test_pieces_across_spaces(tmp_path):
     assert tokenizer.sp_space_inside_pieces
     for text in TEXTS:
         check_paths_agree(tokenizer, text, [tokenizer.bos_id] + sp.encode(text))
+
+
+def test_save_hf_dir_round_trip(tok, tmp_path):
+    """stagewise writes its Rust tokenizer as tokenizer.json; reading it back gives the same ids and text."""
+    again = Tokenizer.from_hf_dir(tok.save_hf_dir(tmp_path))
+    assert (again.space_prefix, again.add_bos, again.unk_id) == (tok.space_prefix, tok.add_bos, tok.unk_id)
+    for text in TEXTS:
+        check_paths_agree(again, text, tok.encode(text))
+        assert again.decode(tok.encode(text)) == tok.decode(tok.encode(text))
+
+
+@pytest.mark.oracle
+def test_hf_checkpoint_with_only_tokenizer_model(tmp_path, model_dir, sp):
+    """A Llama 2 style Hugging Face directory: safetensors + config.json + tokenizer.model only."""
+    from tests.test_loaders import hf_logits
+
+    model = hf_tiny_model(seed=9, vocab_size=VOCAB)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    shutil.copy(model_dir / "tokenizer.model", tmp_path / "tokenizer.model")
+    loaded = load_model(str(tmp_path))
+    assert loaded.tokenizer.model == "llama" and loaded.tokenizer.encode("Hi there") == [1] + sp.encode("Hi there")
+    from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+    from stagewise.models.llama import LlamaModel
+    from stagewise.models.ops import StageOps
+    from tests.test_loaders import PROMPTS
+
+    batch = ForwardBatch.from_sequences(PROMPTS, [0] * len(PROMPTS), "cpu")
+    batch.last_token_index = torch.arange(batch.num_tokens)
+    ours = LlamaModel(loaded, StageOps("naive")).forward(batch, NoKVCache(batch.cu_seqlens_q))
+    assert_close(ours, hf_logits(model), 1e-4, 1e-4, "HF dir with tokenizer.model vs transformers")
