@@ -7,6 +7,7 @@ from the same file, and a GGUF written from it must all agree with stagewise's
 naive and fast paths.
 """
 
+import dataclasses
 import io
 import json
 import shutil
@@ -357,3 +358,48 @@ def test_hf_checkpoint_with_only_tokenizer_model(tmp_path, model_dir, sp):
     batch.last_token_index = torch.arange(batch.num_tokens)
     ours = LlamaModel(loaded, StageOps("naive")).forward(batch, NoKVCache(batch.cu_seqlens_q))
     assert_close(ours, hf_logits(model), 1e-4, 1e-4, "HF dir with tokenizer.model vs transformers")
+
+
+LLAMA2_TEMPLATE = (  # meta-llama/Llama-2-7b-chat-hf's chat_template
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+ZEPHYR_TEMPLATE = (  # TinyLlama-1.1B-Chat's (Zephyr's) chat_template
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+    "{{ '<|user|>\n' + message['content'] + eos_token }}"
+    "\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}"
+    "\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}"
+    "\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"
+)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("template", [LLAMA2_TEMPLATE, ZEPHYR_TEMPLATE], ids=["llama2", "zephyr"])
+def test_chat_templates_match_transformers(tok, template):
+    """Rendered like transformers, and tokenized like `apply_chat_template(tokenize=True)`: no extra bos."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok.rust, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    hf.chat_template = template
+    ours = dataclasses.replace(tok, chat_template=template)
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Japan? 東京?"},
+    ]
+    text = ours.apply_chat_template(chat, add_generation_prompt=True)
+    assert text == hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    expected = hf.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
+    for backend in ("naive", "fast"):
+        assert ours.encode(text, backend, add_special_tokens=False) == list(expected)
+    if template == LLAMA2_TEMPLATE:  # the template writes <s> itself: exactly one bos per user turn
+        assert ours.encode(text, add_special_tokens=False).count(tok.bos_id) == 2

@@ -95,7 +95,8 @@ class LLM:
         if not prompt.strip():
             raise StagewiseError("the prompt is empty")
         text = self.format_prompt(prompt, chat)
-        ids = self.ops("tokenize", text=text, tokenizer=self.tokenizer).tolist()  # text -> [num_tokens]
+        # A rendered chat template writes its own bos (Llama 2/3, Mistral): add none (as transformers).
+        ids = self.ops("tokenize", text=text, tokenizer=self.tokenizer, add_special_tokens=not chat).tolist()
         if len(ids) > self.max_model_len:
             raise StagewiseError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
         if len(ids) + params.max_tokens > self.max_model_len:

@@ -297,11 +297,14 @@ class Tokenizer:
 
     # ---- text <-> ids --------------------------------------------------------------------
 
-    def encode(self, text: str, backend: str = "naive") -> list[int]:
-        """Token ids of `text`: backend "naive" (pure Python) or "fast" (Rust; also "optimized", "triton")."""
+    def encode(self, text: str, backend: str = "naive", add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`: backend "naive" (pure Python) or "fast" (Rust; also "optimized", "triton").
+
+        `add_special_tokens=False`: no bos even if the model adds one (text from a chat template).
+        """
         if backend not in ENCODE_BACKENDS:
             raise StagewiseError(f"unknown tokenizer backend '{backend}'; use naive or fast")
-        return ENCODE_BACKENDS[backend](text=text, tokenizer=self).tolist()
+        return ENCODE_BACKENDS[backend](text=text, tokenizer=self, add_special_tokens=add_special_tokens).tolist()
 
     @property
     def _utf8_errors(self) -> str:

@@ -170,11 +170,15 @@ def piece_to_ids(piece: str, tokenizer: "Tokenizer") -> list[int]:
     return cache[piece]
 
 
-def naive(text: str, tokenizer: "Tokenizer") -> torch.Tensor:
-    """Pure-Python byte-level BPE: special tokens, pre-tokenize, byte map, merge by rank, look up."""
+def naive(text: str, tokenizer: "Tokenizer", add_special_tokens: bool = True) -> torch.Tensor:
+    """Pure-Python byte-level BPE: special tokens, pre-tokenize, byte map, merge by rank, look up.
+
+    `add_special_tokens=False` leaves out the bos a model adds, for text that already carries its
+    markers (a rendered chat template, as transformers' `apply_chat_template(tokenize=True)`).
+    """
     if tokenizer.model == "llama":  # SentencePiece BPE: ▁, merge by score, byte fallback
-        return tokenize_sentencepiece.naive(text, tokenizer)
-    ids = [tokenizer.bos_id] if tokenizer.add_bos else []
+        return tokenize_sentencepiece.naive(text, tokenizer, add_special_tokens)
+    ids = [tokenizer.bos_id] if tokenizer.add_bos and add_special_tokens else []
     for chunk, is_special in split_special_tokens(text, tokenizer.special_tokens):
         if is_special:
             ids.append(tokenizer.special_tokens[chunk])
@@ -245,9 +249,9 @@ def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
     return rust
 
 
-def optimized(text: str, tokenizer: "Tokenizer") -> torch.Tensor:
+def optimized(text: str, tokenizer: "Tokenizer", add_special_tokens: bool = True) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary and merges."""
-    ids = tokenizer.rust.encode(text, add_special_tokens=True).ids  # bos only if the model adds it
+    ids = tokenizer.rust.encode(text, add_special_tokens=add_special_tokens).ids  # bos only if the model adds it
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
 
 

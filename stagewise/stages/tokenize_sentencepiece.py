@@ -144,11 +144,11 @@ def symbols_to_ids(symbols: list[str], tokenizer: "StagewiseTokenizer") -> list[
     return ids
 
 
-def naive(text: str, tokenizer: "StagewiseTokenizer") -> torch.Tensor:
+def naive(text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True) -> torch.Tensor:
     """Pure Python: literal tokens, "▁" and the dummy prefix, merge by score, byte fallback."""
     from stagewise.stages.tokenize import split_special_tokens  # the same literal-token split as byte-level BPE
 
-    ids = [tokenizer.bos_id] if tokenizer.add_bos else []
+    ids = [tokenizer.bos_id] if tokenizer.add_bos and add_special_tokens else []
     at_input_start = True
     for chunk, is_literal in split_special_tokens(text, tokenizer.special_tokens):
         if is_literal:
@@ -207,9 +207,9 @@ def build_rust_tokenizer(tokenizer: "StagewiseTokenizer") -> Tokenizer:
     return rust
 
 
-def optimized(text: str, tokenizer: "StagewiseTokenizer") -> torch.Tensor:
+def optimized(text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary."""
-    ids = tokenizer.rust.encode(text, add_special_tokens=True).ids
+    ids = tokenizer.rust.encode(text, add_special_tokens=add_special_tokens).ids
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
 
 
