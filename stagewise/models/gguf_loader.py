@@ -2,8 +2,9 @@
 
 A GGUF file is a header of typed key/value metadata (architecture, sizes,
 the tokenizer) followed by tensors, possibly quantized. We read it with the
-`gguf` package, dequantize every tensor to float32 with `gguf.quants` (Q4_1 and
-Q8_0 for the default model; about a second), and rearrange:
+`gguf` package, dequantize each tensor to float32 with `gguf.quants` (Q4_1 and
+Q8_0 for the default model; about a second), rearrange it, and cast it to the
+target dtype before reading the next one:
 
 - GGUF stores a weight as [out, in] rows, like `torch.nn.Linear`; we view it
   as [in, out] (a transpose, no copy) and concatenate Q|K|V and gate|up; the
@@ -112,8 +113,12 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(out_features, in_features)
 
 
-def load_gguf(path: str | Path, reader=None) -> tuple[ModelConfig, LlamaWeights]:
-    """GGUF file -> (config, float32 weights on CPU); pass `reader` to reuse an open file."""
+def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, LlamaWeights]:
+    """GGUF file -> (config, weights in `dtype` on CPU); pass `reader` to reuse an open file.
+
+    One tensor at a time: dequantize to float32, rearrange, cast to `dtype`, drop the float32
+    copy; a 7B model loads in bfloat16 with 14 GB of weights, never 28 GB of float32 at once.
+    """
     from gguf.quants import dequantize
 
     path = Path(path)
@@ -121,7 +126,7 @@ def load_gguf(path: str | Path, reader=None) -> tuple[ModelConfig, LlamaWeights]
     config = config_from_gguf(reader, str(path))
     tensors = {t.name: t for t in reader.tensors}
 
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in tensors:
             raise StagewiseError(f"{path}: tensor '{name}' is missing")
         t = tensors[name]
@@ -131,33 +136,39 @@ def load_gguf(path: str | Path, reader=None) -> tuple[ModelConfig, LlamaWeights]
             raise StagewiseError(f"{path}: cannot read tensor '{name}' ({type(exc).__name__}: {exc})") from None
         if tuple(array.shape) != shape:
             raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(array.shape)}, expected {shape}")
-        return np.array(array, dtype=np.float32, order="C", copy=True)  # writable, owned
+        return np.asarray(array, dtype=np.float32)  # float32, possibly a read-only view of the file
 
-    def linear(name: str, out_f: int, in_f: int) -> np.ndarray:
-        return get(name, (out_f, in_f))  # [out, in] as stored
+    def cast(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True)).to(dtype)  # owned
+
+    def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return cast(read(name, shape))
+
+    def linear(name: str, out_f: int, in_f: int, heads: int | None = None) -> torch.Tensor:
+        w = read(name, (out_f, in_f))  # [out, in] as stored
+        return cast(unpermute_rows(w, heads) if heads else w)
 
     hidden, inter = config.hidden_size, config.intermediate_size
     layers = []
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        wq = unpermute_rows(linear(p + "attn_q.weight", config.q_size, hidden), config.num_heads)
-        wk = unpermute_rows(linear(p + "attn_k.weight", config.kv_size, hidden), config.num_kv_heads)
+        wq = linear(p + "attn_q.weight", config.q_size, hidden, heads=config.num_heads)
+        wk = linear(p + "attn_k.weight", config.kv_size, hidden, heads=config.num_kv_heads)
         wv = linear(p + "attn_v.weight", config.kv_size, hidden)
-        w_qkv = np.concatenate([wq, wk, wv], axis=0).T  # [(H+2Hkv)*d, hidden] -> [hidden, (H+2Hkv)*d]
-        gate = linear(p + "ffn_gate.weight", inter, hidden)
-        up = linear(p + "ffn_up.weight", inter, hidden)
+        gate, up = linear(p + "ffn_gate.weight", inter, hidden), linear(p + "ffn_up.weight", inter, hidden)
         layers.append(
             LayerWeights(
-                attn_norm=torch.from_numpy(get(p + "attn_norm.weight", (hidden,))),
-                w_qkv=torch.from_numpy(w_qkv),  # transposed views; LlamaWeights.to picks the layout
-                w_o=torch.from_numpy(linear(p + "attn_output.weight", hidden, config.q_size).T),
-                ffn_norm=torch.from_numpy(get(p + "ffn_norm.weight", (hidden,))),
-                w_gate_up=torch.from_numpy(np.concatenate([gate, up], axis=0).T),
-                w_down=torch.from_numpy(linear(p + "ffn_down.weight", hidden, inter).T),
+                attn_norm=get(p + "attn_norm.weight", (hidden,)),
+                w_qkv=torch.cat([wq, wk, wv]).t(),  # [(H+2Hkv)*d, hidden] -> [hidden, (H+2Hkv)*d] view
+                w_o=linear(p + "attn_output.weight", hidden, config.q_size).t(),  # views; LlamaWeights.to
+                ffn_norm=get(p + "ffn_norm.weight", (hidden,)),  # picks the layout per device
+                w_gate_up=torch.cat([gate, up]).t(),  # [hidden, 2*inter]
+                w_down=linear(p + "ffn_down.weight", hidden, inter).t(),  # [inter, hidden]
             )
         )
-    embed = torch.from_numpy(get("token_embd.weight", (config.vocab_size, hidden)))  # [vocab, hidden]
-    head = embed if config.tie_word_embeddings else torch.from_numpy(get("output.weight", (config.vocab_size, hidden)))
+        del wq, wk, wv, gate, up
+    embed = get("token_embd.weight", (config.vocab_size, hidden))  # [vocab, hidden]
+    head = embed if config.tie_word_embeddings else get("output.weight", (config.vocab_size, hidden))
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
-    final_norm = torch.from_numpy(get("output_norm.weight", (hidden,)))
+    final_norm = get("output_norm.weight", (hidden,))
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -71,32 +71,39 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
     raise StagewiseError(f"{path}: RoPE scaling '{kind}' is not supported; known: default, linear, llama3")
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _open_shards(path: Path) -> dict:
+    """Tensor name -> the open `*.safetensors` shard holding it (headers only: nothing read yet)."""
+    from safetensors import SafetensorError, safe_open
 
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise StagewiseError(f"{path} has no *.safetensors weight files")
-    tensors: dict[str, torch.Tensor] = {}
+    where = {}
     for shard in shards:
         try:
-            tensors.update(load_file(shard))
+            handle = safe_open(shard, framework="pt")
         except (SafetensorError, OSError, ValueError) as exc:
             raise StagewiseError(f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}") from None
-    return tensors
+        where.update(dict.fromkeys(handle.keys(), (shard, handle)))
+    return where
 
 
-def load_hf_dir(path: str | Path) -> tuple[ModelConfig, LlamaWeights]:
-    """Hugging Face Llama directory -> (config, float32 weights on CPU)."""
+def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, LlamaWeights]:
+    """Hugging Face Llama directory -> (config, weights in `dtype` on CPU), read one tensor at a time."""
+    from safetensors import SafetensorError
+
     path = Path(path)
     config = config_from_hf(path)
-    tensors = _read_tensors(path)
+    shards = _open_shards(path)
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if name not in tensors:
+        if name not in shards:
             raise StagewiseError(f"{path}: tensor '{name}' is missing")
-        t = tensors[name].float()
+        shard, handle = shards[name]
+        try:
+            t = handle.get_tensor(name).to(dtype)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise StagewiseError(f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}") from None
         if tuple(t.shape) != shape:
             raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(t.shape)}, expected {shape}")
         return t

@@ -10,8 +10,9 @@
     path/to/x.gguf  any Llama-architecture GGUF file
     path/to/dir     a Hugging Face Llama directory (config.json, *.safetensors, tokenizer.json)
 
-Nothing is downloaded. Weights are dequantized to float32 on the CPU and then
-moved/cast to the requested device and dtype.
+Nothing is downloaded. Before loading, the weights' size in the requested dtype
+is checked against free memory (`models/memory.py`); then each tensor is read,
+dequantized, cast to that dtype on the CPU, and finally moved to the device.
 """
 
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ import torch
 from stagewise.config import DEFAULT_MODEL, PRESETS, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.files import smollm2_gguf_path
+from stagewise.models.memory import check_fits
 from stagewise.models.tokenizer import Tokenizer
 from stagewise.models.weights import LlamaWeights, empty_weights, random_weights, synthetic_weights
 
@@ -53,14 +55,20 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedM
     return LoadedModel(config, weights, tokenizer, f"{preset} shapes, random weights (seed 0)", device, dtype)
 
 
-def _load_files(name: str) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
-    from stagewise.models.gguf_loader import load_gguf, open_gguf
-    from stagewise.models.hf_loader import load_hf_dir
+def _load_files(
+    name: str, device: torch.device, dtype: torch.dtype
+) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
+    """Weights in `dtype` on the CPU, after checking that they fit (`models/memory.py`)."""
+    from stagewise.models.gguf_loader import config_from_gguf, load_gguf, open_gguf
+    from stagewise.models.hf_loader import config_from_hf, load_hf_dir
 
     def from_gguf(path: Path):
         reader = open_gguf(path)  # parsed once (~2 s), shared by the weights and the tokenizer
-        config, weights = load_gguf(path, reader)
-        return config, weights, Tokenizer.from_gguf_reader(reader, path.name), str(path)
+        config = config_from_gguf(reader, str(path))  # the architecture first: a clear error if not Llama
+        tokenizer = Tokenizer.from_gguf_reader(reader, path.name)
+        check_fits(config, dtype, device, path.name)
+        config, weights = load_gguf(path, reader, dtype)
+        return config, weights, tokenizer, str(path)
 
     if name == "smollm2-135m":
         config, weights, tokenizer, source = from_gguf(smollm2_gguf_path())
@@ -70,8 +78,11 @@ def _load_files(name: str) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
         return config, random_weights(config, seed=0), Tokenizer.tiny(), "tiny (random weights, seed 0)"
     path = Path(name).expanduser()
     if path.is_dir():
-        config, weights = load_hf_dir(path)
-        return config, weights, Tokenizer.from_hf_dir(path), str(path)
+        config = config_from_hf(path)
+        tokenizer = Tokenizer.from_hf_dir(path)
+        check_fits(config, dtype, device, path.name)
+        config, weights = load_hf_dir(path, dtype)
+        return config, weights, tokenizer, str(path)
     if path.is_file() or path.suffix == ".gguf":
         return from_gguf(path)
     if "/" in name or "\\" in name:
@@ -101,5 +112,5 @@ def load_model(
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if name.startswith(RANDOM_PREFIX):
         return _load_random(name, device, dtype)
-    config, weights, tokenizer, source = _load_files(name)
+    config, weights, tokenizer, source = _load_files(name, device, dtype)
     return LoadedModel(config, weights.to(device, dtype), tokenizer, source, device, dtype)
