@@ -30,6 +30,14 @@ def free_bytes(device: torch.device) -> int | None:
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
+    free = _meminfo_available()
+    limit = _cgroup_room()  # a container's memory limit is lower than what the host reports
+    if free is None or limit is None:
+        return free if limit is None else limit
+    return min(free, limit)
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:  # Linux: what can be allocated without swapping
             for line in meminfo:
@@ -41,6 +49,18 @@ def free_bytes(device: torch.device) -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # macOS and Windows lack these names
         return None
+
+
+def _cgroup_room() -> int | None:
+    """cgroup v2 `memory.max - memory.current`, None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(0, int(limit) - used)
 
 
 def check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device, name: str) -> None:
