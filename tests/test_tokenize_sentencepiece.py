@@ -403,3 +403,23 @@ def test_chat_templates_match_transformers(tok, template):
         assert ours.encode(text, backend, add_special_tokens=False) == list(expected)
     if template == LLAMA2_TEMPLATE:  # the template writes <s> itself: exactly one bos per user turn
         assert ours.encode(text, add_special_tokens=False).count(tok.bos_id) == 2
+
+
+def test_generate_chat_with_a_sentencepiece_gguf(tmp_path, model_dir):
+    """End to end: a Llama 2 style GGUF (SentencePiece vocabulary, [INST] template) chats with one bos."""
+    from stagewise import LLM, SamplingParams
+
+    writer = gguf_tokenizer_writer(model_dir / "tokenizer.model")
+
+    def write(w) -> None:
+        writer(w)
+        w.add_chat_template(LLAMA2_TEMPLATE)
+
+    path = write_gguf(tmp_path / "chat.gguf", hf_tiny_model(seed=12, vocab_size=VOCAB), write_tokenizer=write)
+    llm = LLM(model=str(path), device="cpu")
+    out = llm.generate(["What is 2 + 2?"], SamplingParams(max_tokens=4, temperature=0), chat=True)[0]
+    assert out.prompt == "<s>[INST] What is 2 + 2? [/INST]"
+    assert out.prompt_token_ids.count(1) == 1 and out.prompt_token_ids[0] == 1
+    assert len(out.token_ids) == 4 or out.finish_reason == "stop"
+    plain = llm.generate(["What is 2 + 2?"], SamplingParams(max_tokens=1, temperature=0))[0]
+    assert plain.prompt_token_ids[0] == 1 and plain.prompt_token_ids.count(1) == 1  # add_bos for plain text
