@@ -423,3 +423,32 @@ def test_generate_chat_with_a_sentencepiece_gguf(tmp_path, model_dir):
     assert len(out.token_ids) == 4 or out.finish_reason == "stop"
     plain = llm.generate(["What is 2 + 2?"], SamplingParams(max_tokens=1, temperature=0))[0]
     assert plain.prompt_token_ids[0] == 1 and plain.prompt_token_ids.count(1) == 1  # add_bos for plain text
+
+
+@pytest.mark.oracle
+def test_transformers_loads_the_same_gguf(tmp_path, model_dir):
+    """transformers reads the SentencePiece GGUF too: same ids, same logits as stagewise."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+    from stagewise.models.llama import LlamaModel
+    from stagewise.models.ops import StageOps
+
+    model = round_embedding_to_q8_0(hf_tiny_model(seed=13, vocab_size=VOCAB))
+    writer = gguf_tokenizer_writer(model_dir / "tokenizer.model")
+    path = write_gguf(tmp_path / "spm.gguf", model, write_tokenizer=writer)
+    loaded = load_model(str(path))
+    hf_tok = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    # Text that starts with whitespace is left out: there transformers' GGUF conversion (a Metaspace
+    # that skips the dummy prefix before an existing space) parts from sentencepiece and llama.cpp,
+    # which stagewise follows (test_ids_and_text_match_sentencepiece).
+    for text in [t for t in TEXTS if t and not t[0].isspace()]:
+        assert loaded.tokenizer.encode(text) == hf_tok.encode(text), text
+    hf_model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    prompt = loaded.tokenizer.encode(" ".join(TEXTS[:4]))
+    batch = ForwardBatch.from_sequences([prompt], [0], "cpu")
+    batch.last_token_index = torch.arange(batch.num_tokens)
+    ours = LlamaModel(loaded, StageOps("naive")).forward(batch, NoKVCache(batch.cu_seqlens_q))
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    assert_close(ours, expected, 1e-4, 1e-4, "SentencePiece GGUF: stagewise vs transformers loading the same file")
