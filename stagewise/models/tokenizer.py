@@ -52,8 +52,8 @@ ENCODE_BACKENDS = {
 class Tokenizer:
     """A byte-level or SentencePiece BPE vocabulary and what goes with it; `encode` runs the tokenize stage."""
 
-    tokens: list[str]  # id -> token in the byte alphabet ("Ġthe"); special tokens as written ("<|im_end|>")
-    merges: list[tuple[str, str]]  # BPE merges in rank order (rank 0 was learned first)
+    tokens: list[str]  # id -> token: byte alphabet ("Ġthe") or SentencePiece ("▁the", "<0x0A>"); specials as written
+    merges: list[tuple[str, str]]  # BPE merges in rank order (SentencePiece: [] = derived from the scores)
     special_tokens: dict[str, int]  # tokens matched literally in the text before BPE -> id
     bos_id: int | None  # beginning-of-sequence id
     eos_id: int | None  # end-of-sequence id; generation stops on it
@@ -70,8 +70,8 @@ class Tokenizer:
 
     def __repr__(self) -> str:  # the dataclass default would print all 49152 tokens
         return (
-            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, pre={self.pre!r}, "
-            f"bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})"
+            f"Tokenizer(model={self.model!r}, vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+            f"pre={self.pre!r}, bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})"
         )
 
     def __post_init__(self) -> None:
