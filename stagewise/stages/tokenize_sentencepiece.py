@@ -12,9 +12,9 @@ naive path below does each of them in plain Python:
 2. Spaces become a visible character, "▁" (U+2581), and every text chunk
    gets a "dummy prefix" "▁", so "Hello world" is spelled "▁Hello▁world" and
    the first word looks like every other word. There is no regex
-   pre-tokenizer: the chunk is one sequence of characters, and a piece may
-   only hold "▁" at its start because training never built one that does not.
-   Where the "▁" goes is `SPACE_PREFIXES` (sentencepiece and llama.cpp: before
+   pre-tokenizer: the chunk is one sequence of characters (training usually
+   keeps "▁" at the start of pieces, which lets the naive path below merge
+   word by word: `split_words`). Where the "▁" goes is `SPACE_PREFIXES` (sentencepiece and llama.cpp: before
    every text chunk; Hugging Face's Metaspace: not when the chunk already
    starts with a space, and with "first" only at the start of the input).
 3. Merge by score, not by a merge list. Start from single characters; among
