@@ -45,13 +45,16 @@ def _kernels(sec: dict) -> list[str]:
         rows.append([r["kernel"], r["shape"], _num(r["triton_ms"], ".4f"), value, vs, share,
                      _num(r.get("rel_err"), ".1e"), _num(r.get("passed"))])  # fmt: skip
     header = ["kernel", "shape", "Triton ms", "Triton", "vs stock", "of copy BW", "rel. error", "target met"]
-    return _table(header, rows)
+    timings = sorted({r.get("timing", "") for r in sec.get("rows", []) if "error" not in r} - {""})
+    note = ["", "Times are GPU time per call: " + "; ".join(timings) + "."] if timings else []
+    return _table(header, rows) + note
 
 
 def _e2e(sec: dict) -> list[str]:
     lines = []
     rows = [
-        [d["model"], d["backend"], d["dtype"], _num(d["ms_per_token_p50"], ".2f"), _num(d["tokens_per_s"], ",.0f"),
+        [d["model"], d["backend"] + (" + CUDA graphs" if d.get("cuda_graphs") else ""), d["dtype"],
+         _num(d["ms_per_token_p50"], ".2f"), _num(d["tokens_per_s"], ",.0f"),
          _num(d["streaming_floor_ms"], ".2f"), f"{100 * d['share_of_streaming_limit']:.0f}%"]
         for d in sec.get("decode", [])
     ]  # fmt: skip
@@ -60,7 +63,8 @@ def _e2e(sec: dict) -> list[str]:
     prof = sec.get("step_profiles") or []
     if prof:
         rows = [
-            [p["backend"], str(p["num_seqs"]), _num(p["step_ms_p50"], ".2f"), _num(p["steps_per_s"], ",.0f"),
+            [p["backend"] + (" + CUDA graphs" if p.get("cuda_graphs") else ""), str(p["num_seqs"]),
+             _num(p["step_ms_p50"], ".2f"), _num(p["steps_per_s"], ",.0f"),
              f"{100 * p['host_share']:.0f}%" if "host_share" in p else "—"]
             for p in prof
         ]  # fmt: skip
@@ -78,8 +82,11 @@ def _e2e(sec: dict) -> list[str]:
     for key in ("greedy_fp32", "greedy_bf16"):
         g = sec.get(key)
         if g:
-            lines.append(f"- Triton vs naive greedy ({g['dtype']}, {g['new_tokens']} tokens): "
-                         f"{g['identical_sequences']}/{g['prompts']} identical; first differences at {g['first_differing_position']}")  # fmt: skip  # noqa: E501
+            for pair, label in (("triton_vs_naive", "Triton vs naive"), ("graphs_vs_eager", "CUDA graphs vs eager")):
+                c = g[pair]
+                lines.append(f"- {label} greedy tokens ({g['dtype']}, {g['new_tokens']} tokens): "
+                             f"{c['identical_sequences']}/{g['prompts']} identical; first differences at "
+                             f"{c['first_differing_position']}")  # fmt: skip
     for label, err in (sec.get("errors") or {}).items():
         lines.append(f"- ERROR in {label}: {err[:300]}")
     return lines

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.bench.device_timer import GB, copies_for, rel_error, time_calls
+from stagewise.bench.device_timer import GB, copies_for, rel_error, time_calls, time_kernels
 from stagewise.config import PRESETS, ModelConfig
 
 
@@ -52,12 +52,12 @@ def _row(kernel: str, shape: str, dtype: torch.dtype, triton_ms: float, **extra)
     return {"kernel": kernel, "shape": shape, "dtype": dtype_name, "triton_ms": triton_ms, **extra}
 
 
-def bandwidth_row(kernel, shape, dtype, triton_ms, naive_ms, moved, copy_gbs, err) -> dict:
+def bandwidth_row(kernel, shape, dtype, triton_ms, naive_ms, moved, copy_gbs, err, timing="") -> dict:
     gbs = moved / (triton_ms * 1e-3) / GB
     return _row(
         kernel, shape, dtype, triton_ms, naive_ms=naive_ms, metric="GB/s", triton_value=gbs,
         naive_value=moved / (naive_ms * 1e-3) / GB, share_of_copy=gbs / copy_gbs, target="share_of_copy >= 0.75",
-        passed=gbs / copy_gbs >= 0.75, rel_err=err,
+        passed=gbs / copy_gbs >= 0.75, rel_err=err, timing=timing,
     )  # fmt: skip
 
 
@@ -81,8 +81,8 @@ def gemm_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
             copies = copies_for(per_copy, sizes.working_set)
             xs = [torch.randn(m, k, device=device, dtype=dtype) for _ in range(copies)]
             ws = [torch.randn(k, n, device=device, dtype=dtype) * k**-0.5 for _ in range(copies)]
-            t_ms = time_calls([lambda x=x, w=w: matmul(x, w) for x, w in zip(xs, ws)], device, sizes.rounds)
-            s_ms = time_calls([lambda x=x, w=w: torch.matmul(x, w) for x, w in zip(xs, ws)], device, sizes.rounds)
+            t_ms, how = time_kernels([lambda x=x, w=w: matmul(x, w) for x, w in zip(xs, ws)], device, sizes.rounds)
+            s_ms, _ = time_kernels([lambda x=x, w=w: torch.matmul(x, w) for x, w in zip(xs, ws)], device, sizes.rounds)
             err = rel_error(matmul(xs[0], ws[0]), xs[0].double() @ ws[0].double())
             flops, moved = 2 * m * k * n, per_copy
             rows.append(
@@ -91,7 +91,7 @@ def gemm_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
                     stock_ms=s_ms, metric="TFLOP/s", triton_value=flops / (t_ms * 1e-3) / 1e12,
                     stock_value=flops / (s_ms * 1e-3) / 1e12, weight_gb_per_s=moved / (t_ms * 1e-3) / GB,
                     ratio_vs_stock=s_ms / t_ms, target="ratio_vs_stock >= 0.8", passed=s_ms / t_ms >= 0.8,
-                    rel_err=err,
+                    rel_err=err, timing=how,
                 )
             )  # fmt: skip
     return rows
@@ -116,12 +116,12 @@ def _sdpa_timed(q4, k4, v4, device, rounds, causal: bool) -> dict[str, float]:
         call = lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, enable_gqa=True)  # noqa: E731
         try:
             if backend is None:
-                out[label] = time_calls([call], device, rounds)
+                out[label] = time_kernels([call], device, rounds)[0]
             else:
                 from torch.nn.attention import sdpa_kernel
 
                 with sdpa_kernel([backend]):
-                    out[label] = time_calls([call], device, rounds)
+                    out[label] = time_kernels([call], device, rounds)[0]
         except RuntimeError as err:  # this backend refuses the shape/dtype/GQA: say so, try the next
             out[label] = f"unavailable: {str(err).splitlines()[0][:120]}"
     return out
@@ -139,7 +139,7 @@ def flash_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
     cu = torch.arange(0, (b + 1) * n, n, device=device, dtype=torch.int32)  # [B+1]
     scale = d**-0.5
     call = lambda: flash_attention(q, k, v, cu, cu, scale)  # noqa: E731
-    t_ms = time_calls([call], device, sizes.rounds)
+    t_ms, how = time_kernels([call], device, sizes.rounds)
     n_ms = time_calls([lambda: naive(q, k, v, cu, cu, scale)], device, 1, warmup=0)
     q4, k4, v4 = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))  # [B, heads, N, d] views
     q4, k4, v4 = q4.contiguous(), k4.contiguous(), v4.contiguous()
@@ -154,7 +154,7 @@ def flash_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
     flops = 4 * b * h * n * n * d / 2  # QK^T and PV, causal: half the square
     row = _row(
         "flash_attention", f"{cfg.name} prefill B={b} N={n} H={h} Hkv={hkv} d={d}", dtype, t_ms, naive_ms=n_ms,
-        metric="TFLOP/s", triton_value=flops / (t_ms * 1e-3) / 1e12, sdpa_ms_by_backend=sdpa, rel_err=err,
+        metric="TFLOP/s", triton_value=flops / (t_ms * 1e-3) / 1e12, sdpa_ms_by_backend=sdpa, rel_err=err, timing=how,
     )  # fmt: skip
     if best is not None:
         row.update(stock=f"sdpa[{best}]", stock_ms=timed[best], ratio_vs_stock=timed[best] / t_ms)
@@ -185,7 +185,7 @@ def paged_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     q = torch.randn(seqs, cfg.num_heads, d, device=device, dtype=dtype)
     scale = d**-0.5
     call = lambda: paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale)  # noqa: E731
-    t_ms = time_calls([call], device, sizes.rounds)
+    t_ms, how = time_kernels([call], device, sizes.rounds)
     n_ms = time_calls([lambda: naive(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale)], device, 1, 0)
     err = rel_error(call(), naive(q.float(), k_cache.float(), v_cache.float(), block_table, seq_lens, cu_q, scale))
     moved = seqs * kv_bytes_per_seq
@@ -196,9 +196,9 @@ def paged_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     q4 = q.view(seqs, -1, 1, d)
     sdpa = {}
     try:
-        sdpa["default"] = time_calls(
+        sdpa["default"] = time_kernels(
             [lambda: F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)], device, sizes.rounds
-        )
+        )[0]
     except RuntimeError as e:
         sdpa["default"] = f"unavailable: {str(e).splitlines()[0][:120]}"
     return [
@@ -206,6 +206,7 @@ def paged_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
             "paged_attention", f"{cfg.name} decode B={seqs} ctx={ctx} Hkv={hkv} d={d} block={bs}", dtype, t_ms,
             naive_ms=n_ms, metric="GB/s (K/V)", triton_value=gbs, share_of_copy=gbs / copy_gbs,
             contiguous_sdpa_ms=sdpa, target="share_of_copy >= 0.70", passed=gbs / copy_gbs >= 0.70, rel_err=err,
+            timing=how,
         )
     ]  # fmt: skip
 
@@ -229,7 +230,7 @@ def flash_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     used = torch.full((seqs,), ctx, device=device, dtype=torch.int32)
     scale = d**-0.5
     call = lambda: flash_attention(q, k, v, cu_q, cu_k, scale, used)  # noqa: E731
-    t_ms = time_calls([call], device, sizes.rounds)
+    t_ms, how = time_kernels([call], device, sizes.rounds)
     n_ms = time_calls([lambda: naive(q, k, v, cu_q, cu_k, scale, used)], device, 1, 0)
     err = rel_error(call(), naive(q.float(), k.float(), v.float(), cu_q, cu_k, scale, used))
     gbs = seqs * kv_bytes_per_seq / (t_ms * 1e-3) / GB
@@ -237,7 +238,7 @@ def flash_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
         _row(
             "flash_attention", f"{cfg.name} decode B={seqs} ctx={ctx} Hkv={hkv} d={d} contiguous", dtype, t_ms,
             naive_ms=n_ms, metric="GB/s (K/V)", triton_value=gbs, share_of_copy=gbs / copy_gbs,
-            target="share_of_copy >= 0.70", passed=gbs / copy_gbs >= 0.70, rel_err=err,
+            target="share_of_copy >= 0.70", passed=gbs / copy_gbs >= 0.70, rel_err=err, timing=how,
         )
     ]  # fmt: skip
 
@@ -256,12 +257,20 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     res = torch.randn(t, hidden, device=device, dtype=dtype)
     w = torch.rand(hidden, device=device, dtype=dtype) + 0.5
     st = STAGES["rmsnorm"]
-    tm = time_calls([lambda: st.optimized(x, w, 1e-5, res)], device, r)
+    tm, how = time_kernels([lambda: st.optimized(x, w, 1e-5, res)], device, r)
     nm = time_calls([lambda: st.naive(x, w, 1e-5, res)], device, r)
     err = rel_error(st.optimized(x, w, 1e-5, res)[0], st.naive(x.float(), w.float(), 1e-5, res.float())[0])
     rows.append(
         bandwidth_row(
-            "rmsnorm+residual", f"{cfg.name} T={t} hidden={hidden}", dtype, tm, nm, 4 * x.numel() * elt, copy_gbs, err
+            "rmsnorm+residual",
+            f"{cfg.name} T={t} hidden={hidden}",
+            dtype,
+            tm,
+            nm,
+            4 * x.numel() * elt,
+            copy_gbs,
+            err,
+            timing=how,
         )
     )
     # RoPE in place on q and k (rotation keeps norms, so repeated calls stay finite).
@@ -273,7 +282,7 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     q0, k0 = q.clone(), k.clone()
     ref = st.naive(pos, q0.float(), k0.float(), cache)[0]
     err = rel_error(st.optimized(pos, q0, k0, cache)[0], ref)
-    tm = time_calls([lambda: st.optimized(pos, q, k, cache)], device, r)
+    tm, how = time_kernels([lambda: st.optimized(pos, q, k, cache)], device, r)
     nm = time_calls([lambda: st.naive(pos, q, k, cache)], device, r)
     rows.append(
         bandwidth_row(
@@ -285,6 +294,7 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
             2 * (q.numel() + k.numel()) * elt,
             copy_gbs,
             err,
+            timing=how,
         )
     )
     # silu_and_mul: read [T', 2*inter], write [T', inter]; T' keeps the set near the row kernels' size.
@@ -292,7 +302,7 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
 
     tg = max(1, t * hidden // (2 * cfg.intermediate_size))
     gate_up = torch.randn(tg, 2 * cfg.intermediate_size, device=device, dtype=dtype)
-    tm = time_calls([lambda: silu_and_mul(gate_up)], device, r)
+    tm, how = time_kernels([lambda: silu_and_mul(gate_up)], device, r)
     nm = time_calls([lambda: silu_and_mul_naive(gate_up)], device, r)
     err = rel_error(silu_and_mul(gate_up), silu_and_mul_naive(gate_up.double()))
     rows.append(
@@ -305,13 +315,14 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
             gate_up.numel() * elt * 3 // 2,
             copy_gbs,
             err,
+            timing=how,
         )
     )
     # Embedding gather: read T rows of the table, write T rows.
     table = torch.randn(cfg.vocab_size, hidden, device=device, dtype=dtype)
     ids = torch.randint(0, cfg.vocab_size, (t,), device=device)
     st = STAGES["embedding"]
-    tm = time_calls([lambda: st.optimized(ids, table)], device, r)
+    tm, how = time_kernels([lambda: st.optimized(ids, table)], device, r)
     nm = time_calls([lambda: st.naive(ids, table)], device, r)
     err = rel_error(st.optimized(ids, table), st.naive(ids, table))
     rows.append(
@@ -324,6 +335,7 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
             2 * t * hidden * elt,
             copy_gbs,
             err,
+            timing=how,
         )
     )
     # KV store: scatter T tokens' K and V into a cache through a permuted slot mapping.
@@ -333,14 +345,22 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     kc, vc = torch.zeros_like(kk), torch.zeros_like(vv)
     slots = torch.randperm(t, device=device)
     st = STAGES["kv_store"]
-    tm = time_calls([lambda: st.optimized(kk, vv, kc, vc, slots)], device, r)
+    tm, how = time_kernels([lambda: st.optimized(kk, vv, kc, vc, slots)], device, r)
     nm = time_calls([lambda: st.naive(kk, vv, kc, vc, slots)], device, r)
     kc.zero_()
     st.optimized(kk, vv, kc, vc, slots)
     err = rel_error(kc[slots], kk)
     rows.append(
         bandwidth_row(
-            "kv_store", f"{cfg.name} T={t} Hkv={hkv} d={d}", dtype, tm, nm, 4 * kk.numel() * elt, copy_gbs, err
+            "kv_store",
+            f"{cfg.name} T={t} Hkv={hkv} d={d}",
+            dtype,
+            tm,
+            nm,
+            4 * kk.numel() * elt,
+            copy_gbs,
+            err,
+            timing=how,
         )
     )
     return rows
@@ -352,7 +372,7 @@ def sampling_cases(cfg: ModelConfig, sizes: Sizes, device) -> list[dict]:
 
     st = STAGES["sampling"]
     inputs = st.example_inputs(cfg, sizes.sample_rows, device, torch.float32)
-    tm = time_calls([lambda: st.optimized(**inputs)], device, sizes.rounds)
+    tm, how = time_kernels([lambda: st.optimized(**inputs)], device, sizes.rounds)
     nm = time_calls([lambda: st.naive(**inputs)], device, sizes.rounds)
     greedy = inputs["sampling"].greedy
     same = st.optimized(**inputs)[greedy].equal(st.naive(**inputs)[greedy])
@@ -360,7 +380,7 @@ def sampling_cases(cfg: ModelConfig, sizes: Sizes, device) -> list[dict]:
         _row(
             "sampling", f"{cfg.name} B={sizes.sample_rows} vocab={cfg.vocab_size}", torch.float32, tm, naive_ms=nm,
             stock="naive (sort-based torch)", stock_ms=nm, ratio_vs_stock=nm / tm, metric="ms",
-            target="ratio_vs_stock > 1", passed=nm / tm > 1, greedy_rows_identical=bool(same),
+            target="ratio_vs_stock > 1", passed=nm / tm > 1, greedy_rows_identical=bool(same), timing=how,
         )
     ]  # fmt: skip
 
