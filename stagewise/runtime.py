@@ -6,6 +6,11 @@ function is defined (Triton reads it at decoration time), so
 CUDA device it switches the interpreter on and says so once on stderr.
 Triton ships wheels for Linux only; elsewhere asking for the triton backend
 explains why it is unavailable instead of failing on an import.
+
+Also here, because kernels, stages and the engine all need them: the switch
+for launchers' value checks (`debug_checks`, a host read each, so off by
+default) and `to_device`, the host -> device copy that does not make the host
+wait.
 """
 
 import importlib.util

@@ -154,6 +154,9 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
         "cu_seqlens_q": cu_q.to(device, torch.int32),
         "cu_seqlens_k": cu_k.to(device, torch.int32),
         "scale": config.head_dim**-0.5,
+        "max_q_len": max(q_lens, default=0),  # the same lengths on the host, as the engine passes them
+        "cu_seqlens_q_host": cu_q.tolist(),
+        "cu_seqlens_k_host": cu_k.tolist(),
     }
 
 

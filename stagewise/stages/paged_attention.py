@@ -38,6 +38,8 @@ partial (max, sum, acc) states merged by a second small kernel (split-K,
 "flash decoding").
 """
 
+import itertools
+
 import torch
 
 from stagewise.config import ModelConfig
@@ -144,6 +146,10 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_si
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
         "cu_seqlens_q": torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32),
         "scale": config.head_dim**-0.5,
+        "max_q_len": max(q_lens, default=0),  # the same lengths on the host, as the engine passes them
+        "max_seq_len": max(seq_lens, default=0),
+        "cu_seqlens_q_host": list(itertools.accumulate(q_lens, initial=0)),
+        "seq_lens_host": seq_lens,
     }
 
 
