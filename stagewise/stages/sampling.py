@@ -38,9 +38,12 @@ logits, never on which other requests share the batch. Streams differ between
 CPU and CUDA generators (different torch RNGs).
 
 What the optimized (Triton) version changes (`stagewise.kernels.sampling`):
-one fused kernel, one program per row, streams the row's logits in blocks and
-applies penalty, temperature and the three filters in registers, never
-writing a [B, V] intermediate. min_p is a direct threshold (min_p / S, with S
+a few streaming passes over the logits apply penalty, temperature and the
+three filters in registers, never writing a [B, V] intermediate; each row's
+vocabulary is split into chunks, one program per (row, chunk), with a small
+per-row combine between passes, so a few rows still fill a GPU. Which passes
+run is decided from the host flags above, not by reading the tensors (that
+would be a host sync). min_p is a direct threshold (min_p / S, with S
 the softmax denominator); the top-k and top-p thresholds (p_cut above) are
 found without a sort, by an exact search over the float bits of the
 threshold, 5 bits per pass over the row (counting, then summing the mass,
