@@ -337,7 +337,10 @@ print("\ncheck: the two seed=1 requests agree; greedy's first token is the argma
 #
 # The naive top-k and top-p sort the whole `[B, vocab]` row. The kernel
 # (`stagewise/kernels/sampling.py`) never sorts and never writes a `[B, vocab]`
-# intermediate; one program per row streams the logits several times:
+# intermediate. It streams the logits several times, one pass per quantity it
+# needs; each row's vocabulary is cut into chunks of 2048 tokens, one program
+# per (row, chunk), and a small per-row combine folds the chunks' partial
+# results between passes (so a batch of 8 rows still fills a GPU):
 #
 # * **min_p** needs no search: max prob = `exp(0)/S` (S the softmax
 #   denominator), so the threshold is just `min_p / S`;

@@ -120,8 +120,9 @@ for name, stage in STAGES.items():
 #   `last_token_index` and `weight.T` through its strides: no gathered copy,
 #   no transposed copy.
 # * **sampling** (`kernels/sampling.py`): penalty, temperature, min_p, top-k,
-#   top-p and the draw **fused** in one kernel; thresholds by a radix search
-#   over the float bits, **no sort**, no `[B, vocab]` intermediates.
+#   top-p and the draw **fused** into a few streaming passes, each row's
+#   vocabulary split across programs; thresholds by a radix search over the
+#   float bits, **no sort**, no `[B, vocab]` intermediates.
 #
 # ### The online softmax, the one idea worth seeing in numbers
 #

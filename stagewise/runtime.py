@@ -6,6 +6,11 @@ function is defined (Triton reads it at decoration time), so
 CUDA device it switches the interpreter on and says so once on stderr.
 Triton ships wheels for Linux only; elsewhere asking for the triton backend
 explains why it is unavailable instead of failing on an import.
+
+Also here, because kernels, stages and the engine all need them: the switch
+for launchers' value checks (`debug_checks`, a host read each, so off by
+default) and `to_device`, the host -> device copy that does not make the host
+wait.
 """
 
 import importlib.util
@@ -53,3 +58,31 @@ def configure_triton() -> str:
         )
         _announced = True
     return "interpreter"
+
+
+DEBUG_CHECKS_ENV = "STAGEWISE_DEBUG_CHECKS"
+
+
+def debug_checks() -> bool:
+    """True when launchers should also check *values* (index ranges, cu_seqlens order): env STAGEWISE_DEBUG_CHECKS=1.
+
+    Checks of shapes, dtypes and strides read only a tensor's metadata and always run. Checking
+    values (are all ids < vocab? is cu_seqlens monotonic?) means reading the tensors on the host:
+    on a GPU that waits for every queued kernel (a host sync), which makes a step host-bound and
+    cannot be captured in a CUDA graph. So value checks are off by default and on in the tests.
+    Read at each call, so a test can switch it with monkeypatch.
+    """
+    return os.environ.get(DEBUG_CHECKS_ENV, "0") == "1"
+
+
+def to_device(values: list, dtype: torch.dtype, device) -> torch.Tensor:
+    """A list of host numbers as a tensor on `device`, copied without making the host wait.
+
+    `torch.tensor(values, device="cuda")` copies from pageable memory and then synchronizes the
+    stream: the host waits for every kernel already queued. From pinned (page-locked) memory with
+    `non_blocking=True` the copy is queued like a kernel instead, and the host runs on.
+    """
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)

@@ -11,6 +11,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracle must never reach a hub
 os.environ.setdefault("STAGEWISE_QUIET", "1")
+os.environ.setdefault("STAGEWISE_DEBUG_CHECKS", "1")  # launchers also check values (ranges, order): host reads
 if not torch.cuda.is_available():  # Triton kernels run in the CPU interpreter, whatever imports triton first
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

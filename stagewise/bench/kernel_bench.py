@@ -138,7 +138,7 @@ def flash_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
     v = torch.randn(b * n, hkv, d, device=device, dtype=dtype)
     cu = torch.arange(0, (b + 1) * n, n, device=device, dtype=torch.int32)  # [B+1]
     scale = d**-0.5
-    call = lambda: flash_attention(q, k, v, cu, cu, scale)  # noqa: E731
+    call = lambda: flash_attention(q, k, v, cu, cu, scale, max_q_len=n)  # noqa: E731  (host int: no sync)
     t_ms, how = time_kernels([call], device, sizes.rounds)
     n_ms = time_calls([lambda: naive(q, k, v, cu, cu, scale)], device, 1, warmup=0)
     q4, k4, v4 = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))  # [B, heads, N, d] views
@@ -184,7 +184,8 @@ def paged_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     cu_q = torch.arange(seqs + 1, device=device, dtype=torch.int32)
     q = torch.randn(seqs, cfg.num_heads, d, device=device, dtype=dtype)
     scale = d**-0.5
-    call = lambda: paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale)  # noqa: E731
+    lengths = dict(max_q_len=1, max_seq_len=ctx)  # host ints, as the engine passes them: no sync per call
+    call = lambda: paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale, **lengths)  # noqa: E731
     t_ms, how = time_kernels([call], device, sizes.rounds)
     n_ms = time_calls([lambda: naive(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale)], device, 1, 0)
     err = rel_error(call(), naive(q.float(), k_cache.float(), v_cache.float(), block_table, seq_lens, cu_q, scale))
@@ -229,7 +230,7 @@ def flash_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     cu_k = torch.arange(0, (seqs + 1) * ctx, ctx, device=device, dtype=torch.int32)
     used = torch.full((seqs,), ctx, device=device, dtype=torch.int32)
     scale = d**-0.5
-    call = lambda: flash_attention(q, k, v, cu_q, cu_k, scale, used)  # noqa: E731
+    call = lambda: flash_attention(q, k, v, cu_q, cu_k, scale, used, max_q_len=1)  # noqa: E731  (host int: no sync)
     t_ms, how = time_kernels([call], device, sizes.rounds)
     n_ms = time_calls([lambda: naive(q, k, v, cu_q, cu_k, scale, used)], device, 1, 0)
     err = rel_error(call(), naive(q.float(), k.float(), v.float(), cu_q, cu_k, scale, used))

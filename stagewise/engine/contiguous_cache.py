@@ -35,10 +35,25 @@ class ContiguousKVStep:
     cu_seqlens_q: torch.Tensor  # [B+1] int32: query rows of each sequence
     cu_seqlens_k: torch.Tensor  # [B+1] int32: first cache slot of each sequence's keys
     seqused_k: torch.Tensor  # [B] int32: keys each sequence reads (its length, this step included)
+    # the same values as host ints and flags, so no stage or launcher reads a device tensor back:
+    cu_seqlens_q_host: list[int]  # [B+1]
+    cu_seqlens_k_host: list[int]  # [B+1]
+    seqused_k_host: list[int]  # [B]
+    max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
+    all_slots_valid: bool  # no token is padding (no slot is -1)
 
     def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [rows * capacity, Hkv, d]
-        ops("kv_store", layer=layer, k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=self.slot_mapping)
+        ops(
+            "kv_store",
+            layer=layer,
+            k=k,
+            v=v,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            slot_mapping=self.slot_mapping,
+            all_slots_valid=self.all_slots_valid,
+        )
         return ops(
             "attention",
             layer=layer,
@@ -49,4 +64,8 @@ class ContiguousKVStep:
             cu_seqlens_k=self.cu_seqlens_k,
             scale=scale,
             seqused_k=self.seqused_k,
+            max_q_len=self.max_q_len,
+            cu_seqlens_q_host=self.cu_seqlens_q_host,
+            cu_seqlens_k_host=self.cu_seqlens_k_host,
+            seqused_k_host=self.seqused_k_host,
         )

@@ -19,6 +19,7 @@ import torch
 
 from stagewise.config import EngineConfig, ModelConfig
 from stagewise.errors import StagewiseError
+from stagewise.runtime import to_device
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -98,7 +99,7 @@ class PagedKVCache:
     def write_row(self, request_id: str, block_ids: list[int]) -> int:
         """Copy a request's block list into its block-table row; returns the row index."""
         row = self.row(request_id)
-        self.block_table[row, : len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        self.block_table[row, : len(block_ids)] = to_device(block_ids, torch.int32, self.block_table.device)
         return row
 
 
@@ -111,6 +112,11 @@ class PagedKVStep:
     block_table: torch.Tensor  # [B, max_blocks] int32: the rows of this step's sequences
     seq_lens: torch.Tensor  # [B] int32: tokens in the cache per sequence after this step
     cu_seqlens_q: torch.Tensor  # [B+1] int32: this step's query rows per sequence
+    # the same lengths as host ints, so no stage or launcher reads a device tensor back:
+    cu_seqlens_q_host: list[int]  # [B+1]
+    seq_lens_host: list[int]  # [B]
+    max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
+    max_seq_len: int  # the longest sequence (decides split-K)
 
     def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.cache.kv[layer, 0], self.cache.kv[layer, 1]  # [num_blocks, block_size, Hkv, d]
@@ -123,6 +129,7 @@ class PagedKVStep:
             k_cache=k_cache.view(flat),
             v_cache=v_cache.view(flat),
             slot_mapping=self.slot_mapping,
+            all_slots_valid=True,  # every scheduled token has a slot: no padding in a paged batch
         )
         return ops(
             "paged_attention",
@@ -134,4 +141,8 @@ class PagedKVStep:
             seq_lens=self.seq_lens,
             cu_seqlens_q=self.cu_seqlens_q,
             scale=scale,
+            max_q_len=self.max_q_len,
+            max_seq_len=self.max_seq_len,
+            cu_seqlens_q_host=self.cu_seqlens_q_host,
+            seq_lens_host=self.seq_lens_host,
         )

@@ -13,6 +13,7 @@ One `step()`:
    request can join in the very next step.
 """
 
+import itertools
 import time
 from collections.abc import Iterator
 
@@ -29,6 +30,7 @@ from stagewise.engine.tracing import begin_step, end_step, request_info
 from stagewise.errors import StagewiseError
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
+from stagewise.runtime import to_device
 
 
 class PagedRunner:
@@ -141,20 +143,26 @@ class PagedRunner:
             seq_lens.append(start + n)
             if s.samples:
                 last.append(len(ids) - 1)
-        cu = torch.tensor([0, *q_lens]).cumsum(0)
+        cu = list(itertools.accumulate(q_lens, initial=0))  # [B+1] on the host
         max_blocks = max(-(-n // bs) for n in seq_lens)
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            cu_seqlens_q=cu.to(device=device, dtype=torch.int32),
-            last_token_index=torch.tensor(last, dtype=torch.long, device=device),
+            input_ids=to_device(ids, torch.long, device),
+            positions=to_device(positions, torch.long, device),
+            cu_seqlens_q=to_device(cu, torch.int32, device),
+            last_token_index=to_device(last, torch.long, device),
+            cu_seqlens_q_host=cu,
+            max_q_len=max(q_lens),
         )
         kv = PagedKVStep(
             cache=self.cache,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            block_table=self.cache.block_table[torch.tensor(rows, device=device), :max_blocks].contiguous(),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            slot_mapping=to_device(slots, torch.long, device),
+            block_table=self.cache.block_table[to_device(rows, torch.long, device), :max_blocks].contiguous(),
+            seq_lens=to_device(seq_lens, torch.int32, device),
             cu_seqlens_q=batch.cu_seqlens_q,
+            cu_seqlens_q_host=cu,
+            seq_lens_host=seq_lens,
+            max_q_len=batch.max_q_len,
+            max_seq_len=max(seq_lens),
         )
         return batch, kv
 

@@ -45,7 +45,7 @@ class RecomputeRunner:
             begin_step(
                 self.stats.steps, "naive", infos, {"positions": batch.positions, "cu_seqlens_q": batch.cu_seqlens_q}
             )
-            logits = self.model.forward(batch, NoKVCache(batch.cu_seqlens_q))  # [B, vocab]
+            logits = self.model.forward(batch, NoKVCache.of(batch))  # [B, vocab]
             self.stats.steps += 1
             self.stats.tokens_computed += batch.num_tokens
             tokens = sample_next_tokens(self.model.ops, logits, active)

@@ -1,4 +1,10 @@
-"""Sample the next token of every scheduled request from its logits row."""
+"""Sample the next token of every scheduled request from its logits row.
+
+The one place a step reads the device: the sampled ids come back to the host
+(one `.tolist()`), because the engine needs them to detect EOS and stop
+strings and to schedule the next step. Everything before is queued without a
+wait: the sampling settings are host values copied to the device.
+"""
 
 import torch
 
@@ -13,9 +19,9 @@ def sample_next_tokens(ops: StageOps, logits: torch.Tensor, requests: list[Reque
     if logits.is_meta:  # a shape-only model has no numbers: sample from all-zero logits (token 0, greedy)
         logits = torch.zeros(logits.shape, dtype=logits.dtype)
     if any(r.params.repetition_penalty != 1.0 for r in requests):
-        seen = torch.stack([r.seen_mask(vocab) for r in requests])  # [B, vocab] bool
+        seen = torch.stack([r.seen_mask(vocab) for r in requests])  # [B, vocab] bool, on the host
     else:
-        seen = torch.zeros(len(requests), vocab, dtype=torch.bool)  # no penalty: nothing to mark
+        seen = torch.zeros(len(requests), vocab, dtype=torch.bool, device=logits.device)  # no penalty: nothing
     sampling = SamplingTensors.from_params(
         params=[r.params for r in requests],
         seen=seen,
@@ -23,4 +29,5 @@ def sample_next_tokens(ops: StageOps, logits: torch.Tensor, requests: list[Reque
         seeds=[r.seed for r in requests],
         device=logits.device,
     )
-    return ops("sampling", logits=logits, sampling=sampling).tolist()  # [B, vocab] -> [B]
+    tokens = ops("sampling", logits=logits, sampling=sampling)  # [B, vocab] -> [B]
+    return tokens.tolist()  # the step's one device -> host read: the engine needs the ids (EOS, stop strings)

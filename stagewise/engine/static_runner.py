@@ -26,6 +26,7 @@ from stagewise.engine.sampler import sample_next_tokens
 from stagewise.engine.tracing import begin_step, end_step, request_info
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
+from stagewise.runtime import to_device
 
 
 class StaticBatchRunner:
@@ -60,7 +61,7 @@ class StaticBatchRunner:
             ids += [self.pad_id] * pads[b] + r.prompt_token_ids
             positions += [0] * pads[b] + list(range(r.num_prompt_tokens))
             slots += [-1] * pads[b] + [row_start[b] + pads[b] + t for t in range(r.num_prompt_tokens)]
-        cu_q = torch.arange(num_rows + 1) * prompt_len  # [B+1]: every row has P_max query rows
+        cu_q = [b * prompt_len for b in range(num_rows + 1)]  # [B+1]: every row has P_max query rows
         seq_lens = [r.num_prompt_tokens for r in reqs]
         now = time.perf_counter()
         for r in reqs:
@@ -81,24 +82,31 @@ class StaticBatchRunner:
                     slots.append(row_start[b] + pads[b] + r.num_tokens - 1)
                     seq_lens[b] = r.num_tokens
             wasted = sum(r.finished for r in reqs)
-            cu_q = torch.arange(num_rows + 1)  # one query row per sequence
+            cu_q = list(range(num_rows + 1))  # one query row per sequence
             yield from self._step(reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_rows, wasted)
 
     def _step(self, reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_tokens, wasted):
         device = self.model.batch_device
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            cu_seqlens_q=cu_q.to(device=device, dtype=torch.int32),
-            last_token_index=(cu_q[1:] - 1).to(device=device, dtype=torch.long),
+            input_ids=to_device(ids, torch.long, device),
+            positions=to_device(positions, torch.long, device),
+            cu_seqlens_q=to_device(cu_q, torch.int32, device),
+            last_token_index=to_device([c - 1 for c in cu_q[1:]], torch.long, device),
+            cu_seqlens_q_host=cu_q,
+            max_q_len=num_tokens // len(reqs),  # every row has the same count: P_max, or 1
         )
         starts = [b * cache.capacity + pads[b] for b in range(len(reqs))] + [len(reqs) * cache.capacity]
         kv = ContiguousKVStep(
             cache=cache,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            slot_mapping=to_device(slots, torch.long, device),
             cu_seqlens_q=batch.cu_seqlens_q,
-            cu_seqlens_k=torch.tensor(starts, dtype=torch.int32, device=device),
-            seqused_k=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            cu_seqlens_k=to_device(starts, torch.int32, device),
+            seqused_k=to_device(seq_lens, torch.int32, device),
+            cu_seqlens_q_host=cu_q,
+            cu_seqlens_k_host=starts,
+            seqused_k_host=list(seq_lens),  # a copy: the caller keeps updating seq_lens
+            max_q_len=batch.max_q_len,
+            all_slots_valid=-1 not in slots,
         )
         prefill = num_tokens > len(reqs)
         rows = num_tokens // len(reqs)  # query rows per sequence this step (P_max, or 1)
@@ -128,7 +136,9 @@ class StaticBatchRunner:
         self.stats.tokens_computed += num_tokens
         self.stats.padding_tokens += wasted
         live = [b for b, r in enumerate(reqs) if not r.finished]
-        tokens = sample_next_tokens(self.model.ops, logits[live], [reqs[b] for b in live])
+        if len(live) < len(reqs):  # rows of finished requests are not sampled
+            logits = logits.index_select(0, to_device(live, torch.long, logits.device))  # [B, V] -> [live, V]
+        tokens = sample_next_tokens(self.model.ops, logits, [reqs[b] for b in live])
         results = []
         for b, token in zip(live, tokens):
             r = reqs[b]

@@ -84,6 +84,7 @@ from stagewise.kernels.attention_common import (
 from stagewise.kernels.checks import KernelInputError, check_same_device
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
+from stagewise.runtime import debug_checks
 
 NAME = "flash_attention"
 INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}  # the interpreter pays per op, not per FLOP: few, small tiles
@@ -241,6 +242,21 @@ if not INTERPRETER:  # autotune needs a driver: on a GPU only
     )(_flash_attention_kernel)
 
 
+def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_q_len: int | None) -> None:
+    """Debug checks: read the offsets on the host and check every sequence's rows lie inside q and k."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    check_cu_seqlens_q(NAME, cu_q, q.shape[0])
+    used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
+    for b in range(len(cu_q) - 1):
+        if used[b] < 0 or cu_k[b] < 0 or cu_k[b] + used[b] > k.shape[0]:
+            raise KernelInputError(
+                f"{NAME}: sequence {b} reads keys {cu_k[b]}..{cu_k[b] + used[b]} of k, which has {k.shape[0]} rows"
+            )
+    longest = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
+    if max_q_len is not None and max_q_len < longest:
+        raise KernelInputError(f"{NAME}: max_q_len {max_q_len} is below the longest sequence's {longest} query rows")
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -250,14 +266,19 @@ def flash_attention(
     scale: float,
     seqused_k: torch.Tensor | None = None,
     num_splits: int | None = None,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1] int32, seqused_k [B] int32 or None -> [Tq, H, d].
 
     `num_splits` forces split-K (1 = off); None lets `choose_num_splits` decide for the decode tile,
     from the grid and Tk / B keys per sequence (a contiguous cache's capacity per row; no host read).
 
-    Reads cu_seqlens_q (and the key counts) on the host once, to size the grid
-    and to check every sequence's rows lie inside q and k.
+    `max_q_len` (the longest sequence's query rows, a host int from the scheduler) sizes the grid.
+    The launcher never reads cu_seqlens or seqused_k on the host: that would wait for every kernel
+    queued before it (a host sync), making the step host-bound and impossible to capture in a CUDA
+    graph. Without `max_q_len` it falls back to reading cu_seqlens_q (one sync; the engine always
+    passes it). With debug checks on (`stagewise.runtime.debug_checks`) it reads them all and checks
+    that every sequence's rows lie inside q and k, and that `max_q_len` covers every sequence.
     """
     num_heads, num_kv_heads, head_dim = check_qkv(NAME, q, k, v, kv_ndim=3)
     check_index(NAME, "cu_seqlens_q", cu_seqlens_q, None)
@@ -273,18 +294,12 @@ def flash_attention(
     else:
         check_same_device(NAME, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     qk_scale = qk_scale_log2(scale)
-
-    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    check_cu_seqlens_q(NAME, cu_q, q.shape[0])
-    used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
-    for b in range(num_seqs):
-        if used[b] < 0 or cu_k[b] < 0 or cu_k[b] + used[b] > k.shape[0]:
-            raise KernelInputError(
-                f"{NAME}: sequence {b} reads keys {cu_k[b]}..{cu_k[b] + used[b]} of k, which has {k.shape[0]} rows"
-            )
+    if debug_checks():
+        _check_values(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_q_len)
+    if max_q_len is None:  # the fallback: one host read (the engine passes max_q_len)
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if num_seqs > 0 else 0
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [Tq, H, d]; every row is written
-    max_q_len = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
     if max_q_len == 0:
         return out
     group = num_heads // num_kv_heads

@@ -37,8 +37,10 @@ Now a program
 
 On a GPU, BLOCK_T and num_warps are autotuned around that choice.
 
-Out-of-range slots would silently overwrite other memory on a GPU, so the
-launcher checks `-1 <= slot < num_slots` first: one host sync (min/max of T ints).
+Out-of-range slots would silently overwrite other memory on a GPU. Checking
+`-1 <= slot < num_slots` is a host sync (min/max of T ints read back), so the
+launcher does it only with debug checks on (`STAGEWISE_DEBUG_CHECKS=1`, as in
+the test suite): a step must not wait for the GPU (CUDA graphs, host-bound steps).
 """
 
 import torch
@@ -55,6 +57,7 @@ from stagewise.kernels.checks import (
     check_same_device,
 )
 from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.runtime import debug_checks
 
 NAME = "kv_store"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -123,7 +126,12 @@ def kv_store_tiles(
 def kv_store(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """k, v [T, Hkv, d] (strided along tokens allowed); caches [num_slots, Hkv, d] contiguous; slot_mapping [T]."""
+    """k, v [T, Hkv, d] (strided along tokens allowed); caches [num_slots, Hkv, d] contiguous; slot_mapping [T].
+
+    Never reads slot_mapping on the host: the grid comes from shapes, so the launch queues without
+    waiting for the GPU (no host-bound step, capturable in a CUDA graph). That slots lie in the
+    cache is checked only with debug checks on (`stagewise.runtime.debug_checks`).
+    """
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_dim(NAME, name, t, 3)
         check_dtype(NAME, name, t, FLOAT_DTYPES)
@@ -153,11 +161,13 @@ def kv_store(
         )
     if num_tokens == 0 or num_kv_heads == 0 or head_dim == 0:
         return
-    lo, hi = torch.stack(list(torch.aminmax(slot_mapping))).tolist()  # one host sync for both bounds
-    if lo < -1 or hi >= num_slots:
-        raise KernelInputError(
-            f"{NAME}: slot_mapping must lie in [0, {num_slots}) (cache slots) or be -1 (skip); got min {lo}, max {hi}"
-        )
+    if debug_checks():  # a value check reads slot_mapping on the host: a sync, so only on request
+        lo, hi = torch.stack(list(torch.aminmax(slot_mapping))).tolist()
+        if lo < -1 or hi >= num_slots:
+            raise KernelInputError(
+                f"{NAME}: slot_mapping must lie in [0, {num_slots}) (cache slots) or be -1 (skip); "
+                f"got min {lo}, max {hi}"
+            )
     slot_mapping = slot_mapping.contiguous()  # [T]
 
     heads, candidates = kv_store_tiles(num_tokens, num_kv_heads, head_dim)

@@ -53,6 +53,7 @@ from stagewise.kernels.attention_common import (
 from stagewise.kernels.checks import KernelInputError, check_contiguous, check_dim, check_dtype, check_same_device
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
+from stagewise.runtime import debug_checks
 
 NAME = "paged_attention"
 
@@ -199,6 +200,21 @@ def _blocks(max_q_len: int, group: int, head_dim: int) -> dict:
     return {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
 
 
+def _check_values(num_tokens: int, block_table, seq_lens, cu_seqlens_q, block_size: int, max_q_len, max_seq_len):
+    """Debug checks: read the lengths on the host; check them against q, the block table and the host maxima."""
+    cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    check_cu_seqlens_q(NAME, cu_q, num_tokens)
+    capacity = block_table.shape[1] * block_size
+    for b, n in enumerate(lens):
+        if n < 0 or n > capacity:
+            raise KernelInputError(f"{NAME}: seq_lens[{b}] = {n} does not fit a block-table row ({capacity} tokens)")
+    longest_q = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
+    if max_q_len is not None and max_q_len < longest_q:
+        raise KernelInputError(f"{NAME}: max_q_len {max_q_len} is below the longest sequence's {longest_q} query rows")
+    if max_seq_len is not None and max_seq_len < max(lens, default=0):
+        raise KernelInputError(f"{NAME}: max_seq_len {max_seq_len} is below the longest seq_lens {max(lens)}")
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -208,12 +224,20 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, d], caches [num_blocks, block_size, Hkv, d], block_table [B, max_blocks] int32,
     seq_lens [B] int32, cu_seqlens_q [B+1] int32 -> [T, H, d].
 
     `num_splits` forces split-K (1 = off); None lets `choose_num_splits` decide.
-    Reads cu_seqlens_q and seq_lens on the host once, to size the grid and check them.
+    `max_q_len` (longest query rows) sizes the grid and picks the tile; `max_seq_len` (longest
+    sequence, for the split-K choice) defaults to the block table's capacity. Both are host ints
+    from the scheduler: the launcher never reads cu_seqlens_q or seq_lens on the host, since that
+    waits for every kernel queued before it (a host sync), which makes the step host-bound and
+    cannot be captured in a CUDA graph. Without `max_q_len` it falls back to reading cu_seqlens_q
+    (one sync; the engine always passes it). With debug checks on (`stagewise.runtime.debug_checks`)
+    it reads both and checks them against q, the block table and the maxima.
     """
     num_heads, num_kv_heads, head_dim = check_qkv(NAME, q, k_cache, v_cache, kv_ndim=4, kv_names=("k_cache", "v_cache"))
     check_contiguous(NAME, "k_cache", k_cache)
@@ -236,16 +260,14 @@ def paged_attention(
     )
     qk_scale = qk_scale_log2(scale)
     num_tokens, block_size = q.shape[0], k_cache.shape[1]
-
-    cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
-    check_cu_seqlens_q(NAME, cu_q, num_tokens)
-    capacity = block_table.shape[1] * block_size
-    for b, n in enumerate(lens):
-        if n < 0 or n > capacity:
-            raise KernelInputError(f"{NAME}: seq_lens[{b}] = {n} does not fit a block-table row ({capacity} tokens)")
+    if debug_checks():
+        _check_values(num_tokens, block_table, seq_lens, cu_seqlens_q, block_size, max_q_len, max_seq_len)
+    if max_q_len is None:  # the fallback: one host read (the engine passes max_q_len)
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if num_seqs > 0 else 0
+    if max_seq_len is None:  # no read needed: no sequence is longer than its block-table row
+        max_seq_len = block_table.shape[1] * block_size
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, d]; every row is written
-    max_q_len = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
     if max_q_len == 0:
         return out
     group = num_heads // num_kv_heads
@@ -253,7 +275,7 @@ def paged_attention(
     blocks = _blocks(max_q_len, group, head_dim)
     num_q_blocks = triton.cdiv(max_q_len * group, blocks["BLOCK_M"])
     if num_splits is None:
-        num_splits = choose_num_splits(num_q_blocks * num_seqs * num_kv_heads, max(lens), num_sms(q.device))
+        num_splits = choose_num_splits(num_q_blocks * num_seqs * num_kv_heads, max_seq_len, num_sms(q.device))
     if num_splits < 1:
         raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
 

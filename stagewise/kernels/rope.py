@@ -58,6 +58,7 @@ from stagewise.kernels.checks import (
     check_same_device,
 )
 from stagewise.kernels.row_tiles import TileConfig, launch, tokens_per_program, warps_for
+from stagewise.runtime import debug_checks
 
 NAME = "rope"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -169,7 +170,9 @@ def rope(
     """positions [T], q [T, H, d], k [T, Hkv, d], cos_sin_cache [max_position, d] -> (q, k), rotated in place.
 
     q and k may be strided along tokens and heads; their last dimension must be contiguous.
-    Checking that positions lie inside the cache costs one host sync (min/max of T ints).
+    Never reads positions on the host: the grid comes from shapes, so the launch queues without
+    waiting for the GPU (no host-bound step, capturable in a CUDA graph). That positions lie
+    inside the cache is checked only with debug checks on (`stagewise.runtime.debug_checks`).
     """
     check_dim(NAME, "positions", positions, 1)
     check_dim(NAME, "q", q, 3)
@@ -202,11 +205,12 @@ def rope(
         )
     if num_tokens == 0:
         return q, k
-    lo, hi = torch.stack(list(torch.aminmax(positions))).tolist()  # one host sync for both bounds
-    if lo < 0 or hi >= max_position:
-        raise KernelInputError(
-            f"{NAME}: positions must lie in [0, {max_position}) (rows of cos_sin_cache); got min {lo}, max {hi}"
-        )
+    if debug_checks():  # a value check reads positions on the host: a sync, so only on request
+        lo, hi = torch.stack(list(torch.aminmax(positions))).tolist()
+        if lo < 0 or hi >= max_position:
+            raise KernelInputError(
+                f"{NAME}: positions must lie in [0, {max_position}) (rows of cos_sin_cache); got min {lo}, max {hi}"
+            )
     positions = positions.contiguous()  # [T]
 
     heads, tile = rope_tiles(num_tokens, num_heads, num_kv_heads, head_dim)

@@ -8,6 +8,8 @@ Variable length: sequences are packed end to end, no padding. Sequence b owns
 query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` and key/value rows starting at
 `cu_seqlens_k[b]`; it uses `seqused_k[b]` of them when given (so a cache with
 spare capacity per sequence needs no copy), else up to `cu_seqlens_k[b+1]`.
+The engine also passes these lengths as host ints (`max_q_len`, the `*_host`
+lists), so neither path reads a device tensor back to size its work.
 
 Causal mask, aligned bottom-right: when a sequence has Lq queries and Lk keys,
 its queries are the *last* Lq positions, so query i may see key j iff
@@ -81,15 +83,25 @@ def naive(
     cu_seqlens_k: torch.Tensor,
     scale: float,
     seqused_k: torch.Tensor | None = None,
+    max_q_len: int | None = None,
+    cu_seqlens_q_host: list[int] | None = None,
+    cu_seqlens_k_host: list[int] | None = None,
+    seqused_k_host: list[int] | None = None,
 ) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> [Tq, H, d].
 
     One sequence at a time, each with its own exact shapes: a request's numbers never depend on
     which other requests share the batch (so continuous batching gives the tokens of a run alone).
+    The `*_host` lists are the same offsets as Python ints (the scheduler has them): slicing with
+    them reads nothing back from the device. Without them the tensors are read (a host sync).
     """
     out = torch.empty_like(q)
-    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
+    cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
+    cu_k = cu_seqlens_k_host if cu_seqlens_k_host is not None else cu_seqlens_k.tolist()
+    if seqused_k is None:
+        used = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    else:
+        used = seqused_k_host if seqused_k_host is not None else seqused_k.tolist()
     for b in range(len(cu_q) - 1):
         q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
         if q_end == q_start:
@@ -107,11 +119,20 @@ def optimized(
     cu_seqlens_k: torch.Tensor,
     scale: float,
     seqused_k: torch.Tensor | None = None,
+    max_q_len: int | None = None,
+    cu_seqlens_q_host: list[int] | None = None,
+    cu_seqlens_k_host: list[int] | None = None,
+    seqused_k_host: list[int] | None = None,
 ) -> torch.Tensor:
-    """Triton FlashAttention: K/V tiles stream past a query tile, online softmax, no [Lq, Lk] matrix."""
+    """Triton FlashAttention: K/V tiles stream past a query tile, online softmax, no [Lq, Lk] matrix.
+
+    Only `max_q_len` (host int) is needed, to size the grid; the kernel reads the offsets itself.
+    """
     from stagewise.kernels.flash_attention import flash_attention  # lazily: importing kernels picks GPU or interpreter
 
-    return flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k)  # -> [Tq, H, d]
+    if max_q_len is None and cu_seqlens_q_host is not None:
+        max_q_len = max((b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0)
+    return flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k, max_q_len=max_q_len)  # [Tq, H, d]
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -133,6 +154,9 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
         "cu_seqlens_q": cu_q.to(device, torch.int32),
         "cu_seqlens_k": cu_k.to(device, torch.int32),
         "scale": config.head_dim**-0.5,
+        "max_q_len": max(q_lens, default=0),  # the same lengths on the host, as the engine passes them
+        "cu_seqlens_q_host": cu_q.tolist(),
+        "cu_seqlens_k_host": cu_k.tolist(),
     }
 
 

@@ -11,9 +11,10 @@ coalesced loads.
 The Triton kernel (`kernels/embedding.py`) runs one program per (tile of
 tokens, block of up to 4096 columns): one load of the tile's ids, one masked
 load of their table rows, one store, nothing else, so it runs near copy
-bandwidth. Its launcher first checks that every id is
-inside the vocabulary (a kernel would silently read other memory), which costs
-one device sync per call (a min/max of the T ids).
+bandwidth. With debug checks on (`STAGEWISE_DEBUG_CHECKS=1`) its launcher
+first checks that every id is inside the vocabulary (a kernel would silently
+read other memory); that costs a device sync (a min/max of the T ids read
+back), so an engine step runs without it.
 """
 
 import torch

@@ -24,11 +24,21 @@ from stagewise.stages.base import Stage
 
 
 def naive(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    all_slots_valid: bool | None = None,
 ) -> None:
-    """k, v [T, Hkv, d]; k_cache, v_cache [num_slots, Hkv, d]; slot_mapping [T] (-1 = skip)."""
-    keep = slot_mapping >= 0  # [T] bool
-    if not bool(keep.all()):  # drop the padding tokens
+    """k, v [T, Hkv, d]; k_cache, v_cache [num_slots, Hkv, d]; slot_mapping [T] (-1 = skip).
+
+    `all_slots_valid`: the caller knows no slot is -1 (a host bool); else the mask is read (a host sync).
+    """
+    if all_slots_valid is None:
+        all_slots_valid = bool((slot_mapping >= 0).all())  # reads the slots back: a host sync
+    if not all_slots_valid:  # drop the padding tokens
+        keep = slot_mapping >= 0  # [T] bool
         slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
     slots = slot_mapping.long().to(k_cache.device)  # [T_kept]
     k_cache.index_copy_(0, slots, k.to(k_cache.dtype))  # cache[slots[i]] = k[i]
@@ -36,9 +46,17 @@ def naive(
 
 
 def optimized(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    all_slots_valid: bool | None = None,
 ) -> None:
-    """Triton scatter: one program per token copies its K and V into cache[slot] (slot -1: skipped)."""
+    """Triton scatter: one program per token copies its K and V into cache[slot] (slot -1: skipped).
+
+    The kernel skips -1 slots itself, so `all_slots_valid` is not needed here.
+    """
     from stagewise.kernels.kv_store import kv_store  # lazily: importing kernels picks GPU or interpreter
 
     kv_store(k, v, k_cache, v_cache, slot_mapping)  # writes k_cache, v_cache in place

@@ -13,7 +13,9 @@ already stored) and `q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]` queries:
 its *last* q_len positions. The causal mask is aligned bottom-right, as in the
 contiguous `attention` stage, so one function serves decode (q_len 1), a
 whole prefill (q_len == seq_len) and a chunk of a prefill on top of a cached
-prefix (chunked prefill, prefix-cache hits).
+prefix (chunked prefill, prefix-cache hits). The engine also passes the
+lengths as host ints (`max_q_len`, `max_seq_len`, the `*_host` lists), so
+neither path reads a device tensor back to size its work.
 
 GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 
@@ -35,6 +37,8 @@ is read once per GQA group, not once per query head. For a few long sequences
 partial (max, sum, acc) states merged by a second small kernel (split-K,
 "flash decoding").
 """
+
+import itertools
 
 import torch
 
@@ -62,15 +66,22 @@ def naive(
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     scale: float,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    cu_seqlens_q_host: list[int] | None = None,
+    seq_lens_host: list[int] | None = None,
 ) -> torch.Tensor:
     """One sequence at a time: gather its blocks into contiguous K/V, then the contiguous reference.
 
     Gathering sequence by sequence keeps each copy small enough to stay in cache for the attention
     that reads it right after (2-3x faster on a CPU than one gather of every sequence's blocks).
+    The `*_host` lists are the lengths as Python ints (the scheduler has them): no read back from
+    the device. Without them the tensors are read (a host sync).
     """
     out = torch.empty_like(q)
-    cu_q = cu_seqlens_q.tolist()
-    for b, seq_len in enumerate(seq_lens.tolist()):
+    cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
+    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
         q_start, q_end = cu_q[b], cu_q[b + 1]
         if q_end == q_start:
             continue
@@ -88,11 +99,24 @@ def optimized(
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     scale: float,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    cu_seqlens_q_host: list[int] | None = None,
+    seq_lens_host: list[int] | None = None,
 ) -> torch.Tensor:
-    """Triton paged attention: K/V tiles read in place through the block table, online softmax."""
+    """Triton paged attention: K/V tiles read in place through the block table, online softmax.
+
+    Only `max_q_len` and `max_seq_len` (host ints) are needed, to size the grid and choose split-K.
+    """
     from stagewise.kernels.paged_attention import paged_attention  # lazily: importing kernels picks GPU or interpreter
 
-    return paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale)  # -> [T, H, d]
+    if max_q_len is None and cu_seqlens_q_host is not None:
+        max_q_len = max((b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0)
+    if max_seq_len is None and seq_lens_host is not None:
+        max_seq_len = max(seq_lens_host, default=0)
+    return paged_attention(
+        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, max_q_len=max_q_len, max_seq_len=max_seq_len
+    )  # -> [T, H, d]
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_size: int = 16) -> dict:
@@ -122,6 +146,10 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_si
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
         "cu_seqlens_q": torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32),
         "scale": config.head_dim**-0.5,
+        "max_q_len": max(q_lens, default=0),  # the same lengths on the host, as the engine passes them
+        "max_seq_len": max(seq_lens, default=0),
+        "cu_seqlens_q_host": list(itertools.accumulate(q_lens, initial=0)),
+        "seq_lens_host": seq_lens,
     }
 
 

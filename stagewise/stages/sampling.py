@@ -38,9 +38,12 @@ logits, never on which other requests share the batch. Streams differ between
 CPU and CUDA generators (different torch RNGs).
 
 What the optimized (Triton) version changes (`stagewise.kernels.sampling`):
-one fused kernel, one program per row, streams the row's logits in blocks and
-applies penalty, temperature and the three filters in registers, never
-writing a [B, V] intermediate. min_p is a direct threshold (min_p / S, with S
+a few streaming passes over the logits apply penalty, temperature and the
+three filters in registers, never writing a [B, V] intermediate; each row's
+vocabulary is split into chunks, one program per (row, chunk), with a small
+per-row combine between passes, so a few rows still fill a GPU. Which passes
+run is decided from the host flags above, not by reading the tensors (that
+would be a host sync). min_p is a direct threshold (min_p / S, with S
 the softmax denominator); the top-k and top-p thresholds (p_cut above) are
 found without a sort, by an exact search over the float bits of the
 threshold, 5 bits per pass over the row (counting, then summing the mass,
@@ -59,6 +62,7 @@ from torch import Tensor
 
 from stagewise.config import ModelConfig
 from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+from stagewise.runtime import to_device
 from stagewise.stages.base import Stage
 
 _MASK64 = 2**64 - 1
@@ -66,7 +70,12 @@ _MASK64 = 2**64 - 1
 
 @dataclass
 class SamplingTensors:
-    """Per-row sampling settings for one engine step (row b = the b-th scheduled sequence)."""
+    """Per-row sampling settings for one engine step (row b = the b-th scheduled sequence).
+
+    The tensors feed the kernels; the host fields below say the same things as Python values
+    (they come from `SamplingParams`, host objects), so a step decides which work to do, and
+    seeds the naive path's generators, without reading a device tensor back.
+    """
 
     temperature: Tensor  # [B] float32; < 1e-5 = greedy
     top_k: Tensor  # [B] int64; 0 = off (SamplingParams' -1 is stored as 0)
@@ -76,6 +85,13 @@ class SamplingTensors:
     seen: Tensor  # [B, V] bool; tokens in the prompt or generated so far (the penalized set)
     seeds: Tensor  # [B] int64; the request's seed
     offsets: Tensor  # [B] int64; tokens this request has drawn so far (position in its random stream)
+    greedy_rows: list[bool]  # [B] host: row b decodes greedily (temperature < 1e-5)
+    seeds_host: list[int]  # [B] host: the seeds above
+    offsets_host: list[int]  # [B] host: the offsets above
+    any_penalty: bool  # host: some row has repetition_penalty != 1
+    any_min_p: bool  # host: some row has min_p > 0
+    any_top_k: bool  # host: some row has top_k > 0
+    any_top_p: bool  # host: some row has top_p < 1
 
     @classmethod
     def from_params(
@@ -86,7 +102,7 @@ class SamplingTensors:
         seeds: list[int],
         device: torch.device | str,
     ) -> "SamplingTensors":
-        """Stack the requests' params into row tensors.
+        """Stack the requests' params into row tensors (and host flags).
 
         `seeds[b]` is used when `params[b].seed` is None (the engine picks it once per
         request and keeps it); a seed set in the params always wins.
@@ -97,22 +113,26 @@ class SamplingTensors:
                 f"from_params: {num_seqs} params need seen [{num_seqs}, V] and {num_seqs} offsets and seeds, "
                 f"got seen {list(seen.shape)}, {len(offsets)} offsets, {len(seeds)} seeds"
             )
-
-        def floats(values: list[float]) -> Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
-
-        def ints(values: list[int]) -> Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
+        row_seeds = [p.seed if p.seed is not None else s for p, s in zip(params, seeds)]
+        top_k = [max(p.top_k, 0) for p in params]  # -1 and 0 both mean off -> 0
+        if torch.device(device).type == "cuda" and seen.device.type == "cpu":
+            seen = seen.pin_memory().to(device, non_blocking=True)  # from pinned memory: queued, no host wait
         return cls(
-            temperature=floats([p.temperature for p in params]),
-            top_k=ints([max(p.top_k, 0) for p in params]),  # -1 and 0 both mean off -> 0
-            top_p=floats([p.top_p for p in params]),
-            min_p=floats([p.min_p for p in params]),
-            repetition_penalty=floats([p.repetition_penalty for p in params]),
+            temperature=to_device([p.temperature for p in params], torch.float32, device),
+            top_k=to_device(top_k, torch.int64, device),
+            top_p=to_device([p.top_p for p in params], torch.float32, device),
+            min_p=to_device([p.min_p for p in params], torch.float32, device),
+            repetition_penalty=to_device([p.repetition_penalty for p in params], torch.float32, device),
             seen=seen.to(device=device, dtype=torch.bool),
-            seeds=ints([p.seed if p.seed is not None else s for p, s in zip(params, seeds)]),
-            offsets=ints(list(offsets)),
+            seeds=to_device(row_seeds, torch.int64, device),
+            offsets=to_device(list(offsets), torch.int64, device),
+            greedy_rows=[p.greedy for p in params],
+            seeds_host=row_seeds,
+            offsets_host=list(offsets),
+            any_penalty=any(p.repetition_penalty != 1.0 for p in params),
+            any_min_p=any(p.min_p > 0 for p in params),
+            any_top_k=any(k > 0 for k in top_k),
+            any_top_p=any(p.top_p < 1 for p in params),
         )
 
     @property
@@ -121,8 +141,8 @@ class SamplingTensors:
 
     @property
     def all_greedy(self) -> bool:
-        """True when every row is greedy: the step needs no probabilities and no randomness."""
-        return bool(self.greedy.all())
+        """True when every row is greedy: the step needs no probabilities and no randomness (host flags)."""
+        return all(self.greedy_rows)
 
 
 # ---- the processors, one per parameter; probs stay zero outside the allowed set ----
@@ -130,8 +150,6 @@ class SamplingTensors:
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
     """Make seen tokens less likely: positive logits / penalty, negative logits * penalty."""
-    if bool((penalty == 1.0).all()):  # off for every row: nothing to change (and three [B, V] passes saved)
-        return logits
     penalty = penalty[:, None]  # [B] -> [B, 1]
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)  # [B, V]
     return torch.where(seen, penalized, logits)  # [B, V]
@@ -171,18 +189,20 @@ def apply_top_p(probs: Tensor, top_p: Tensor) -> Tensor:
 def processed_probs(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     """The distribution each row draws from, [B, V] float32 (greedy rows: one-hot at the argmax)."""
     logits = logits.float()  # [B, V] in float32 whatever the model dtype
-    logits = apply_repetition_penalty(logits, sampling.seen, sampling.repetition_penalty)  # [B, V]
+    if sampling.any_penalty:  # off for every row: nothing to change (and three [B, V] passes saved)
+        logits = apply_repetition_penalty(logits, sampling.seen, sampling.repetition_penalty)  # [B, V]
     greedy = sampling.greedy  # [B]
     temperature = torch.where(greedy, 1.0, sampling.temperature)  # [B]; greedy rows skip the division
     probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [B, V]
     # A filter that is off for every row changes nothing; skipping it skips a [B, V] sort.
-    if bool((sampling.min_p > 0).any()):
+    # The host flags decide: testing the tensors (`bool(top_k.any())`) would be a host sync.
+    if sampling.any_min_p:
         probs = apply_min_p(probs, sampling.min_p)  # [B, V]
-    if bool((sampling.top_k > 0).any()):
+    if sampling.any_top_k:
         probs = apply_top_k(probs, sampling.top_k)  # [B, V]
-    if bool((sampling.top_p < 1).any()):
+    if sampling.any_top_p:
         probs = apply_top_p(probs, sampling.top_p)  # [B, V]
-    one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()  # [B] -> [B, V]
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)  # [B, V]
     return torch.where(greedy[:, None], one_hot, probs)  # [B, V]
 
 
@@ -205,15 +225,16 @@ def stream_seed(seed: int, offset: int) -> int:
 def naive(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     """Sample one token per row: [B, V] logits -> [B] int64 token ids."""
     if sampling.all_greedy:  # no probabilities needed: the argmax of the penalized logits
-        penalized = apply_repetition_penalty(logits.float(), sampling.seen, sampling.repetition_penalty)
+        penalized = logits.float()
+        if sampling.any_penalty:
+            penalized = apply_repetition_penalty(penalized, sampling.seen, sampling.repetition_penalty)
         return penalized.argmax(dim=-1)  # [B, V] -> [B]
     probs = processed_probs(logits, sampling)  # [B, V] float32
     tokens = probs.argmax(dim=-1)  # [B]; exact for greedy rows (one-hot), overwritten for the others
-    random_rows = torch.nonzero(~sampling.greedy).flatten().tolist()
-    seeds, offsets = sampling.seeds.tolist(), sampling.offsets.tolist()
+    random_rows = [row for row, greedy in enumerate(sampling.greedy_rows) if not greedy]  # host values
     for row in random_rows:
         generator = torch.Generator(device=probs.device)
-        generator.manual_seed(stream_seed(seeds[row], offsets[row]))
+        generator.manual_seed(stream_seed(sampling.seeds_host[row], sampling.offsets_host[row]))
         tokens[row] = torch.multinomial(probs[row], num_samples=1, generator=generator)[0]  # [V] -> []
     return tokens  # [B] int64
 

@@ -4,7 +4,8 @@ The kernel draws from its own random stream (Philox + Gumbel-max), so random
 rows cannot match `torch.multinomial` token for token. The chain instead:
 the host seed mixing -> greedy rows equal the reference -> the set of tokens
 each row may draw equals `processed_probs > 0` over a grid of settings, with
-and without ties -> a chi-square test that the draws follow `processed_probs`
+and without ties -> rows split into several chunks (programs) give what one
+chunk gives -> a chi-square test that the draws follow `processed_probs`
 -> determinism and batch independence -> bf16 -> the registry stage -> the
 launcher's errors.
 
@@ -45,9 +46,9 @@ def random_seen(b: int, vocab: int, seed: int, fraction: float = 0.1) -> torch.T
     return (torch.rand(b, vocab, generator=torch.Generator().manual_seed(seed)) < fraction).to(DEVICE)
 
 
-def assert_same_allowed_set(logits, t, params):
+def assert_same_allowed_set(logits, t, params, chunk=None):
     """The kernel's allowed set == naive processed_probs > 0, and every drawn token lies in it."""
-    tokens, allowed = sample_with_mask(logits, t)
+    tokens, allowed = sample_with_mask(logits, t, chunk=chunk)
     expected = processed_probs(logits, t) > 0  # [B, V]
     bad = (allowed != expected).any(dim=-1).nonzero().flatten().tolist()
     details = [
@@ -148,7 +149,26 @@ def test_allowed_set_across_blocks_in_bf16_and_fp16():
     t = tensors(params, seen, offsets=list(range(len(params))), vocab=vocab)
     for dtype in (torch.bfloat16, torch.float16):
         logits = random_logits(len(params), vocab, seed=19).to(dtype)  # bf16: many exact ties
-        assert_same_allowed_set(logits, t, params)
+        assert_same_allowed_set(logits, t, params)  # two chunks of 2048 per row
+        assert_same_allowed_set(logits, t, params, chunk=1024)  # three
+
+
+@pytest.mark.parametrize(("ties", "dtype"), [(False, torch.float32), (True, torch.bfloat16)])
+def test_rows_split_into_chunks_give_what_one_chunk_gives(ties, dtype):
+    """V = 1000 in chunks of 256: 4 programs per row and a combine after each pass, same sets and tokens."""
+    vocab = 1000
+    params = [
+        SamplingParams(temperature=temp, top_k=k, top_p=p, min_p=mp, repetition_penalty=rp, seed=i)
+        for i, (temp, k, p, mp, rp) in enumerate(GRID[5::27])
+    ]  # 8 settings of the grid: each filter on in some rows, off in others
+    params += [SamplingParams(temperature=0.0, repetition_penalty=1.3), SamplingParams(temperature=1.0, top_k=900)]
+    logits = random_logits(len(params), vocab, seed=29, ties=ties).to(dtype)
+    t = tensors(params, random_seen(len(params), vocab, seed=31), offsets=list(range(len(params))), vocab=vocab)
+    whole_tokens, whole_mask = sample_with_mask(logits, t)  # V <= CHUNK: one program per row
+    split_tokens, split_mask = sample_with_mask(logits, t, chunk=256)
+    assert torch.equal(whole_mask, processed_probs(logits, t) > 0)
+    assert (split_mask != whole_mask).sum().item() == 0
+    assert split_tokens.tolist() == whole_tokens.tolist()
 
 
 def test_ties_at_the_thresholds_are_all_kept():
