@@ -233,6 +233,10 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # KV memory budget in bytes; None = kv_cache_fraction
     kv_cache_fraction: float = 0.25  # share of free memory for KV when no byte budget is given
     enable_prefix_caching: bool = True  # reuse full KV blocks shared by prompts
+    # Replay pure-decode steps of up to max_num_seqs requests from captured CUDA graphs (paged mode):
+    # one launch per step instead of hundreds (engine/cuda_graphs.py). On a CPU nothing is captured
+    # and the same padded static-buffer path runs eagerly.
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         positive = {

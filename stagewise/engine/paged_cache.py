@@ -66,12 +66,16 @@ class PagedKVCache:
         dtype,
         device,
         table_device=None,
+        spare_block: bool = False,
     ):
-        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        # spare_block: one more block that no request ever owns, where padded rows of a CUDA-graph
+        # batch store their K/V (engine/cuda_graphs.py); `num_blocks` stays what requests can use.
+        shape = (cfg.num_layers, 2, num_blocks + int(spare_block), block_size, cfg.num_kv_heads, cfg.head_dim)
         # torch.empty: every slot is written by kv_store before attention ever reads it
         self.kv = torch.empty(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.spare_slot = num_blocks * block_size if spare_block else None  # first slot of the spare block
         self.max_blocks_per_req = -(-max_model_len // block_size)
         table_device = table_device or device  # the CPU for shape-only (meta) models
         self.block_table = torch.zeros(max_num_reqs, self.max_blocks_per_req, dtype=torch.int32, device=table_device)

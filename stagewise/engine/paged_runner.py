@@ -21,6 +21,7 @@ import torch
 
 from stagewise.config import EngineConfig
 from stagewise.engine.block_manager import BlockManager
+from stagewise.engine.cuda_graphs import DecodeGraphs
 from stagewise.engine.paged_cache import PagedKVCache, PagedKVStep, num_blocks_for_budget
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
@@ -31,6 +32,7 @@ from stagewise.errors import StagewiseError
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device
+from stagewise.trace.hooks import active_tracer
 
 
 class PagedRunner:
@@ -49,7 +51,17 @@ class PagedRunner:
             model.dtype,
             model.device,
             model.batch_device,
+            spare_block=ecfg.cuda_graphs,
         )
+        self.graphs = None  # captured decode steps (engine/cuda_graphs.py), when asked for
+        if ecfg.cuda_graphs and model.ops.backends["paged_attention"] != "triton":
+            raise StagewiseError(
+                "cuda_graphs needs the triton paged_attention stage: the naive one sizes its loops from host "
+                "lengths, which a captured graph would freeze at their first values"
+            )
+        if ecfg.cuda_graphs and model.device.type != "meta":
+            capture = model.device.type == "cuda"  # a CPU runs the same padded path eagerly
+            self.graphs = DecodeGraphs(model, self.cache, max_model_len, ecfg.max_num_seqs, capture)
         self.block_manager = BlockManager(num_blocks, ecfg.block_size, ecfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, ecfg.max_num_seqs, ecfg.max_num_batched_tokens)
         self.reset_stats()
@@ -103,9 +115,12 @@ class PagedRunner:
         now = time.perf_counter()
         for s in sched.scheduled:
             s.request.first_scheduled_time = s.request.first_scheduled_time or now
-        batch, kv = self._build_batch(sched)
-        self._trace_begin(sched, batch, kv)
-        logits = self.model.forward(batch, kv)  # [num sampling requests, vocab]
+        if self._replays_graph(sched):
+            logits = self._graph_step(sched)  # [num requests, vocab]
+        else:
+            batch, kv = self._build_batch(sched)
+            self._trace_begin(sched, batch, kv)
+            logits = self.model.forward(batch, kv)  # [num sampling requests, vocab]
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         sampling = [s.request for s in sched.scheduled if s.samples]
@@ -122,12 +137,33 @@ class PagedRunner:
             self.cache.release_row(req.request_id)
         self._freed_after_last_step = self.block_manager.num_freed - freed_before
         self.stats.steps += 1
-        self.stats.tokens_computed += batch.num_tokens
+        self.stats.tokens_computed += sum(s.num_new_tokens for s in sched.scheduled)
         self.stats.preemptions = self.scheduler.num_preemptions - self._preempt_base
         self.stats.prefix_queried_tokens = self.block_manager.stats.queried_tokens - self._prefix_base[0]
         self.stats.prefix_hit_tokens = self.block_manager.stats.hit_tokens - self._prefix_base[1]
         end_step([(r, t) for r, t, _ in results])
         return results
+
+    def _replays_graph(self, sched: SchedulerOutput) -> bool:
+        """A pure-decode step (one new token per request, each sampling) that a captured graph covers."""
+        if self.graphs is None or active_tracer() is not None:  # the tracer wants to see every stage run
+            return False
+        decode = all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled)
+        return decode and self.graphs.covers(len(sched.scheduled))
+
+    def _graph_step(self, sched: SchedulerOutput):
+        """The step's inputs as host lists, copied into the graphs' static buffers, then one replay."""
+        bs = self.cache.block_size
+        ids, positions, slots, seq_lens, rows = [], [], [], [], []
+        for s in sched.scheduled:
+            req, pos = s.request, s.request.num_computed_tokens  # the one new token's position
+            blocks = self.block_manager.block_ids(req)
+            ids.append(req.all_token_ids[pos])
+            positions.append(pos)
+            slots.append(blocks[pos // bs] * bs + pos % bs)
+            seq_lens.append(pos + 1)
+            rows.append(self.cache.write_row(req.request_id, blocks))
+        return self.graphs.run(ids, positions, slots, seq_lens, rows)
 
     def _build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, PagedKVStep]:
         bs, device = self.cache.block_size, self.model.batch_device
