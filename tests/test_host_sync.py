@@ -50,7 +50,10 @@ def counted_run(llm: LLM, prompts=PROMPTS, params=PARAMS) -> tuple[list[tuple[st
 
 
 def triton_llm(tiny, mode: str) -> LLM:
+    """mode "paged+graphs": paged, with decode steps through the CUDA-graph path (engine/cuda_graphs.py)."""
     ecfg = EngineConfig(max_num_batched_tokens=8)  # paged: chunked prefill, then mixed prefill + decode steps
+    if mode == "paged+graphs":
+        mode, ecfg = "paged", ecfg.with_updates(cuda_graphs=True)
     return LLM(tiny, backend="triton", mode=mode, engine_config=ecfg)
 
 
@@ -128,7 +131,7 @@ def test_debug_checks_read_values_and_are_off_by_default(tiny, monkeypatch):
 # ---- the engine step ----
 
 
-@pytest.mark.parametrize("mode", ["paged", "kv", "naive"])
+@pytest.mark.parametrize("mode", ["paged", "kv", "naive", "paged+graphs"])
 def test_triton_step_reads_only_the_sampled_ids(tiny, mode, monkeypatch):
     monkeypatch.setenv(DEBUG_CHECKS_ENV, "0")  # the suite turns value checks on; an engine runs without
     reads, sampler_calls = counted_run(triton_llm(tiny, mode))
@@ -153,11 +156,12 @@ def test_naive_backend_paged_greedy_step_reads_only_the_sampled_ids(tiny, monkey
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the driver's own sync detector")
-@pytest.mark.parametrize("mode", ["paged", "kv", "naive"])
+@pytest.mark.parametrize("mode", ["paged", "kv", "naive", "paged+graphs"])
 def test_triton_step_never_synchronizes_on_a_gpu(tiny_cuda, mode, monkeypatch):
     """torch's sync debug mode raises on any synchronizing CUDA call; only the sampled ids may sync."""
     monkeypatch.setenv(DEBUG_CHECKS_ENV, "0")
-    counted_run(triton_llm(tiny_cuda, mode))  # warm-up: compile and autotune (those synchronize)
+    llm = triton_llm(tiny_cuda, mode)
+    counted_run(llm)  # warm-up: compile, autotune and capture the decode graphs (those synchronize)
     tolist = torch.Tensor.tolist
 
     def tolist_of_the_sampled_ids(tensor):
@@ -170,8 +174,7 @@ def test_triton_step_never_synchronizes_on_a_gpu(tiny_cuda, mode, monkeypatch):
         finally:
             torch.cuda.set_sync_debug_mode("error")
 
-    llm = triton_llm(tiny_cuda, mode)
-    requests = llm._requests(PROMPTS, PARAMS, chat=False)
+    requests = llm._requests(PROMPTS, PARAMS, chat=False)  # the same LLM: its engine keeps its graphs
     runner = llm._runner()
     monkeypatch.setattr(torch.Tensor, "tolist", tolist_of_the_sampled_ids)
     torch.cuda.synchronize()

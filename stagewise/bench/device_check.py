@@ -75,6 +75,7 @@ def section_e2e(dry_run: bool, ctx: dict) -> dict:
     import torch
 
     from stagewise.bench.e2e_device import count_syncs, decode_speed, greedy_agreement, step_profile
+    from stagewise.config import EngineConfig
     from stagewise.engine.llm import LLM
     from stagewise.models.registry import load_model
 
@@ -84,49 +85,44 @@ def section_e2e(dry_run: bool, ctx: dict) -> dict:
     big, small = ("random:tiny", "random:tiny") if dry_run else ("random:llama-3-8b", "random:smollm2-135m")
     new = 8 if dry_run else 64
     out = {"decode": [], "errors": {}}
+    t0 = time.perf_counter()
 
-    def attempt(label, fn):
+    def attempt(label, fn, *args):
         try:
-            value = fn()
-            print(f"{label}: {json.dumps(value, default=str)[:400]}")
+            value = fn(*args)
+            print(f"[{time.perf_counter() - t0:5.1f} s] {label}: {json.dumps(value, default=str)[:400]}", flush=True)
             return value
         except Exception as err:  # record, go on
             out["errors"][label] = f"{type(err).__name__}: {err}"[:600]
-            print(f"{label}: ERROR {out['errors'][label]}")
+            print(f"[{time.perf_counter() - t0:5.1f} s] {label}: ERROR {out['errors'][label]}", flush=True)
             return None
 
-    loaded = load_model(big, dev, None)
-    for backend in ("triton", "naive"):
-        row = attempt(
-            f"decode {big} {backend}", lambda b=backend: decode_speed(big, b, "paged", dev, None, new, copy_gbs, loaded)
-        )
-        out["decode"].append(row) if row else None
-    loaded = None  # free the big model before the small one
-    if dev == "cuda":
-        torch.cuda.empty_cache()
-    small_loaded = load_model(small, dev, None)
-    for backend in ("triton", "naive"):
-        row = attempt(
-            f"decode {small} {backend}",
-            lambda b=backend: decode_speed(small, b, "paged", dev, None, new, copy_gbs, small_loaded),
-        )
-        out["decode"].append(row) if row else None
-    profiles = []
-    for backend in ("triton", "naive"):
-        for seqs in (1, 8):
-            llm = LLM(small_loaded, backend=backend)
-            prof = attempt(
-                f"steps {backend} x{seqs}", lambda llm=llm, s=seqs: step_profile(llm, s, 4 if dry_run else 20, device)
-            )
-            if prof:
-                profiles.append({"backend": backend, **prof})
-    out["step_profiles"] = profiles
-    out["syncs"] = attempt("syncs triton", lambda: count_syncs(LLM(small_loaded, backend="triton"), device))
+    for name in (big, small):
+        loaded = load_model(name, dev, None)
+        for backend, graphs in (("triton", True), ("triton", False), ("naive", False)):
+            label = f"decode {name} {backend}{' +graphs' if graphs else ''}"
+            row = attempt(label, decode_speed, name, backend, graphs, dev, None, new, copy_gbs, loaded)
+            if row:
+                out["decode"].append(row)
+        if name == small:
+            profiles = []
+            for graphs in (True, False):
+                for seqs in (1, 8):
+                    llm = LLM(loaded, backend="triton", engine_config=EngineConfig(cuda_graphs=graphs))
+                    steps = 4 if dry_run else 20
+                    prof = attempt(f"steps triton graphs={graphs} x{seqs}", step_profile, llm, seqs, steps, device)
+                    if prof:
+                        profiles.append({"backend": "triton", "cuda_graphs": graphs, **prof})
+            out["step_profiles"] = profiles
+            out["syncs"] = attempt("syncs triton", count_syncs, LLM(loaded, backend="triton"), device)
+        loaded = None  # free the big model before the small one
+        if dev == "cuda":
+            torch.cuda.empty_cache()
     prompts = ["hello world", "the quick brown fox", "hello " * 9]
     if dev == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for this check (the policy is documented)
-    out["greedy_fp32"] = attempt("greedy fp32", lambda: greedy_agreement(small, dev, torch.float32, prompts, new // 2))
-    out["greedy_bf16"] = attempt("greedy bf16", lambda: greedy_agreement(small, dev, torch.bfloat16, prompts, new // 2))
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for this check (the documented switch)
+    out["greedy_fp32"] = attempt("greedy fp32", greedy_agreement, small, dev, torch.float32, prompts, new // 2)
+    out["greedy_bf16"] = attempt("greedy bf16", greedy_agreement, small, dev, torch.bfloat16, prompts, new // 2)
     return out
 
 
@@ -162,7 +158,7 @@ def section_bench(dry_run: bool, ctx: dict) -> dict:
 
 
 def section_tests(dry_run: bool, ctx: dict) -> dict:
-    files = ["tests/kernels", "tests/test_triton_model.py"]
+    files = ["tests/kernels", "tests/test_triton_model.py", "tests/test_host_sync.py", "tests/test_cuda_graphs.py"]
     if dry_run:
         cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *files]
     else:

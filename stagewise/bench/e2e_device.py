@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from stagewise.config import EngineConfig
 from stagewise.engine.llm import LLM
 from stagewise.engine.sampling_params import SamplingParams
 from stagewise.models.registry import load_model
@@ -29,11 +30,11 @@ def _prompt(n: int) -> str:
 
 
 def decode_speed(
-    model: str, backend: str, mode: str, device: str, dtype, new_tokens: int, copy_gbs: float, loaded=None
+    model: str, backend: str, graphs: bool, device: str, dtype, new_tokens: int, copy_gbs: float, loaded=None
 ) -> dict:
-    """ms per output token at batch 1 (median TBT of a greedy run after a warm-up run)."""
+    """ms per output token at batch 1, paged mode (median TBT of a greedy run after a warm-up run)."""
     loaded = loaded or load_model(model, device, dtype)
-    llm = LLM(loaded, backend=backend, mode=mode)
+    llm = LLM(loaded, backend=backend, engine_config=EngineConfig(cuda_graphs=graphs))
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     prompt = _prompt(32)
     llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))  # compile + autotune
@@ -45,7 +46,7 @@ def decode_speed(
     floor_ms = weight_bytes / (copy_gbs * 1e9) * 1e3
     del llm
     return {
-        "model": model, "backend": backend, "mode": mode, "dtype": str(loaded.dtype).removeprefix("torch."),
+        "model": model, "backend": backend, "cuda_graphs": graphs, "dtype": str(loaded.dtype).removeprefix("torch."),
         "new_tokens": new_tokens, "ms_per_token_p50": tbt_ms, "tokens_per_s": 1e3 / tbt_ms,
         "ttft_ms": 1e3 * out.metrics.ttft, "wall_s": wall, "weight_bytes": weight_bytes,
         "streaming_floor_ms": floor_ms, "share_of_streaming_limit": floor_ms / tbt_ms,
@@ -125,15 +126,23 @@ def count_syncs(llm: LLM, device: torch.device) -> dict:
 
 
 def greedy_agreement(model: str, device: str, dtype, prompts: list[str], new_tokens: int) -> dict:
-    """Greedy tokens of the Triton backend vs the naive backend (paged mode), same weights."""
+    """Greedy tokens (paged mode, same weights) of Triton vs naive, and of Triton with CUDA graphs vs without."""
     loaded = load_model(model, device, dtype)
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    runs = {b: [o.token_ids for o in LLM(loaded, backend=b).generate(prompts, params)] for b in ("naive", "triton")}
-    same = sum(a == b for a, b in zip(runs["naive"], runs["triton"]))
-    first_diff = [
-        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(runs["naive"], runs["triton"])
-    ]
+    systems = {
+        "naive": LLM(loaded, backend="naive"),
+        "triton": LLM(loaded, backend="triton"),
+        "triton+graphs": LLM(loaded, backend="triton", engine_config=EngineConfig(cuda_graphs=True)),
+    }
+    runs = {name: [o.token_ids for o in llm.generate(prompts, params)] for name, llm in systems.items()}
+
+    def compare(a: str, b: str) -> dict:
+        pairs = list(zip(runs[a], runs[b]))
+        first = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in pairs]
+        return {"identical_sequences": sum(p == q for p, q in pairs), "first_differing_position": first}
+
     return {
         "model": model, "dtype": str(loaded.dtype).removeprefix("torch."), "prompts": len(prompts),
-        "identical_sequences": same, "first_differing_position": first_diff, "new_tokens": new_tokens,
+        "new_tokens": new_tokens, "triton_vs_naive": compare("naive", "triton"),
+        "graphs_vs_eager": compare("triton", "triton+graphs"),
     }  # fmt: skip
