@@ -16,6 +16,11 @@ and starts with `num_computed_tokens` already past them. The last prompt
 token is never taken from the cache: its logits are needed, so it must be
 computed. A freed block keeps its hash and stays findable until the free
 queue hands it out again (eviction, least recently freed first).
+
+A block is named while its step is scheduled, before the forward pass writes
+its K/V. If that pass never completes (an exception, Ctrl-C), the names given
+in the step are wrong: `forget_names_of_step()` takes them back, so no later
+request can reuse K/V that were never written.
 """
 
 from collections import deque
@@ -56,12 +61,14 @@ class BlockManager:
     stats: PrefixCacheStats = field(init=False)
     num_allocated: int = field(init=False, default=0)  # blocks ever taken from the free queue
     num_freed: int = field(init=False, default=0)  # blocks ever returned to the free queue
+    named_in_step: list = field(init=False)  # block ids named since the current step began scheduling
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free_queue = deque(range(self.num_blocks))
         self.cached, self.req_blocks, self.req_hashes = {}, {}, {}
         self.stats = PrefixCacheStats()
+        self.named_in_step = []
 
     # ---- queries ----
 
@@ -158,7 +165,21 @@ class BlockManager:
             if h not in self.cached:  # an equal block registered earlier keeps the name
                 block.block_hash = h
                 self.cached[h] = block.block_id
+                self.named_in_step.append(block.block_id)
             hashes.append(h)
+
+    def begin_step(self) -> None:
+        """A new step starts scheduling: the blocks named by the previous one hold their K/V."""
+        self.named_in_step.clear()
+
+    def forget_names_of_step(self) -> None:
+        """The step's forward pass did not complete: unname the blocks it named (their K/V may be missing)."""
+        for block_id in self.named_in_step:
+            block = self.blocks[block_id]
+            if block.block_hash is not None and self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = NO_HASH
+        self.named_in_step.clear()
 
     def free(self, req: Request) -> None:
         """Drop `req`'s references; blocks reaching 0 go to the free queue (tail blocks first)."""

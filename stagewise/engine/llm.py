@@ -21,6 +21,7 @@ Stepping the engine by hand (paged mode), one iteration at a time:
 import itertools
 import random
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.recompute_runner import RecomputeRunner
-from stagewise.engine.request import Request
+from stagewise.engine.request import FinishReason, Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.static_runner import StaticBatchRunner
@@ -54,8 +55,7 @@ class LLM:
         stage_backends: dict[str, str] | None = None,
         engine_config: EngineConfig | None = None,
     ):
-        if mode not in MODES:
-            raise StagewiseError(f"unknown mode '{mode}'; use one of {', '.join(MODES)}")
+        check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
         self.mode = mode
         self.ops = StageOps(backend, stage_backends)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
@@ -64,16 +64,42 @@ class LLM:
         self.model = LlamaModel(self.loaded, self.ops)
         self.engine_config = engine_config or EngineConfig()
         limit = self.config.max_position_embeddings
-        self.max_model_len = min(self.engine_config.max_model_len or limit, limit)
+        asked = self.engine_config.max_model_len
+        if asked is not None and asked > limit:
+            raise StagewiseError(f"max_model_len={asked} is out of range: {self.config.name} allows 1..{limit}")
+        self.max_model_len = asked or limit
         self._ids = itertools.count()
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
         # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's lifetime
-        self.engine = (
-            PagedRunner(self.model, self.tokenizer.eos_id, self.max_model_len, self.engine_config)
-            if mode == "paged"
-            else None
-        )
-        self._stepped: dict[str, int] = {}  # request id -> index, for requests added with add_request
+        self.engine = self._paged_engine() if mode == "paged" else None
+        # Every request in the paged engine has an owner: a live stream, or the hand-stepping caller.
+        # Each engine step routes each token event to its owner's inbox, whoever ran the step.
+        self._owner: dict[str, tuple[str, int]] = {}  # request id -> (owner key, index in its owner's list)
+        self._inbox: dict[str, deque[TokenEvent]] = {HAND: deque()}  # owner key -> events not yet handed out
+        self._streams = itertools.count()
+        self._num_stepped = 0  # requests added with add_request so far (their event index)
+
+    def _paged_engine(self) -> PagedRunner:
+        try:
+            return PagedRunner(self.model, self.tokenizer.eos_id, self.max_model_len, self.engine_config)
+        except (RuntimeError, MemoryError) as exc:  # the KV pool or block table does not fit in memory
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StagewiseError(
+                f"cannot allocate the paged KV cache ({first}); lower num_kv_blocks / max_num_seqs"
+            ) from None
+
+    @property
+    def weightless(self) -> bool:
+        """True for shape-only models (meta device): they can be traced, not run."""
+        return self.config.shape_only or self.loaded.device.type == "meta"
+
+    def _check_runnable(self) -> None:
+        if self.weightless and active_tracer() is None:
+            name = self.describe()["name"]
+            raise StagewiseError(
+                f"{name} has no weights (shape only, meta device): it can be traced "
+                f"(stagewise trace --model {name}), not run"
+            )
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -117,11 +143,16 @@ class LLM:
         )
 
     def _requests(self, prompts, params, chat: bool) -> list[Request]:
+        self._check_runnable()
+        if not isinstance(chat, bool):
+            raise StagewiseError(f"chat must be True or False, got {chat!r}")
+        if not isinstance(prompts, str | list | tuple):
+            raise StagewiseError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise StagewiseError("no prompts given")
         params = params if params is not None else SamplingParams()
-        per_prompt = params if isinstance(params, list | tuple) else [params] * len(prompts)
+        per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise StagewiseError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams")
         arrival = time.perf_counter()  # all prompts of one call arrive together, before any tokenization
@@ -129,36 +160,88 @@ class LLM:
 
     # ---- running ----------------------------------------------------------------------------
 
-    def _runner(self):
-        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
-        eos = self.tokenizer.eos_id
-        if self.mode == "paged":
-            if self.engine.has_unfinished():
-                raise StagewiseError("requests added with add_request are still running; step() them to the end first")
-            return self.engine
-        if self.mode == "naive":
-            return RecomputeRunner(self.model, eos, self.max_model_len)
-        return StaticBatchRunner(self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs)
-
     def stream(
         self, prompts: str | list[str], params: SamplingParams | list[SamplingParams] | None = None, chat: bool = False
     ) -> Iterator[TokenEvent]:
-        """Yield a `TokenEvent` for every token of every request, as soon as it is sampled."""
+        """Yield a `TokenEvent` for every token of every request, as soon as it is sampled.
+
+        Stopping early is fine: when the iterator is closed (a `break`, an exception in the
+        loop, Ctrl-C, or the iterator being dropped), its unfinished requests are aborted and
+        their KV blocks freed; the `LLM` is ready for the next call.
+        """
         requests = self._requests(prompts, params, chat)
         yield from self._stream_requests(requests)
 
     def _stream_requests(self, requests: list[Request]) -> Iterator[TokenEvent]:
-        index = {r.request_id: i for i, r in enumerate(requests)}
-        runner = self._runner()
         tracer = active_tracer()
         if tracer is not None:
             tracer.model = self.describe()
-        for req, token, delta in runner.run(requests):
-            reason = req.finish_reason.value if req.finish_reason else None
-            yield TokenEvent(req.request_id, index[req.request_id], token, delta, req.finished, reason)
-        self.last_stats = runner.stats
+        if self.mode == "paged":
+            stats = yield from self._stream_paged(requests)
+        else:
+            stats = yield from self._stream_fresh_runner(requests)
+        self.last_stats = stats
         if tracer is not None:
-            tracer.summary = run_summary(requests, runner.stats)
+            tracer.summary = run_summary(requests, stats)
+
+    def _stream_fresh_runner(self, requests: list[Request]):
+        """Modes "naive" and "kv": a runner of its own for this call; nothing outlives it."""
+        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        eos = self.tokenizer.eos_id
+        if self.mode == "naive":
+            runner = RecomputeRunner(self.model, eos, self.max_model_len)
+        else:
+            runner = StaticBatchRunner(self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs)
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        try:
+            for req, token, delta in runner.run(requests):
+                yield token_event(req, index[req.request_id], token, delta)
+        finally:
+            for req in requests:
+                if not req.finished:
+                    req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
+        return runner.stats
+
+    def _stream_paged(self, requests: list[Request]):
+        """Mode "paged": this stream's requests join the shared engine; its events come from its inbox."""
+        engine = self.engine
+        for req in requests:  # all or nothing: check every request before queueing any
+            engine.check_fits(req)
+        if not engine.has_unfinished():
+            engine.reset_stats()  # a run of its own: fresh counters
+        key = f"stream-{next(self._streams)}"
+        inbox = self._inbox[key] = deque()
+        for i, req in enumerate(requests):
+            self._owner[req.request_id] = (key, i)
+            engine.add(req)
+        remaining = len(requests)
+        try:
+            while remaining:
+                while not inbox:
+                    self._engine_step()
+                event = inbox.popleft()
+                remaining -= event.finished
+                yield event
+        finally:
+            for req in requests:
+                if not req.finished:
+                    engine.abort(req)
+                self._owner.pop(req.request_id, None)
+            del self._inbox[key]
+        return engine.stats
+
+    def _engine_step(self) -> None:
+        """One paged engine iteration; each sampled token goes to its request's owner."""
+        try:
+            results = self.engine.step()
+        except BaseException:
+            self.engine.recover_interrupted_step()  # nothing half-done survives: running requests recompute
+            raise
+        for req, token, delta in results:
+            key, index = self._owner[req.request_id]
+            self._inbox[key].append(token_event(req, index, token, delta))
+            if req.finished:
+                del self._owner[req.request_id]
 
     def describe(self) -> dict:
         """The model and run settings, as the tracer and benchmarks record them."""
@@ -199,26 +282,69 @@ class LLM:
         return self.engine
 
     def add_request(self, prompt: str, params: SamplingParams | None = None, chat: bool = False) -> str:
-        """Queue one request in the engine; returns its id. Run it with `step()`."""
+        """Queue one request in the engine; returns its id. Run it with `step()`.
+
+        It shares the engine with any live `stream()`: whichever call runs a step, this
+        request's tokens come back from `step()`, and a stream's tokens from the stream.
+        """
         engine = self._require_paged("add_request")
+        self._check_runnable()
+        if not isinstance(chat, bool):
+            raise StagewiseError(f"chat must be True or False, got {chat!r}")
         req = self.make_request(prompt, params if params is not None else SamplingParams(), chat)
         engine.add(req)
-        self._stepped[req.request_id] = len(self._stepped)
+        self._owner[req.request_id] = (HAND, self._num_stepped)
+        self._num_stepped += 1
         return req.request_id
 
     def step(self) -> list[TokenEvent]:
-        """Run one engine iteration; returns the tokens sampled in it (one per request that sampled)."""
+        """Run one engine iteration; returns the tokens of requests added with `add_request`.
+
+        That is the tokens sampled in this iteration, plus any sampled for them while a
+        stream ran the engine since the last `step()` — none is lost, none is duplicated.
+        """
         engine = self._require_paged("step")
-        if not engine.has_unfinished():
-            return []
-        events = []
-        self.last_stats = engine.stats  # counters of the hand-stepped run so far
-        for req, token, delta in engine.step():
-            reason = req.finish_reason.value if req.finish_reason else None
-            events.append(
-                TokenEvent(req.request_id, self._stepped.get(req.request_id, -1), token, delta, req.finished, reason)
-            )
+        if engine.has_unfinished():
+            self._check_runnable()
+            self._engine_step()
+            self.last_stats = engine.stats  # counters of the hand-stepped run so far
+        inbox = self._inbox[HAND]
+        events = list(inbox)
+        inbox.clear()
         return events
 
     def has_unfinished_requests(self) -> bool:
-        return self.engine is not None and self.engine.has_unfinished()
+        """True while the engine holds requests (from add_request or live streams), or `step()` has
+        tokens of add_request's requests still to hand out (sampled while a stream ran the engine)."""
+        return self.engine is not None and (self.engine.has_unfinished() or bool(self._inbox[HAND]))
+
+
+HAND = "add_request"  # owner key of the requests added by hand
+
+
+def token_event(req: Request, index: int, token: int, delta: str) -> TokenEvent:
+    reason = req.finish_reason.value if req.finish_reason else None
+    return TokenEvent(req.request_id, index, token, delta, req.finished, reason)
+
+
+def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config) -> None:
+    """Types and names of `LLM(...)`'s arguments, checked before anything is loaded."""
+    import torch
+
+    if not isinstance(model, str | LoadedModel):
+        raise StagewiseError(f"model must be a preset name, a path or a LoadedModel, got {type(model).__name__}")
+    if not isinstance(backend, str):
+        raise StagewiseError(f"backend must be 'naive' or 'triton', got {backend!r}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise StagewiseError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+    if device is not None and not isinstance(device, str | torch.device):
+        raise StagewiseError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise StagewiseError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    if stage_backends is not None and not (
+        isinstance(stage_backends, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in stage_backends.items())
+    ):
+        raise StagewiseError(f"stage_backends must be a dict of stage name -> backend name, got {stage_backends!r}")
+    if engine_config is not None and not isinstance(engine_config, EngineConfig):
+        raise StagewiseError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")

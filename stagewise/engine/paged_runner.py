@@ -84,6 +84,16 @@ class PagedRunner:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort(self, req: Request) -> None:
+        """Drop a request before it finishes (its stream was closed); its blocks are free at once."""
+        self.scheduler.abort(req)
+        self.cache.release_row(req.request_id)
+
+    def recover_interrupted_step(self) -> None:
+        """After a step that raised: running requests go back to waiting and will be recomputed."""
+        for req in self.scheduler.recover_interrupted_step():
+            self.cache.release_row(req.request_id)
+
     def run(self, requests: list[Request]) -> Iterator[tuple[Request, int, str]]:
         """Run `requests` (and anything already queued) to completion; fresh stats for this run."""
         for req in requests:

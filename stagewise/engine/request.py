@@ -26,6 +26,7 @@ class RequestStatus(enum.Enum):
 class FinishReason(enum.Enum):
     STOP = "stop"  # end-of-sequence token or a stop string
     LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # dropped before the end: its stream was closed or interrupted
 
 
 @dataclass

@@ -19,13 +19,18 @@ is preempted by recompute — its blocks are freed, its computed tokens reset
 to 0, and it goes back to the *front* of the waiting queue; its output tokens
 are kept and recomputed with the prompt when it is resumed. No waiting
 request is admitted in a step that preempted.
+
+A request can also leave early: `abort()` (its stream was abandoned) frees its
+blocks at once. After a step whose forward pass was interrupted,
+`recover_interrupted_step()` preempts every running request (recompute is
+always correct) and unnames the blocks the step named before writing them.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from stagewise.engine.block_manager import BlockManager
-from stagewise.engine.request import Request, RequestStatus
+from stagewise.engine.request import FinishReason, Request, RequestStatus
 
 
 @dataclass
@@ -64,6 +69,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        self.block_manager.begin_step()
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
@@ -117,6 +123,25 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         self.num_preemptions += 1
+
+    def abort(self, req: Request) -> None:
+        """Drop a waiting or running request now and free its blocks (finish reason "abort")."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.block_manager.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = FinishReason.ABORT
+
+    def recover_interrupted_step(self) -> list[Request]:
+        """Undo a step whose forward pass did not complete; returns the requests sent back to waiting."""
+        self.block_manager.forget_names_of_step()
+        victims = list(self.running)
+        for req in reversed(victims):  # appendleft in reverse keeps their FCFS order at the front
+            self.running.remove(req)
+            self._preempt(req)
+        return victims
 
     def finish(self, req: Request) -> None:
         req.status = RequestStatus.FINISHED
