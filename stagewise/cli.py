@@ -1,7 +1,9 @@
 """The `stagewise` command line: generate, trace, stages (and `trace` as its own script).
 
 Bad input never ends in a traceback: a `StagewiseError` (or a bad option)
-prints one line on stderr and exits with status 2.
+prints one line on stderr and exits with status 2; Ctrl-C exits with 130; an
+unexpected exception prints one line and exits with 1 (`--debug` shows its
+traceback). `stagewise.command.run_command` does this for every entry point.
 """
 
 import sys
@@ -10,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from stagewise.command import run_command
 from stagewise.errors import StagewiseError
 
 app = typer.Typer(
@@ -117,6 +120,8 @@ def stages():
 
 def _register_commands() -> None:
     """Commands that live next to their subject (trace/, bench/), imported only when the CLI runs."""
+    if any(c.name == "trace" for c in app.registered_commands):
+        return  # registered already (main() called twice in one process, as the tests do)
     from stagewise.bench.bench_cli import bench_app
     from stagewise.bench.calc_cli import calc
     from stagewise.trace.cli import trace
@@ -142,12 +147,8 @@ def trace_main() -> None:
 
 
 def run(typer_app: typer.Typer) -> None:
-    """Run a Typer app; turn a StagewiseError into one line on stderr and exit status 2."""
-    try:
-        typer_app(standalone_mode=True)
-    except StagewiseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """Run a Typer app with the one-line errors and exit statuses of `stagewise.command`."""
+    run_command(typer_app)
 
 
 if __name__ == "__main__":

@@ -235,9 +235,9 @@ def stages(
 
 def main() -> None:
     """Run `bench` on its own (python -m stagewise.bench.bench_cli ...), with the CLI's one-line errors."""
-    from stagewise.cli import run
+    from stagewise.command import run_command
 
-    run(bench_app)
+    run_command(bench_app)
 
 
 if __name__ == "__main__":

@@ -201,11 +201,11 @@ def calc(
 
 def main() -> None:
     """`python -m stagewise.bench.calc_cli ...`: the calc command alone, with the CLI's exit-2 errors."""
-    from stagewise.cli import run
+    from stagewise.command import run_command
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(calc)
-    run(app)
+    run_command(app)
 
 
 if __name__ == "__main__":

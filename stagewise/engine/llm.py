@@ -27,6 +27,7 @@ from pathlib import Path
 
 from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
+from stagewise.engine.paged_cache import free_memory_bytes, kv_bytes_per_token, num_blocks_for_budget
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.recompute_runner import RecomputeRunner
 from stagewise.engine.request import FinishReason, Request, RequestStatus
@@ -80,6 +81,7 @@ class LLM:
         self._num_stepped = 0  # requests added with add_request so far (their event index)
 
     def _paged_engine(self) -> PagedRunner:
+        self._check_engine_memory()
         try:
             return PagedRunner(self.model, self.tokenizer.eos_id, self.max_model_len, self.engine_config)
         except (RuntimeError, MemoryError) as exc:  # the KV pool or block table does not fit in memory
@@ -87,6 +89,22 @@ class LLM:
             raise StagewiseError(
                 f"cannot allocate the paged KV cache ({first}); lower num_kv_blocks / max_num_seqs"
             ) from None
+
+    def _check_engine_memory(self) -> None:
+        """Refuse a KV pool + block table larger than the free memory, before allocating either."""
+        device = self.loaded.device
+        if device.type == "meta":
+            return  # shape only: nothing is allocated
+        ecfg, cfg = self.engine_config, self.config
+        blocks = num_blocks_for_budget(cfg, ecfg, self.max_model_len, self.loaded.dtype, device)
+        kv = blocks * ecfg.block_size * kv_bytes_per_token(cfg, self.loaded.dtype)
+        table = ecfg.max_num_seqs * -(-self.max_model_len // ecfg.block_size) * 4  # int32 block table
+        free = free_memory_bytes(device)
+        if kv + table > free:
+            raise StagewiseError(
+                f"the paged KV cache needs {(kv + table) / 2**30:.1f} GiB ({blocks} blocks, "
+                f"{ecfg.max_num_seqs} seats) but {free / 2**30:.1f} GiB are free; lower num_kv_blocks / max_num_seqs"
+            )
 
     @property
     def weightless(self) -> bool:

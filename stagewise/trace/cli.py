@@ -6,32 +6,18 @@ trace "Hello" --model llama-3-405b          (shape only, meta device: instant, n
 trace "Hello" --format json --out trace.json
 """
 
-import os
+import io
 import sys
 
 import typer
 from rich.console import Console
 
 from stagewise.errors import StagewiseError
+from stagewise.files import check_writable, write_text_atomic
 
 FORMATS = ("tree", "table", "json", "chrome", "markdown")
-
-
-def parse_index_list(text: str | None, what: str) -> list[int] | None:
-    """'0,2-4' -> [0, 2, 3, 4]; None -> None."""
-    if text is None:
-        return None
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                out += list(range(int(lo), int(hi) + 1))
-            elif part.strip():
-                out.append(int(part))
-    except ValueError:
-        raise StagewiseError(f"--{what} expects numbers like 0,2-4, got '{text}'") from None
-    return out
+MIN_WIDTH = 40  # narrower than this, the tree's lines are unreadable
+DEFAULT_FILE_WIDTH = 160  # width of a tree or table written with --out
 
 
 def trace(
@@ -40,8 +26,10 @@ def trace(
     max_tokens: int = typer.Option(3, help="tokens to generate per prompt"),
     backend: str = typer.Option("naive", help="naive or triton"),
     mode: str = typer.Option("paged", help="paged (continuous batching), kv (static batching) or naive"),
-    layers: str = typer.Option("first", help="'first', 'all', or indices like 0,5-7"),
-    steps: str | None = typer.Option(None, help="engine steps to expand, e.g. 0,1 (default: all)"),
+    layers: str | None = typer.Option(
+        None, help="'first', 'all', or indices like 0,5-7 (default: first; json and chrome: all)"
+    ),
+    steps: str | None = typer.Option(None, help="engine steps to show, e.g. 0,1 (default: all)"),
     stage: list[str] = typer.Option([], help="show only these stages (repeatable)"),
     fmt: str = typer.Option("tree", "--format", help="tree, table, json, chrome or markdown"),
     out: str | None = typer.Option(None, help="write to this file instead of the terminal"),
@@ -53,61 +41,88 @@ def trace(
     prefix_caching: bool = typer.Option(
         True, "--prefix-caching/--no-prefix-caching", help="engine: share prompt blocks"
     ),
-    width: int | None = typer.Option(None, help="terminal width (default: auto)"),
+    width: int | None = typer.Option(None, help=f"terminal width, >= {MIN_WIDTH} (default: auto)"),
     timing: bool = typer.Option(True, "--timing/--no-timing", help="show wall time per stage"),
 ):
     """Print every tensor shape through a run, step by step."""
-    import json
-
     from stagewise import LLM, SamplingParams
     from stagewise.stages import STAGES
-    from stagewise.trace.export import to_chrome, to_json
-    from stagewise.trace.render_table import render_markdown, render_table
-    from stagewise.trace.render_tree import render_tree
+    from stagewise.trace.select import check_ranges, parse_ranges
     from stagewise.trace.tracer import Tracer
 
+    # Every option is checked before the model loads; the ranges once the sizes are known.
     if fmt not in FORMATS:
         raise StagewiseError(f"unknown format '{fmt}'; use one of {', '.join(FORMATS)}")
     if max_tokens <= 0:
         raise StagewiseError(f"max_tokens must be an int >= 1, got {max_tokens}")
+    if width is not None and width < MIN_WIDTH:
+        raise StagewiseError(f"--width must be >= {MIN_WIDTH}, got {width}")
     for name in stage:
         if name not in STAGES:
             raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
-    layer_sel = layers if layers in ("first", "all") else parse_index_list(layers, "layers")
-    step_sel = parse_index_list(steps, "steps")
+    layer_ranges = None if layers in (None, "first", "all") else parse_ranges(layers, "layers")
+    step_ranges = None if steps is None else parse_ranges(steps, "steps")
+    if out is not None:
+        check_writable(out)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
     llm = LLM(model, backend=backend, mode=mode, engine_config=ecfg)
+    if layer_ranges is not None:
+        layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", f"{llm.describe()['name']} layers")
+    else:
+        layer_sel = layers or ("all" if fmt in ("json", "chrome") else "first")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     with Tracer(timing=timing) as tracer:
         llm.generate(prompts, params, chat=chat)
-    if fmt in ("json", "chrome"):
-        doc = to_json(tracer) if fmt == "json" else to_chrome(tracer)
-        write_text(json.dumps(doc, indent=1), out)
-        return
-    if fmt == "markdown":
-        write_text(render_markdown(tracer, layer_sel, step_sel, set(stage)), out)
-        return
-    if fmt == "table":
-        view = render_table(tracer, layer_sel, step_sel, set(stage))
-    else:
-        view = render_tree(
-            tracer, layers=layer_sel, steps=step_sel, stages=set(stage), with_time=timing, decode=llm.tokenizer.decode
-        )
+    step_sel = None if step_ranges is None else check_ranges(step_ranges, len(tracer.steps), "steps", "this run steps")
+    text = render(tracer, fmt, layer_sel, step_sel, set(stage), timing, llm.tokenizer.decode, width, to_file=bool(out))
     if out:
-        with open(out, "w") as f:
-            Console(file=f, width=width or 160, no_color=True).print(view)
+        write_text_atomic(out, text)
     else:
-        Console(width=width).print(view)
+        sys.stdout.write(text)
+
+
+def render(tracer, fmt: str, layers, steps, stages: set, timing: bool, decode, width, to_file: bool) -> str:
+    """The whole output as text, before anything is written (so an interrupted run writes nothing)."""
+    import json
+
+    from stagewise.trace.export import to_chrome, to_json
+    from stagewise.trace.render_table import render_markdown, render_table
+    from stagewise.trace.render_tree import render_tree
+    from stagewise.trace.select import select
+
+    if fmt in ("json", "chrome"):
+        picked = select(tracer, [0] if layers == "first" else layers, steps, stages)
+        doc = to_json(picked) if fmt == "json" else to_chrome(picked)
+        return json.dumps(doc, indent=1) + "\n"
+    if fmt == "markdown":
+        return render_markdown(tracer, layers, steps, stages)
+    if fmt == "table":
+        view = render_table(tracer, layers, steps, stages)
+    else:
+        view = render_tree(tracer, layers=layers, steps=steps, stages=stages, with_time=timing, decode=decode)
+    buffer = io.StringIO()
+    if to_file:
+        console = Console(file=buffer, width=width or DEFAULT_FILE_WIDTH, no_color=True)
+    else:  # the terminal's own width and colours, as if printed directly
+        terminal = Console(width=width)
+        console = Console(
+            file=buffer, width=terminal.width, force_terminal=terminal.is_terminal, color_system=terminal.color_system
+        )
+    console.print(view)
+    return buffer.getvalue()
 
 
 def engine_config(max_num_seqs: int, token_budget: int, block_size: int, kv_blocks: int, prefix_caching: bool):
     from stagewise.config import EngineConfig
 
-    for name, value in (("max-num-seqs", max_num_seqs), ("token-budget", token_budget), ("block-size", block_size)):
+    for name, value in (
+        ("max-num-seqs", max_num_seqs),
+        ("token-budget", token_budget),
+        ("block-size", block_size),
+        ("kv-blocks", kv_blocks),
+    ):
         if value <= 0:
             raise StagewiseError(f"--{name} must be >= 1, got {value}")
-    if kv_blocks <= 0:
-        raise StagewiseError(f"--kv-blocks must be >= 1, got {kv_blocks}")
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=token_budget,
@@ -115,14 +130,3 @@ def engine_config(max_num_seqs: int, token_budget: int, block_size: int, kv_bloc
         num_kv_blocks=kv_blocks,
         enable_prefix_caching=prefix_caching,
     )
-
-
-def write_text(text: str, out: str | None) -> None:
-    """Write to a file atomically (temp file + rename), or to stdout."""
-    if not out:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    tmp = f"{out}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)

@@ -1,0 +1,79 @@
+"""How every command ends: a result, or one line on stderr and a known exit status.
+
+Every command-line entry point (`stagewise`, `trace`, `python -m
+stagewise.bench.bench_cli`, `python -m stagewise.bench.calc_cli`) runs its
+Typer app through `run_command`, so they all behave alike:
+
+    exit 0    done
+    exit 2    bad input: a `StagewiseError` or a bad option, one line (`error: ...`)
+    exit 130  interrupted (Ctrl-C): one line, no traceback, no half-written file
+    exit 1    an unexpected exception: one line naming it, and the advice to rerun
+              with --debug, which shows the traceback
+
+It sits at the ground of the package (it imports only `errors`), so the
+benchmark and calculator commands use it without importing the CLI module.
+"""
+
+import os
+import sys
+
+import typer
+
+from stagewise.errors import StagewiseError
+
+DEBUG_FLAG = "--debug"
+
+
+def take_debug_flag(argv: list[str]) -> bool:
+    """Remove --debug from the arguments (any position before `--`); True if it was there."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    found = DEBUG_FLAG in argv[1:end]
+    if found:
+        argv[:] = [a for i, a in enumerate(argv) if not (0 < i < end and a == DEBUG_FLAG)]
+    return found or os.environ.get("STAGEWISE_DEBUG") == "1"
+
+
+def check_utf8_arguments(argv: list[str]) -> None:
+    """Arguments that are not valid UTF-8 arrive as lone surrogates; refuse them by position."""
+    for i, arg in enumerate(argv[1:], start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", errors="replace").decode("utf-8")
+            raise StagewiseError(f"argument {i} ({shown!r}) is not valid UTF-8") from None
+
+
+def is_click(name: str, exc: BaseException) -> bool:
+    """Is `exc` click's `name` exception? Typer may carry its own copy of click, so match by class name."""
+    return any(cls.__name__ == name and "click" in cls.__module__ for cls in type(exc).__mro__)
+
+
+def fail(message: str, status: int) -> None:
+    print(message, file=sys.stderr)
+    raise SystemExit(status)
+
+
+def run_command(app: typer.Typer) -> None:
+    """Run a Typer app with stagewise's exit statuses (see the module docstring)."""
+    debug = take_debug_flag(sys.argv)
+    try:
+        check_utf8_arguments(sys.argv)
+        status = app(standalone_mode=False)
+    except StagewiseError as exc:
+        fail(f"error: {exc}", 2)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    except Exception as exc:
+        if is_click("Abort", exc):  # click turns Ctrl-C during its own prompts into Abort
+            fail("interrupted", 130)
+        if is_click("NoArgsIsHelpError", exc):  # no arguments at all: the help text
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        if is_click("ClickException", exc):  # a bad option or argument
+            fail(f"error: {exc.format_message()} (see --help)", exc.exit_code)
+        if debug:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        fail(f"error: unexpected {type(exc).__name__}: {first} (rerun with {DEBUG_FLAG} for the traceback)", 1)
+    if isinstance(status, int) and status:
+        raise SystemExit(status)
