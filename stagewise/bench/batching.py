@@ -30,7 +30,7 @@ import torch
 from stagewise import LLM
 from stagewise.bench.hf_baseline import HFBaseline, hf_model_location, static_padding
 from stagewise.bench.machine import machine_info
-from stagewise.bench.modes import check_identical, run_notes
+from stagewise.bench.modes import check_identical, refuse_weightless, run_notes
 from stagewise.bench.plots import plot_kv_over_time, plot_latency_percentiles, plot_throughput, save_figure
 from stagewise.bench.timing import StreamedRequest, alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, Workload, mixed_workload
@@ -174,17 +174,33 @@ def _run_transformers(hf: HFBaseline, loaded, settings, workload, on_done) -> di
     return {"requests": run.requests, "extra": extra, "kv": {"time_s": run.kv_times_s, "bytes": run.kv_bytes}}
 
 
-def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
-    """Run every system `repeats` times (alternating); returns the result dict."""
+def check_settings(settings: BatchingSettings) -> None:
+    """Every setting in range, before anything is loaded."""
+    refuse_weightless(settings.model, settings.device)
     for name in settings.compare:
         if name not in COMPARE:
             raise StagewiseError(f"unknown --compare '{name}'; use {', '.join(COMPARE)}")
-    if settings.max_num_seqs < 1 or settings.repeats < 1:
-        raise StagewiseError("max_num_seqs and repeats must be >= 1")
+    counts = {
+        "num_requests": settings.num_requests,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "repeats": settings.repeats,
+    }
+    if settings.continuous_max_num_seqs is not None:
+        counts["continuous_max_num_seqs"] = settings.continuous_max_num_seqs
+    for name, value in counts.items():
+        if value < 1:
+            raise StagewiseError(f"{name} must be >= 1, got {value}")
     if "transformers" in settings.compare:
         hf_model_location(settings.model)  # fail before loading anything
+
+
+def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
+    """Run every system `repeats` times (alternating); returns the result dict."""
+    check_settings(settings)
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     loaded = loaded or load_model(settings.model, settings.device, dtype)
+    refuse_weightless(settings.model, settings.device, loaded)
     hf = HFBaseline(settings.model, loaded.device, loaded.dtype) if "transformers" in settings.compare else None
     workload = mixed_workload(
         loaded.tokenizer, settings.num_requests, settings.prompt_tokens, settings.output_tokens, settings.seed

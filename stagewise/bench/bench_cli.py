@@ -3,10 +3,18 @@
 Register under the main CLI with `app.add_typer(bench_app, name="bench")`.
 Results go to `benchmarks/results/<machine-tag>/` unless `--out` says
 otherwise; `--quick` shrinks every size so a run finishes in well under a
-minute (a smoke test, not a measurement).
+minute (a smoke test, not a measurement) and writes to
+`benchmarks/results/<machine-tag>/quick/`, never over the published results.
+
+Every option is checked before the run starts: sizes >= 1 (0 is an error, not
+"the default"), the output folder writable, and an existing result file is
+replaced only when it was made with the same settings (or with `--overwrite`).
+The JSON and the PNG are written to temporary files and renamed into place.
 """
 
+import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -14,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from stagewise.errors import StagewiseError
+from stagewise.files import check_writable, check_writable_folder
 
 bench_app = typer.Typer(
     add_completion=False,
@@ -57,14 +66,30 @@ def parse_range(text: str, what: str) -> tuple[int, int]:
     return low, high
 
 
+def positive(value: int | None, option: str, default: int) -> int:
+    """An option that must be >= 1; None means the default (0 is an error, not the default)."""
+    if value is None:
+        return default
+    if value < 1:
+        raise StagewiseError(f"{option} must be >= 1, got {value}")
+    return value
+
+
+def split_names(text: str, option: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise StagewiseError(f"{option} needs at least one name, got '{text}'")
+    return names
+
+
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise StagewiseError(f"unknown backend '{backend}'; use naive or triton")
     return backend
 
 
-def setup(threads: int | None, out: str | None) -> tuple[Console, Path]:
-    """Set torch's thread count first (the machine tag names it), then pick the output folder."""
+def setup(threads: int | None, out: str | None, quick: bool) -> tuple[Console, Path]:
+    """Set torch's thread count first (the machine tag names it), then pick and check the output folder."""
     import torch
 
     from stagewise.bench.machine import machine_tag
@@ -74,7 +99,32 @@ def setup(threads: int | None, out: str | None) -> tuple[Console, Path]:
             raise StagewiseError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return Console(), Path(out) if out else Path("benchmarks") / "results" / machine_tag()
+    folder = Path("benchmarks") / "results" / machine_tag()
+    if quick:
+        folder = folder / "quick"  # smoke runs never touch the published results
+    return Console(), check_writable_folder(Path(out) if out else folder)
+
+
+def check_result_files(out_dir: Path, name: str, settings: dict, overwrite: bool) -> None:
+    """Before running: both files writable, and an existing result replaced only if made with these settings."""
+    json_path = check_writable(out_dir / f"{name}.json")
+    check_writable(out_dir / f"{name}.png")
+    if overwrite or not json_path.exists():
+        return
+    try:
+        old = json.loads(json_path.read_text()).get("settings")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    new = json.loads(json.dumps(settings, default=str))  # as it would be written (tuples -> lists)
+    if old == new:
+        return
+    if isinstance(old, dict):
+        keys = sorted(set(old) | set(new))
+        changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+        why = "different settings (" + ", ".join(changed) + ")"
+    else:
+        why = "unknown settings"
+    raise StagewiseError(f"{json_path} holds a result with {why}; pass --overwrite to replace it, or --out elsewhere")
 
 
 def progress_bar(console: Console) -> Progress:
@@ -90,6 +140,7 @@ def progress_bar(console: Console) -> Progress:
 
 
 def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str) -> None:
+    """Print the table and notes, then write the JSON and the PNG (each atomically)."""
     from stagewise.bench.machine import write_result_json
 
     console.print(table)
@@ -108,6 +159,7 @@ BACKEND = typer.Option("naive", help="stage backend: naive (PyTorch) or triton")
 DEVICE = typer.Option(None, help="cpu or cuda (default: cuda when available)")
 DTYPE = typer.Option(None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bfloat16 on CUDA)")
 THREADS = typer.Option(None, help="torch CPU threads (default: torch's choice)")
+OVERWRITE = typer.Option(False, "--overwrite", help="replace a result file made with different settings")
 
 
 @bench_app.command()
@@ -124,24 +176,27 @@ def modes(
     modes: str = typer.Option("naive,kv,paged", help="comma-separated modes to compare"),
     repeats: int | None = typer.Option(None, help="timed runs per mode and length (default 3; quick 1)"),
     compare: list[str] = typer.Option([], help="add a system: transformers (HF generate on the same prompt)"),
+    overwrite: bool = OVERWRITE,
 ):
     """Naive recompute vs KV cache vs paged KV: same prompt, same tokens, growing outputs."""
-    from stagewise.bench.modes import ModesSettings, modes_table, plot_modes, run_modes
+    from stagewise.bench.modes import ModesSettings, check_settings, modes_table, plot_modes, run_modes
 
-    console, out_dir = setup(threads, out)
+    console, out_dir = setup(threads, out, quick)
     settings = ModesSettings(
         model=model,
         backend=check_backend(backend),
         device=device,
         dtype=parse_dtype(dtype),
-        prompt_tokens=prompt_tokens or (16 if quick else 32),
+        prompt_tokens=positive(prompt_tokens, "--prompt-tokens", 16 if quick else 32),
         output_lengths=parse_ints(output_lengths, "--output-lengths")
-        if output_lengths
+        if output_lengths is not None
         else ((8, 32) if quick else (16, 64, 256, 512)),
-        repeats=repeats or (1 if quick else 3),
-        modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+        repeats=positive(repeats, "--repeats", 1 if quick else 3),
+        modes=split_names(modes, "--modes"),
         compare=tuple(c.strip() for item in compare for c in item.split(",") if c.strip()),
     )
+    check_settings(settings)
+    check_result_files(out_dir, "modes", asdict(settings), overwrite)
     with progress_bar(console) as progress:
         result = run_modes(settings, progress=progress)
     finish(console, result, modes_table(result), plot_modes, out_dir, "modes")
@@ -165,32 +220,37 @@ def batching(
     continuous_seats: int | None = typer.Option(None, help="most running requests, continuous (default: same)"),
     repeats: int = typer.Option(1, help="timed runs per system, alternating the systems"),
     seed: int = typer.Option(0, help="workload seed"),
+    overwrite: bool = OVERWRITE,
 ):
     """Static vs continuous batching (and transformers) on a seeded mixed-length workload."""
     from stagewise.bench.batching import QUICK as Q
-    from stagewise.bench.batching import BatchingSettings, batching_table, plot_batching, run_batching
+    from stagewise.bench.batching import BatchingSettings, batching_table, check_settings, plot_batching, run_batching
 
-    console, out_dir = setup(threads, out)
+    console, out_dir = setup(threads, out, quick)
     names = tuple(c.strip() for item in compare for c in item.split(",") if c.strip())
     settings = BatchingSettings(
         model=model,
         backend=check_backend(backend),
         device=device,
         dtype=parse_dtype(dtype),
-        num_requests=num_requests or (Q["num_requests"] if quick else 32),
+        num_requests=positive(num_requests, "--num-requests", Q["num_requests"] if quick else 32),
         prompt_tokens=parse_range(prompt_tokens, "--prompt-tokens")
-        if prompt_tokens
+        if prompt_tokens is not None
         else (Q["prompt_tokens"] if quick else (16, 512)),
         output_tokens=parse_range(output_tokens, "--output-tokens")
-        if output_tokens
+        if output_tokens is not None
         else (Q["output_tokens"] if quick else (16, 256)),
-        max_num_seqs=max_num_seqs or (Q["max_num_seqs"] if quick else 8),
-        max_num_batched_tokens=max_num_batched_tokens,
-        continuous_max_num_seqs=continuous_seats,
-        repeats=repeats,
+        max_num_seqs=positive(max_num_seqs, "--max-num-seqs", Q["max_num_seqs"] if quick else 8),
+        max_num_batched_tokens=positive(max_num_batched_tokens, "--max-num-batched-tokens", 512),
+        continuous_max_num_seqs=None
+        if continuous_seats is None
+        else positive(continuous_seats, "--continuous-seats", 1),
+        repeats=positive(repeats, "--repeats", 1),
         seed=seed,
         compare=names,
     )
+    check_settings(settings)
+    check_result_files(out_dir, "batching", asdict(settings), overwrite)
     with progress_bar(console) as progress:
         result = run_batching(settings, progress=progress)
     finish(console, result, batching_table(result), plot_batching, out_dir, "batching")
@@ -211,23 +271,25 @@ def stages(
     only: str | None = typer.Option(None, "--stages", help="comma-separated stage names (default: all)"),
     repeats: int | None = typer.Option(None, help="timed calls per path (default 20 on CUDA, 3 on CPU; quick 2)"),
     warmup: int | None = typer.Option(None, help="untimed calls per path first (default 3 on CUDA, 1 on CPU)"),
+    overwrite: bool = OVERWRITE,
 ):
     """Every registry stage: naive PyTorch vs optimized, prefill and decode shapes (CPU: interpreter, correctness)."""
-    from stagewise.bench.stage_bench import StagesSettings, plot_stages, run_stages, stages_table
+    from stagewise.bench.stage_bench import StagesSettings, plot_stages, resolve, run_stages, stages_table
 
-    console, out_dir = setup(threads, out)
-    if decode_tokens < 1 or (prefill_tokens is not None and prefill_tokens < 1):
-        raise StagewiseError("--prefill-tokens and --decode-tokens must be >= 1")
+    console, out_dir = setup(threads, out, quick)
+    if warmup is not None and warmup < 0:
+        raise StagewiseError(f"--warmup must be >= 0, got {warmup}")
     settings = StagesSettings(
         model=model,
         device=device,
         dtype=parse_dtype(dtype),
-        prefill_tokens=prefill_tokens or (32 if quick else 128),
-        decode_tokens=decode_tokens,
-        repeats=repeats or (2 if quick else None),
+        prefill_tokens=positive(prefill_tokens, "--prefill-tokens", 32 if quick else 128),
+        decode_tokens=positive(decode_tokens, "--decode-tokens", 1),
+        repeats=positive(repeats, "--repeats", 2) if repeats is not None or quick else None,
         warmup=warmup,
-        stages=tuple(s.strip() for s in only.split(",") if s.strip()) if only else (),
+        stages=split_names(only, "--stages") if only is not None else (),
     )
+    check_result_files(out_dir, "stages", asdict(resolve(settings)), overwrite)
     with progress_bar(console) as progress:
         result = run_stages(settings, progress=progress)
     finish(console, result, stages_table(result), plot_stages, out_dir, "stages")

@@ -22,6 +22,7 @@ from stagewise.bench.calc_counts import kv_bytes, weight_bytes
 from stagewise.bench.calc_steps import Step
 from stagewise.bench.hardware import HARDWARE, Hardware
 from stagewise.config import ModelConfig
+from stagewise.files import atomic_path
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ def _save(fig: Figure, path: str | Path | None) -> Figure:
         return fig
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_path(path) as tmp:  # an interrupted save leaves the old PNG as it was
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return fig
 
 

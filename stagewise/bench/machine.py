@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from stagewise.files import write_text_atomic
+
 
 def _cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else whatever `platform` knows."""
@@ -100,8 +102,7 @@ def machine_tag(info: dict | None = None) -> str:
 
 
 def write_result_json(result: dict, path: str | Path) -> Path:
-    """Write a benchmark result (with its `machine` entry) as indented JSON; parent folders are created."""
+    """Write a benchmark result (with its `machine` entry) as indented JSON, atomically; parent folders are created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(result, indent=1, default=str) + "\n")

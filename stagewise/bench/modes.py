@@ -33,7 +33,7 @@ from stagewise.bench.machine import machine_info
 from stagewise.bench.plots import plot_throughput, plot_time_per_token, save_figure
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, single_prompt
-from stagewise.config import EngineConfig
+from stagewise.config import PRESETS, EngineConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.registry import LoadedModel, load_model
 
@@ -110,11 +110,25 @@ def eval_fit(fit: dict, context: list[int]) -> list[float]:
     return [sum(c * n**p for c, p in zip(fit["coef_ms"], fit["powers"])) for n in context]
 
 
-def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
-    """Run the comparison; returns the result dict (settings, raw runs, summary, curves, fits)."""
+def refuse_weightless(model: str, device: str | None, loaded: LoadedModel | None = None) -> None:
+    """A benchmark of a model without weights (shape-only preset, meta device) would time nothing."""
+    config = loaded.config if loaded is not None else PRESETS.get(model)
+    meta = (loaded.device.type if loaded is not None else str(device or "")).startswith("meta")
+    if meta or (config is not None and config.shape_only):
+        raise StagewiseError(
+            f"{model} has no weights here (shape only, meta device): nothing to measure; "
+            "it can be traced (stagewise trace) or sized (stagewise calc)"
+        )
+
+
+def check_settings(settings: ModesSettings) -> None:
+    """Every setting in range, before anything is loaded."""
+    refuse_weightless(settings.model, settings.device)
     for mode in settings.modes:
         if mode not in MODES:
             raise StagewiseError(f"unknown mode '{mode}'; use {', '.join(MODES)}")
+    if not settings.modes:
+        raise StagewiseError(f"no modes to compare; use some of {', '.join(MODES)}")
     for name in settings.compare:
         if name not in COMPARE:
             raise StagewiseError(f"unknown system '{name}' for --compare; use {', '.join(COMPARE)}")
@@ -122,8 +136,16 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
         raise StagewiseError("output lengths must be >= 2 tokens (a time between tokens needs two)")
     if settings.repeats < 1:
         raise StagewiseError(f"repeats must be >= 1, got {settings.repeats}")
+    if settings.prompt_tokens < 1:
+        raise StagewiseError(f"prompt_tokens must be >= 1, got {settings.prompt_tokens}")
+
+
+def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
+    """Run the comparison; returns the result dict (settings, raw runs, summary, curves, fits)."""
+    check_settings(settings)
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     loaded = loaded or load_model(settings.model, settings.device, dtype)
+    refuse_weightless(settings.model, settings.device, loaded)
     prompt = single_prompt(loaded.tokenizer, settings.prompt_tokens, settings.seed)
     lengths = sorted(set(settings.output_lengths))
     ecfg = EngineConfig(max_num_seqs=1, max_model_len=settings.prompt_tokens + max(lengths) + 1)

@@ -13,6 +13,8 @@ from pathlib import Path
 # and a notebook keeps its inline backend.
 import matplotlib.pyplot as plt
 
+from stagewise.files import atomic_path
+
 COLORS = {
     "naive": "tab:red",
     "kv": "tab:blue",
@@ -39,8 +41,11 @@ def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:  # an interrupted save leaves the old PNG as it was
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 

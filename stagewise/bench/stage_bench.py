@@ -49,6 +49,8 @@ def resolve(settings: StagesSettings) -> StagesSettings:
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise StagewiseError("--device cuda, but torch sees no CUDA device")
+    if device.startswith("meta"):
+        raise StagewiseError("--device meta holds no data: nothing to time; use cpu or cuda")
     gpu = device.startswith("cuda")
     model = settings.model or ("smollm2-135m" if gpu else "tiny")
     if model not in PRESETS:
