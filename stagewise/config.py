@@ -66,6 +66,15 @@ class ModelConfig:
     shape_only: bool = False  # True for presets that only exist on the meta device
 
     def __post_init__(self) -> None:
+        for name in SIZE_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise StagewiseError(f"{self.name}: {name} must be an int >= 1, got {value!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise StagewiseError(f"{self.name}: {name} must be a number > 0, got {value!r}")
+            object.__setattr__(self, name, float(value))  # frozen: a JSON int becomes the float it means
         if self.num_heads % self.num_kv_heads != 0:
             raise StagewiseError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -103,6 +112,55 @@ class ModelConfig:
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
         return embed + self.num_layers * per_layer + self.hidden_size + head
+
+
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+def config_from_hf_dict(
+    raw, name: str, where: str, shape_only: bool = False, rope_scaling: RopeScaling | None = None
+) -> ModelConfig:
+    """The sizes of a Hugging Face Llama `config.json` (already parsed), each checked.
+
+    `where` names the file in errors: a missing key, a non-object, zero heads all
+    become one-line `StagewiseError`s instead of a KeyError or a ZeroDivisionError.
+    """
+    if not isinstance(raw, dict):
+        raise StagewiseError(f"{where} must hold a JSON object, got {type(raw).__name__}")
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [key for key in required if key not in raw]
+    if missing:
+        raise StagewiseError(f"{where} lacks the size field {', '.join(missing)}; is it a Hugging Face config.json?")
+    heads = raw["num_attention_heads"]
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+        raise StagewiseError(f"{where}: num_attention_heads must be an int >= 1, got {heads!r}")
+    hidden = raw["hidden_size"]
+    head_dim = raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) else hidden)
+    return ModelConfig(
+        name=name,
+        vocab_size=raw["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        shape_only=shape_only,
+        rope_scaling=rope_scaling,
+    )
 
 
 PRESETS: dict[str, ModelConfig] = {

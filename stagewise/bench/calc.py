@@ -43,7 +43,7 @@ from stagewise.bench.calc_counts import (
 from stagewise.bench.calc_seeds import Row, SeedsAssumptions, seeds_worked_examples
 from stagewise.bench.calc_steps import Capacity, Step, capacity, decode_step, naive_step, prefill_step
 from stagewise.bench.hardware import DTYPE_BYTES, HARDWARE, Hardware, canonical_dtype, probe_this_machine
-from stagewise.config import PRESETS, ModelConfig
+from stagewise.config import PRESETS, ModelConfig, config_from_hf_dict
 from stagewise.errors import StagewiseError
 
 __all__ = [
@@ -74,24 +74,11 @@ def load_model_config(model: str) -> ModelConfig:
         raise StagewiseError(f"unknown model '{model}'; choose one of {', '.join(PRESETS)} or a config.json path")
     try:
         raw = json.loads(path.read_text())
-        heads = raw["num_attention_heads"]
-        return ModelConfig(
-            name=str(model),
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_layers=raw["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            shape_only=True,
-        )
     except json.JSONDecodeError as exc:
         raise StagewiseError(f"{path} is not valid JSON: {exc.msg}") from None
-    except (KeyError, TypeError) as exc:
-        raise StagewiseError(f"{path} lacks the size field {exc}; is it a Hugging Face config.json?") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StagewiseError(f"cannot read {path}: {exc}") from None
+    return config_from_hf_dict(raw, str(model), str(path), shape_only=True)
 
 
 def load_hardware(name: str, probe_seconds: float = 3.0) -> Hardware:

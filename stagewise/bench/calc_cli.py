@@ -20,6 +20,7 @@ from rich.table import Table
 from stagewise.bench.calc import Analysis, Quantity, analyze, load_hardware, load_model_config, seeds_table
 from stagewise.bench.calc_seeds import seeds_worked_examples
 from stagewise.errors import StagewiseError
+from stagewise.files import check_writable, check_writable_folder, write_text_atomic
 
 _PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 
@@ -170,6 +171,13 @@ def calc(
     """Back-of-envelope inference numbers: FLOPs, bytes, KV cache, roofline, speed of light, max batch."""
     from dataclasses import asdict
 
+    if plot is not None:  # checked before any work (the probe takes seconds)
+        folder = Path(plot)
+        if folder.exists() and not folder.is_dir():
+            raise StagewiseError(f"--plot {plot} is a file; give a folder (roofline.png and kv_memory.png go there)")
+        check_writable_folder(folder, "--plot")
+    if json_out is not None:
+        check_writable(json_out, "--json-out")
     config = load_model_config(model)
     hw = load_hardware(hardware).scaled(devices)
     result = analyze(config, hw, context=context, batch=batch, dtype=dtype)
@@ -193,7 +201,7 @@ def calc(
         if seeds:
             data["seeds"] = seeds_table()
         try:
-            Path(json_out).write_text(json.dumps(data, indent=2))
+            write_text_atomic(json_out, json.dumps(data, indent=2) + "\n")
         except OSError as exc:
             raise StagewiseError(f"cannot write {json_out}: {exc.strerror}") from None
         console.print(f"wrote {json_out}")

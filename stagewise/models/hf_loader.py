@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from stagewise.config import ModelConfig, RopeScaling
+from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict
 from stagewise.errors import StagewiseError
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
@@ -24,27 +24,15 @@ def config_from_hf(path: Path) -> ModelConfig:
         cfg = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise StagewiseError(f"{config_file} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise StagewiseError(f"{config_file} must hold a JSON object, got {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
-        kind = cfg.get("model_type") or ", ".join(archs) or "unknown"
+        kind = cfg.get("model_type") or ", ".join(map(str, archs)) or "unknown"
         raise StagewiseError(f"{path}: model type '{kind}' is not supported; stagewise runs Llama models")
     rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    heads = cfg["num_attention_heads"]
-    return ModelConfig(
-        name=str(path),
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads", heads),
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        rope_theta=float(cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rope_scaling=rope_scaling_from_hf(rope_params, cfg, path),
-    )
+    rope_scaling = rope_scaling_from_hf(rope_params, cfg, path)
+    return config_from_hf_dict(cfg, str(path), str(config_file), rope_scaling=rope_scaling)
 
 
 def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | None:

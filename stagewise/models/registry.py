@@ -92,6 +92,24 @@ def _load_files(
     )
 
 
+def parse_device(device: str | torch.device | None) -> torch.device:
+    """'cpu', 'cuda', 'cuda:1', 'meta' (shape only); None = cuda when available. Checked before loading."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise StagewiseError(f"unknown device '{device}'; use cpu, cuda, cuda:N or meta") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise StagewiseError(f"--device {device}: torch sees no CUDA device here; use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise StagewiseError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif device.type not in ("cpu", "meta"):
+        raise StagewiseError(f"device '{device}' is not supported; use cpu, cuda, cuda:N or meta")
+    return device
+
+
 def load_model(
     name: str = DEFAULT_MODEL, device: str | torch.device | None = None, dtype: torch.dtype | None = None
 ) -> LoadedModel:
@@ -107,7 +125,7 @@ def load_model(
             tokenizer = Tokenizer.tiny()
         weights = empty_weights(config, device="meta", dtype=dtype)
         return LoadedModel(config, weights, tokenizer, f"{name} (shape only, meta device)", torch.device("meta"), dtype)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = parse_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if name.startswith(RANDOM_PREFIX):

@@ -41,6 +41,7 @@ def trace(
     prefix_caching: bool = typer.Option(
         True, "--prefix-caching/--no-prefix-caching", help="engine: share prompt blocks"
     ),
+    device: str | None = typer.Option(None, help="cpu, cuda or meta (shape only: no memory, no values)"),
     width: int | None = typer.Option(None, help=f"terminal width, >= {MIN_WIDTH} (default: auto)"),
     timing: bool = typer.Option(True, "--timing/--no-timing", help="show wall time per stage"),
 ):
@@ -65,7 +66,7 @@ def trace(
     if out is not None:
         check_writable(out)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
-    llm = LLM(model, backend=backend, mode=mode, engine_config=ecfg)
+    llm = LLM(model, backend=backend, mode=mode, device=device, engine_config=ecfg)
     if layer_ranges is not None:
         layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", f"{llm.describe()['name']} layers")
     else:
