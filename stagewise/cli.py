@@ -62,6 +62,9 @@ def generate(
     seed: int | None = typer.Option(None, help="random seed (sampling)"),
     stop: list[str] = typer.Option([], help="stop string (repeatable)"),
     chat: bool = typer.Option(False, "--chat", help="wrap each prompt in the model's chat template"),
+    special_tokens: bool = typer.Option(
+        False, "--special-tokens", help="let prompts hold control tokens like <|im_start|> (trusted input only)"
+    ),
     device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 on CPU)"),
     stats: bool = typer.Option(False, "--stats", help="print TTFT, TBT and tokens/s per request"),
@@ -86,6 +89,7 @@ def generate(
         device=device,
         dtype=parse_dtype(dtype),
         stage_backends=parse_stage_backends(stage_backend),
+        special_tokens=special_tokens,
     )
     texts = [""] * len(prompts)
     outputs_done = []

@@ -5,6 +5,10 @@
     for event in llm.stream(["Tell me a story"], SamplingParams(max_tokens=64)):
         print(event.text, end="")
 
+User text never becomes control tokens: a prompt, or a chat message's content,
+is tokenized as plain text, and only the chat template's own markers are
+control tokens (`engine/prompts.py`); `special_tokens=True` trusts the prompt.
+
 Modes: "paged" (default) is continuous batching over a paged KV cache, "naive"
 recomputes the whole sequence every step (no cache), "kv" runs static batches
 over a contiguous per-request KV cache. `backend` picks naive PyTorch or
@@ -29,6 +33,7 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_cache import free_memory_bytes, kv_bytes_per_token, num_blocks_for_budget
 from stagewise.engine.paged_runner import PagedRunner
+from stagewise.engine.prompts import check_text, encode_prompt
 from stagewise.engine.recompute_runner import RecomputeRunner
 from stagewise.engine.request import FinishReason, Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
@@ -55,8 +60,12 @@ class LLM:
         dtype=None,
         stage_backends: dict[str, str] | None = None,
         engine_config: EngineConfig | None = None,
+        special_tokens: bool = False,
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
+        if not isinstance(special_tokens, bool):
+            raise StagewiseError(f"special_tokens must be True or False, got {special_tokens!r}")
+        self.special_tokens = special_tokens  # True: prompts may hold control tokens (trusted input only)
         self.mode = mode
         self.ops = StageOps(backend, stage_backends)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
@@ -127,20 +136,19 @@ class LLM:
             return prompt
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
 
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids of a prompt as a request would get them (user text never becomes control tokens)."""
+        return encode_prompt(self.ops, self.tokenizer, prompt, chat, self.special_tokens)[1]
+
     def make_request(
         self, prompt: str, params: SamplingParams, chat: bool = False, arrival_time: float | None = None
     ) -> Request:
         """Validate and tokenize one prompt; raises StagewiseError on bad input."""
         arrival_time = arrival_time if arrival_time is not None else time.perf_counter()
-        if not isinstance(prompt, str):
-            raise StagewiseError(f"a prompt must be a string, got {type(prompt).__name__}")
+        check_text(prompt)
         if not isinstance(params, SamplingParams):
             raise StagewiseError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if not prompt.strip():
-            raise StagewiseError("the prompt is empty")
-        text = self.format_prompt(prompt, chat)
-        # A rendered chat template writes its own bos (Llama 2/3, Mistral): add none (as transformers).
-        ids = self.ops("tokenize", text=text, tokenizer=self.tokenizer, add_special_tokens=not chat).tolist()
+        text, ids = encode_prompt(self.ops, self.tokenizer, prompt, chat, self.special_tokens)
         if len(ids) > self.max_model_len:
             raise StagewiseError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
         if len(ids) + params.max_tokens > self.max_model_len:

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -282,6 +282,11 @@ class Tokenizer:
         return tokenize_stage.build_rust_tokenizer(self)  # the optimized path's engine
 
     @functools.cached_property
+    def plain_text(self) -> "Tokenizer":
+        """The same vocabulary reading every character as text: no control tokens, no bos (for user content)."""
+        return replace(self, special_tokens={}, add_bos=False)
+
+    @functools.cached_property
     def token_bytes(self) -> list[bytes]:
         """id -> the bytes the token stands for (special tokens: their UTF-8 text)."""
         if self.model == "llama":
@@ -359,6 +364,43 @@ class Tokenizer:
             if token_id is not None
         }
         return render_chat_template(self.chat_template, messages, add_generation_prompt, special)
+
+    def chat_segments(self, messages: list[dict], add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+        """The rendered chat as (text, is_template) pieces: the template's own text, and each message's content.
+
+        Only the template's pieces may hold control tokens (`<|im_start|>`, Llama 3's headers);
+        content is tokenized as plain text, so a user cannot forge a system turn by typing
+        the markers. The template is rendered with a placeholder in place of each content
+        and cut there; a template that trims content (Llama 3's `| trim`) is followed.
+        A template whose markers are plain text (Llama 2's `[INST]`) cannot be protected
+        this way: the model sees the same tokens either way.
+        """
+        holders = [f"\ue000{i}\ue001" for i in range(len(messages))]  # private-use code points: no template edits them
+        rendered = self.apply_chat_template(
+            [{**m, "content": h} for m, h in zip(messages, holders)], add_generation_prompt
+        )
+        real = self.apply_chat_template(messages, add_generation_prompt)
+        pieces, order, rest = [], [], rendered
+        for _ in messages:
+            cut = min(((rest.find(h), i) for i, h in enumerate(holders) if h in rest), default=None)
+            if cut is None:
+                break
+            at, i = cut
+            pieces.append(rest[:at])
+            order.append(i)
+            rest = rest[at + len(holders[i]) :]
+        pieces.append(rest)
+        for shape in (lambda c: c, str.strip):  # content as given, or trimmed by the template
+            contents = [shape(messages[i]["content"]) for i in order]
+            segments = [(pieces[0], True)]
+            for content, piece in zip(contents, pieces[1:]):
+                segments += [(content, False), (piece, True)]
+            if "".join(text for text, _ in segments) == real:
+                return [(text, is_template) for text, is_template in segments if text]
+        raise StagewiseError(
+            "this chat template rewrites message content, so user text cannot be kept apart from its "
+            "control tokens; pass special_tokens=True to trust the prompt"
+        )
 
 
 def _read_hf_config(path: Path) -> tuple[dict, str | None]:

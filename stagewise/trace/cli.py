@@ -34,6 +34,9 @@ def trace(
     fmt: str = typer.Option("tree", "--format", help="tree, table, json, chrome or markdown"),
     out: str | None = typer.Option(None, help="write to this file instead of the terminal"),
     chat: bool = typer.Option(False, "--chat", help="wrap prompts in the model's chat template"),
+    special_tokens: bool = typer.Option(
+        False, "--special-tokens", help="let prompts hold control tokens like <|im_start|> (trusted input only)"
+    ),
     max_num_seqs: int = typer.Option(16, help="engine: most requests running at once"),
     token_budget: int = typer.Option(512, help="engine: most tokens per step (max_num_batched_tokens)"),
     block_size: int = typer.Option(16, help="engine: tokens per KV block"),
@@ -66,7 +69,7 @@ def trace(
     if out is not None:
         check_writable(out)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
-    llm = LLM(model, backend=backend, mode=mode, device=device, engine_config=ecfg)
+    llm = LLM(model, backend=backend, mode=mode, device=device, engine_config=ecfg, special_tokens=special_tokens)
     if layer_ranges is not None:
         layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", f"{llm.describe()['name']} layers")
     else:
