@@ -137,17 +137,19 @@ def _register_commands() -> None:
 
 def main() -> None:
     """Entry point of the `stagewise` script."""
-    _register_commands()
-    run(app)
+    run_command(app, prepare=_register_commands)
 
 
 def trace_main() -> None:
     """Entry point of the `trace` script: `stagewise trace` under its own name."""
-    from stagewise.trace.cli import trace
-
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command()(trace)
-    run(single)
+
+    def register() -> None:
+        from stagewise.trace.cli import trace
+
+        single.command()(trace)
+
+    run_command(single, prepare=register)
 
 
 def run(typer_app: typer.Typer) -> None:

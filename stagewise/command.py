@@ -22,6 +22,7 @@ import typer
 from stagewise.errors import StagewiseError
 
 DEBUG_FLAG = "--debug"
+INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
 
 def take_debug_flag(argv: list[str]) -> bool:
@@ -53,19 +54,25 @@ def fail(message: str, status: int) -> None:
     raise SystemExit(status)
 
 
-def run_command(app: typer.Typer) -> None:
-    """Run a Typer app with stagewise's exit statuses (see the module docstring)."""
+def run_command(app: typer.Typer, prepare=None) -> None:
+    """Run a Typer app with stagewise's exit statuses (see the module docstring).
+
+    `prepare()` (registering commands: slow imports) runs inside the same guard, so
+    Ctrl-C while torch is still loading is an interruption like any other.
+    """
     debug = take_debug_flag(sys.argv)
     try:
         check_utf8_arguments(sys.argv)
+        if prepare is not None:
+            prepare()
         status = app(standalone_mode=False)
     except StagewiseError as exc:
         fail(f"error: {exc}", 2)
     except KeyboardInterrupt:
-        fail("interrupted", 130)
+        fail("interrupted", INTERRUPTED)
     except Exception as exc:
         if is_click("Abort", exc):  # click turns Ctrl-C during its own prompts into Abort
-            fail("interrupted", 130)
+            fail("interrupted", INTERRUPTED)
         if is_click("NoArgsIsHelpError", exc):  # no arguments at all: the help text
             exc.show()
             raise SystemExit(exc.exit_code) from None
@@ -75,5 +82,7 @@ def run_command(app: typer.Typer) -> None:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         fail(f"error: unexpected {type(exc).__name__}: {first} (rerun with {DEBUG_FLAG} for the traceback)", 1)
+    if status == INTERRUPTED:  # typer turns a KeyboardInterrupt inside the command into exit code 130
+        fail("interrupted", INTERRUPTED)
     if isinstance(status, int) and status:
         raise SystemExit(status)

@@ -71,13 +71,13 @@ def trace(
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
     llm = LLM(model, backend=backend, mode=mode, device=device, engine_config=ecfg, special_tokens=special_tokens)
     if layer_ranges is not None:
-        layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", f"{llm.describe()['name']} layers")
+        layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", llm.describe()["name"])
     else:
         layer_sel = layers or ("all" if fmt in ("json", "chrome") else "first")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     with Tracer(timing=timing) as tracer:
         llm.generate(prompts, params, chat=chat)
-    step_sel = None if step_ranges is None else check_ranges(step_ranges, len(tracer.steps), "steps", "this run steps")
+    step_sel = None if step_ranges is None else check_ranges(step_ranges, len(tracer.steps), "steps", "this run")
     text = render(tracer, fmt, layer_sel, step_sel, set(stage), timing, llm.tokenizer.decode, width, to_file=bool(out))
     if out:
         write_text_atomic(out, text)

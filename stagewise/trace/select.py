@@ -30,12 +30,12 @@ def parse_ranges(text: str, what: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def check_ranges(ranges: list[tuple[int, int]], count: int, what: str, of: str) -> list[int]:
-    """The indices of `ranges`, each checked to lie in 0..count-1 (`of` names what they index)."""
+def check_ranges(ranges: list[tuple[int, int]], count: int, what: str, owner: str) -> list[int]:
+    """The indices of `ranges`, each checked to lie in 0..count-1 (`owner` has `count` of `what`)."""
     for low, high in ranges:
         if high >= count:
             bad = f"{low}-{high}" if low != high else str(low)
-            raise StagewiseError(f"--{what} {bad} is out of range: {of} has {count}, valid 0-{count - 1}")
+            raise StagewiseError(f"--{what} {bad} is out of range: {owner} has {count} {what}, valid 0-{count - 1}")
     return sorted({i for low, high in ranges for i in range(low, high + 1)})
 
 

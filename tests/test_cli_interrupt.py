@@ -1,0 +1,137 @@
+"""Ctrl-C during a long command: exit 130, one line, no traceback, the old output file intact, no temp file.
+
+The subprocess cases send a real SIGINT once the command is at work (torch is
+loaded, so the imports are over and the run has begun); the in-process cases
+raise KeyboardInterrupt at the precise moments a signal is hardest to survive:
+while the trace is rendered and while a benchmark's PNG is being written.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stagewise import cli
+
+ENV = {**os.environ, "STAGEWISE_QUIET": "1", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "120"}
+OLD = "the old result, which must survive\n"
+
+
+def torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def interrupt_when_busy(args: list[str], cwd: Path, settle_s: float = 1.0) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stagewise.cli", *args],
+        cwd=cwd,
+        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not torch_loaded(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(settle_s)
+    assert proc.poll() is None, f"the command ended before it could be interrupted: {proc.communicate()}"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if ".tmp-" in p.name]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see when the command is at work")
+@pytest.mark.parametrize(
+    ("args", "target"),
+    [
+        (
+            ["trace", "a", "b", "c", "--model", "tiny", "--max-tokens", "200", "--layers", "all", "--out", "t.txt"],
+            "t.txt",
+        ),
+        (["bench", "modes", "--model", "tiny", "--out", ".", "--output-lengths", "2,400", "--overwrite"], "modes.json"),
+        (["generate", "hi", "--model", "tiny", "--max-tokens", "900", "--temperature", "0.5"], None),
+    ],
+    ids=["trace --out", "bench modes", "generate"],
+)
+def test_sigint_exits_130_and_keeps_the_old_file(tmp_path, args, target):
+    if target:
+        (tmp_path / target).write_text(OLD)
+    res = interrupt_when_busy(args, tmp_path)
+    assert res.returncode == 130, (res.returncode, res.stderr)
+    assert res.stderr.strip().splitlines()[-1] == "interrupted", res.stderr
+    assert "Traceback" not in res.stderr
+    if target:
+        assert (tmp_path / target).read_text() == OLD
+    assert leftovers(tmp_path) == []
+
+
+def run_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["stagewise", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["tree", "table", "json"])
+def test_interrupt_while_the_trace_is_rendered(tmp_path, monkeypatch, capsys, fmt):
+    """rich lays the tree out inside Console.print; the JSON is built by to_json: Ctrl-C lands there."""
+    import rich.console
+
+    import stagewise.trace.export as export
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rich.console.Console, "print", interrupted)
+    monkeypatch.setattr(export, "to_json", interrupted)
+    out = tmp_path / "trace.txt"
+    out.write_text(OLD)
+    argv = ["trace", "hi", "--model", "tiny", "--format", fmt, "--out", str(out)]
+    code, err = run_in_process(argv, monkeypatch, capsys)
+    assert (code, err.strip()) == (130, "interrupted")
+    assert out.read_text() == OLD and leftovers(tmp_path) == []
+
+
+def test_interrupt_while_the_png_is_written(tmp_path, monkeypatch, capsys):
+    from matplotlib.figure import Figure
+
+    real_savefig = Figure.savefig
+
+    def half_written(self, path, *args, **kwargs):
+        real_savefig(self, path, *args, **kwargs)  # the temporary file is complete...
+        raise KeyboardInterrupt  # ...and Ctrl-C lands before the rename
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    for name in ("modes.json", "modes.png"):
+        (tmp_path / name).write_text(OLD)
+    argv = ["bench", "modes", "--model", "tiny", "--out", str(tmp_path), "--modes", "kv", "--overwrite"]
+    code, err = run_in_process(
+        [*argv, "--prompt-tokens", "4", "--output-lengths", "4", "--repeats", "1"], monkeypatch, capsys
+    )
+    assert (code, err.strip()) == (130, "interrupted")
+    assert (tmp_path / "modes.png").read_text() == OLD
+    assert leftovers(tmp_path) == []
+
+
+def test_atomic_path_keeps_the_old_file_on_failure(tmp_path):
+    from stagewise.files import atomic_path, write_text_atomic
+
+    target = tmp_path / "out.json"
+    target.write_text(OLD)
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("failed mid-write")
+    assert target.read_text() == OLD and leftovers(tmp_path) == []
+    write_text_atomic(target, "new\n")
+    assert target.read_text() == "new\n" and leftovers(tmp_path) == []
