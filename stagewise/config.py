@@ -308,8 +308,11 @@ class EngineConfig:
         for name, value in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise StagewiseError(f"{name} must be an int >= 1, got {value!r}")
-        if not 0.0 < self.kv_cache_fraction <= 1.0:
-            raise StagewiseError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction!r}")
+        fraction = self.kv_cache_fraction
+        if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0.0 < fraction <= 1.0:
+            raise StagewiseError(f"kv_cache_fraction must be a number in (0, 1], got {fraction!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise StagewiseError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
 
     def with_updates(self, **kwargs) -> "EngineConfig":
         return replace(self, **kwargs)

@@ -180,3 +180,18 @@ def test_wrong_python_types_for_llm(tiny, kwargs, message):
 def test_wrong_python_types_for_generate(tiny, args, message):
     with pytest.raises(StagewiseError, match=message):
         LLM(tiny, mode="kv").generate(*args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_num_seqs": "4"}, "max_num_seqs must be an int >= 1"),
+        ({"block_size": 2.0}, "block_size must be an int >= 1"),
+        ({"kv_cache_fraction": "half"}, "kv_cache_fraction must be a number"),
+        ({"enable_prefix_caching": "yes"}, "enable_prefix_caching must be True or False"),
+        ({"max_model_len": 0}, "max_model_len must be an int >= 1"),
+    ],
+)
+def test_wrong_python_types_for_engine_config(kwargs, message):
+    with pytest.raises(StagewiseError, match=message):
+        EngineConfig(**kwargs)
