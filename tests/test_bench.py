@@ -264,3 +264,19 @@ def test_bad_options_are_one_line_errors(args, message, tmp_path):
     result = CliRunner().invoke(bench_app, [*args, "--out", str(tmp_path)])
     assert isinstance(result.exception, StagewiseError)
     assert message in str(result.exception)
+
+
+def test_soak_smoke_finds_nothing_lost_changed_or_leaked():
+    from stagewise.bench.soak import SoakSettings, run_soak
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as `bench soak` runs: the tiny model's ops are too small for threads
+    try:
+        result = run_soak(SoakSettings(num_requests=24, num_kv_blocks=12, streams_every=8, arrivals_per_step=2))
+    finally:
+        torch.set_num_threads(threads)
+    summary = result["summary"]
+    assert result["ok"], (summary, result["lost"], result["mismatched"])
+    assert summary["requests"] == 24 and summary["abandoned_streams"] >= 1
+    assert summary["preemptions"] > 0 and summary["prefix_cache_hit_rate"] > 0
+    assert summary["lost_requests"] == summary["outputs_differing_from_alone"] == summary["blocks_held_at_end"] == 0
