@@ -42,6 +42,11 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "config-missing.json").write_text(json.dumps({"hidden_size": 64}))
     sizes = {"vocab_size": 10, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
     (tmp_path / "config-zero-heads.json").write_text(json.dumps({**sizes, "num_attention_heads": 0}))
+    (tmp_path / "hf-list").mkdir()
+    (tmp_path / "hf-list" / "config.json").write_text("[1]")
+    (tmp_path / "hf-zero").mkdir()
+    llama = {"model_type": "llama", **sizes, "num_attention_heads": 0}
+    (tmp_path / "hf-zero" / "config.json").write_text(json.dumps(llama))
     (tmp_path / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 not really a gguf file")
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -81,6 +86,8 @@ CASES = [
     (["generate", "hi", "--model", "missing/model.gguf"], "not found"),
     (["generate", "hi", "--model", "corrupt.gguf"], "corrupt.gguf"),
     (["generate", "hi", *TINY, "--mode", "fast"], "unknown mode 'fast'"),
+    (["generate", "hi", "--model", "hf-list"], "must hold a JSON object, got list"),
+    (["generate", "hi", "--model", "hf-zero"], "num_attention_heads must be an int >= 1, got 0"),
     (["generate", "hi", *TINY, "--max-tokens", "x"], "Invalid value for '--max-tokens'"),
     (["generate", "hi", *TINY, "--bogus"], "No such option: --bogus"),
     # bench: 0 is an error, not "the default"; outputs checked before running
