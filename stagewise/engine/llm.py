@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig
+from stagewise.engine.checks import check_engine_memory, check_llm_arguments
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
-from stagewise.engine.paged_cache import free_memory_bytes, kv_bytes_per_token, num_blocks_for_budget
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.prompts import check_text, encode_prompt
 from stagewise.engine.recompute_runner import RecomputeRunner
@@ -46,8 +46,6 @@ from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel, load_model
 from stagewise.stages.rope import describe_rope
 from stagewise.trace.hooks import active_tracer
-
-MODES = ("paged", "kv", "naive")
 
 
 class LLM:
@@ -90,7 +88,7 @@ class LLM:
         self._num_stepped = 0  # requests added with add_request so far (their event index)
 
     def _paged_engine(self) -> PagedRunner:
-        self._check_engine_memory()
+        check_engine_memory(self.loaded, self.engine_config, self.max_model_len)
         try:
             return PagedRunner(self.model, self.tokenizer.eos_id, self.max_model_len, self.engine_config)
         except (RuntimeError, MemoryError) as exc:  # the KV pool or block table does not fit in memory
@@ -98,22 +96,6 @@ class LLM:
             raise StagewiseError(
                 f"cannot allocate the paged KV cache ({first}); lower num_kv_blocks / max_num_seqs"
             ) from None
-
-    def _check_engine_memory(self) -> None:
-        """Refuse a KV pool + block table larger than the free memory, before allocating either."""
-        device = self.loaded.device
-        if device.type == "meta":
-            return  # shape only: nothing is allocated
-        ecfg, cfg = self.engine_config, self.config
-        blocks = num_blocks_for_budget(cfg, ecfg, self.max_model_len, self.loaded.dtype, device)
-        kv = blocks * ecfg.block_size * kv_bytes_per_token(cfg, self.loaded.dtype)
-        table = ecfg.max_num_seqs * -(-self.max_model_len // ecfg.block_size) * 4  # int32 block table
-        free = free_memory_bytes(device)
-        if kv + table > free:
-            raise StagewiseError(
-                f"the paged KV cache needs {(kv + table) / 2**30:.1f} GiB ({blocks} blocks, "
-                f"{ecfg.max_num_seqs} seats) but {free / 2**30:.1f} GiB are free; lower num_kv_blocks / max_num_seqs"
-            )
 
     @property
     def weightless(self) -> bool:
@@ -351,26 +333,3 @@ HAND = "add_request"  # owner key of the requests added by hand
 def token_event(req: Request, index: int, token: int, delta: str) -> TokenEvent:
     reason = req.finish_reason.value if req.finish_reason else None
     return TokenEvent(req.request_id, index, token, delta, req.finished, reason)
-
-
-def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config) -> None:
-    """Types and names of `LLM(...)`'s arguments, checked before anything is loaded."""
-    import torch
-
-    if not isinstance(model, str | LoadedModel):
-        raise StagewiseError(f"model must be a preset name, a path or a LoadedModel, got {type(model).__name__}")
-    if not isinstance(backend, str):
-        raise StagewiseError(f"backend must be 'naive' or 'triton', got {backend!r}")
-    if not isinstance(mode, str) or mode not in MODES:
-        raise StagewiseError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
-    if device is not None and not isinstance(device, str | torch.device):
-        raise StagewiseError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__}")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise StagewiseError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
-    if stage_backends is not None and not (
-        isinstance(stage_backends, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in stage_backends.items())
-    ):
-        raise StagewiseError(f"stage_backends must be a dict of stage name -> backend name, got {stage_backends!r}")
-    if engine_config is not None and not isinstance(engine_config, EngineConfig):
-        raise StagewiseError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
