@@ -138,7 +138,8 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
         "summary": {
             "requests": len(ids),
             "abandoned_streams": abandoned,
-            "steps": steps,
+            "step_calls": steps,  # llm.step() calls by the hand-stepping loop
+            "engine_steps": llm.engine.stats.steps,  # engine iterations, those run by the streams included
             "wall_s": round(wall_s, 1),
             "output_tokens": sum(len(v) for v in events.values()),
             "preemptions": llm.engine.scheduler.num_preemptions,
