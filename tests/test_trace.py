@@ -230,3 +230,31 @@ def test_cli_tree_on_real_model():
 def test_cli_bad_input(args, message):
     res = run_cli(*args)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_cli_filters_apply_to_json_and_chrome(tmp_path):
+    out = tmp_path / "t.json"
+    args = [
+        "Hello there",
+        "--model",
+        "tiny",
+        "--max-tokens",
+        "3",
+        "--stage",
+        "rmsnorm",
+        "--layers",
+        "1",
+        "--steps",
+        "0,2",
+    ]
+    res = run_cli(*args, "--format", "json", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, TRACE_SCHEMA)
+    assert [s["index"] for s in doc["steps"]] == [0, 2]
+    stages = [(r["stage"], r["layer"]) for s in doc["steps"] for r in s["stages"]]
+    assert stages and set(stages) <= {("rmsnorm", 1), ("rmsnorm", None)}, stages
+    assert doc["prelude"] == []  # tokenize is not among the chosen stages
+    res = run_cli(*args, "--format", "chrome", "--out", str(out))
+    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "stage"}
+    assert names and names <= {"rmsnorm (L1)", "rmsnorm (final)"}, names
