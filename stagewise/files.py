@@ -11,11 +11,23 @@ minutes and then fail on a missing folder.
 """
 
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from stagewise.errors import StagewiseError
+
+
+def can_create_files_in(folder: Path) -> bool:
+    """Really try: permissions bits say little to root, or on read-only and special file systems."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def check_writable(path: str | Path, what: str = "--out") -> Path:
@@ -26,7 +38,7 @@ def check_writable(path: str | Path, what: str = "--out") -> Path:
     folder = path.parent
     if not folder.is_dir():
         raise StagewiseError(f"{what} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not can_create_files_in(folder):
         raise StagewiseError(f"{what} {path}: folder {folder} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise StagewiseError(f"{what} {path} exists and is not writable")
@@ -34,16 +46,21 @@ def check_writable(path: str | Path, what: str = "--out") -> Path:
 
 
 def check_writable_folder(folder: str | Path, what: str = "--out") -> Path:
-    """A folder that exists (created if missing) and is writable."""
+    """A folder that exists and is writable, or could be created (its nearest existing parent is writable).
+
+    Nothing is created here: a run that fails its other checks leaves no empty folder behind.
+    """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise StagewiseError(f"{what} {folder} is a file; give a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StagewiseError(f"{what} {folder}: cannot create the folder ({exc.strerror})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise StagewiseError(f"{what} {folder} is not writable")
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent if existing.parent != existing else Path(".")
+        if existing.exists() and not existing.is_dir():
+            raise StagewiseError(f"{what} {folder}: cannot create the folder ({existing} is a file)")
+    if not can_create_files_in(existing):
+        where = "is" if existing == folder else f"cannot be created: {existing} is"
+        raise StagewiseError(f"{what} {folder} {where} not writable")
     return folder
 
 

@@ -28,7 +28,8 @@ def invoke(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
 
 
 def snapshot(folder) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's bytes and every folder (None): a failed command may not create an empty folder either."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
 
 
 @pytest.fixture
@@ -110,10 +111,15 @@ CASES = [
     (["bench", "stages", "--out", "results", "--stages", ","], "--stages needs at least one name"),
     (["bench", "stages", "--out", "results", "--device", "meta"], "--device meta holds no data"),
     (["bench", "modes", *Q, "--threads", "0"], "--threads must be >= 1"),
+    (["bench", "modes", "--out", "new/folder", *TINY, "--repeats", "0"], "--repeats must be >= 1"),
+    (["bench", "modes", "--out", "/proc/stagewise-results", *TINY], "not writable"),
+    (["bench", "soak", "--out", "results", "--num-requests", "0"], "--num-requests must be >= 1"),
     # calc
     (["calc", "--plot", "old.txt"], "--plot old.txt is a file"),
     (["calc", "--json-out", "sub"], "--json-out sub is a folder"),
     (["calc", "--json-out", "missing/x.json"], "does not exist"),
+    (["calc", "--json-out", "/proc/x.json"], "not writable"),
+    (["calc", "--plot", "/proc/plots"], "not writable"),
     (["calc", "--model", "config-list.json"], "must hold a JSON object, got list"),
     (["calc", "--model", "config-missing.json"], "lacks the size field vocab_size"),
     (["calc", "--model", "config-zero-heads.json"], "num_attention_heads must be an int >= 1, got 0"),

@@ -107,6 +107,8 @@ def setup(threads: int | None, out: str | None, quick: bool) -> tuple[Console, P
 
 def check_result_files(out_dir: Path, name: str, settings: dict, overwrite: bool) -> None:
     """Before running: both files writable, and an existing result replaced only if made with these settings."""
+    if not out_dir.exists():
+        return  # check_writable_folder found that it can be created; finish() creates it
     json_path = check_writable(out_dir / f"{name}.json")
     check_writable(out_dir / f"{name}.png")
     if overwrite or not json_path.exists():
