@@ -20,6 +20,14 @@ Stepping the engine by hand (paged mode), one iteration at a time:
     while llm.has_unfinished_requests():
         for event in llm.step():
             print(event.request_id, event.token_id, event.text)
+
+In paged mode there is one engine: requests from `add_request` and from live
+streams share it, and each engine step routes each token to its owner's inbox
+(a stream yields its own; `step()` returns add_request's), whichever call ran
+the step. A stream closed early (`break`, an exception, Ctrl-C, the iterator
+dropped) aborts its unfinished requests and frees their blocks; a step whose
+forward pass raised is undone (running requests recompute, blocks it named
+unnamed), so the `LLM` stays usable after any interruption.
 """
 
 import itertools
