@@ -77,8 +77,8 @@ def _e2e(sec: dict) -> list[str]:
     syncs = sec.get("syncs")
     if syncs:
         lines.append(f"- host synchronisations in one Triton decode step: {syncs.get('syncs_per_step', syncs)}")
-        for place in sorted(set(syncs.get("places", [])))[:20]:
-            lines.append(f"  - `{place}`")
+        for chain in syncs.get("call_chains", [])[:10]:
+            lines.append("  - " + " <- ".join(f"`{frame}`" for frame in reversed(chain)))
     for key in ("greedy_fp32", "greedy_bf16"):
         g = sec.get(key)
         if g:

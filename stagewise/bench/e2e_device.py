@@ -24,6 +24,12 @@ from stagewise.engine.sampling_params import SamplingParams
 from stagewise.models.registry import load_model
 
 
+def engine_config(device, graphs: bool = False) -> EngineConfig:
+    """A KV pool sized for these runs (a few short requests), not a quarter of the GPU per engine."""
+    pool = 4_000_000_000 if torch.device(device).type == "cuda" else 64_000_000
+    return EngineConfig(kv_cache_bytes=pool, cuda_graphs=graphs)
+
+
 def _prompt(n: int) -> str:
     """A prompt of about `n` tokens (the same word repeated; random weights make any text alike)."""
     return " ".join(["hello"] * n)
@@ -34,7 +40,7 @@ def decode_speed(
 ) -> dict:
     """ms per output token at batch 1, paged mode (median TBT of a greedy run after a warm-up run)."""
     loaded = loaded or load_model(model, device, dtype)
-    llm = LLM(loaded, backend=backend, engine_config=EngineConfig(cuda_graphs=graphs))
+    llm = LLM(loaded, backend=backend, engine_config=engine_config(device, graphs))
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     prompt = _prompt(32)
     llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))  # compile + autotune
@@ -103,26 +109,36 @@ def step_profile(llm: LLM, num_seqs: int, steps: int, device: torch.device) -> d
 
 
 def count_syncs(llm: LLM, device: torch.device) -> dict:
-    """Host synchronisations in one decode step, by PyTorch's sync debug mode ("warn"), with their places."""
+    """Host synchronisations in one decode step, by PyTorch's sync debug mode ("warn"), each with its call chain."""
     if device.type != "cuda":
         return {"skipped": "needs CUDA (torch.cuda.set_sync_debug_mode)"}
+    import traceback
+
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     for i in range(2):
         llm.add_request(_prompt(20 + i), params)
     llm.step()  # prefill
     llm.step()
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    chains = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):  # the stack of the Python code that made the synchronizing call
+            frames = traceback.extract_stack()[:-1]
+            chains.append([f"{f.filename.split('site-packages/')[-1].split('stagewise/')[-1]}:{f.lineno} {f.name}"
+                           for f in frames if "stagewise" in f.filename or "torch" in f.filename][-6:])  # fmt: skip
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             llm.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    places = [f"{w.filename.split('stagewise/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
     while llm.has_unfinished_requests():
         llm.step()
-    return {"syncs_per_step": len(places), "places": places}
+    return {"syncs_per_step": len(chains), "places": [c[-1] if c else "?" for c in chains], "call_chains": chains}
 
 
 def greedy_agreement(model: str, device: str, dtype, prompts: list[str], new_tokens: int) -> dict:
@@ -130,9 +146,9 @@ def greedy_agreement(model: str, device: str, dtype, prompts: list[str], new_tok
     loaded = load_model(model, device, dtype)
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     systems = {
-        "naive": LLM(loaded, backend="naive"),
-        "triton": LLM(loaded, backend="triton"),
-        "triton+graphs": LLM(loaded, backend="triton", engine_config=EngineConfig(cuda_graphs=True)),
+        "naive": LLM(loaded, backend="naive", engine_config=engine_config(device)),
+        "triton": LLM(loaded, backend="triton", engine_config=engine_config(device)),
+        "triton+graphs": LLM(loaded, backend="triton", engine_config=engine_config(device, graphs=True)),
     }
     runs = {name: [o.token_ids for o in llm.generate(prompts, params)] for name, llm in systems.items()}
 
