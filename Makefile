@@ -3,7 +3,7 @@
 #   make test    install everything, then run the whole test suite
 PROMPT ?= The capital of France is
 
-.PHONY: install trace test lint
+.PHONY: install trace test lint compile-gate test-triton36
 install:
 	./scripts/install.sh
 
@@ -15,3 +15,11 @@ test: install
 
 lint:
 	.venv/bin/ruff check stagewise tests
+
+compile-gate: install
+	.venv/bin/python scripts/compile_gate.py
+
+# The interpreter kernel tests and the compile gate under triton 3.6 (the GPU machine's) in .venv-triton36
+test-triton36:
+	./scripts/venv_triton36.sh
+	.venv-triton36/bin/python -m pytest -q -x tests/kernels tests/test_compile_gate.py

@@ -11,6 +11,12 @@ Also here, because kernels, stages and the engine all need them: the switch
 for launchers' value checks (`debug_checks`, a host read each, so off by
 default) and `to_device`, the host -> device copy that does not make the host
 wait.
+
+A third mode, "compile", is for the compile gate (`stagewise.bench.compile_gate`):
+`STAGEWISE_TRITON=compile` keeps the kernels real `@triton.jit` functions on a
+machine without a GPU, so Triton can compile them ahead of time for a GPU
+target; nothing can be launched in that process. The gate runs it in a child
+process, because the interpreter switch cannot be undone once Triton is imported.
 """
 
 import importlib.util
@@ -36,12 +42,21 @@ def triton_unavailable_reason() -> str | None:
     return None
 
 
+COMPILE_MODE_ENV = "STAGEWISE_TRITON"  # set to "compile" for ahead-of-time compilation without a GPU
+
+
 def configure_triton() -> str:
-    """Choose GPU or interpreter mode before kernels are defined; returns 'cuda' or 'interpreter'."""
+    """Choose GPU or interpreter mode before kernels are defined; returns 'cuda', 'interpreter' or 'compile'."""
     global _announced
     reason = triton_unavailable_reason()
     if reason is not None:
         raise StagewiseError(reason)
+    if os.environ.get(COMPILE_MODE_ENV) == "compile":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise RuntimeError(
+                f"{COMPILE_MODE_ENV}=compile needs TRITON_INTERPRET unset: interpreted kernels cannot compile"
+            )
+        return "compile"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "interpreter"
     if torch.cuda.is_available():

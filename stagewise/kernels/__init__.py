@@ -7,5 +7,5 @@ switched on before any `@triton.jit` function is defined.
 
 from stagewise.runtime import configure_triton
 
-TRITON_MODE = configure_triton()  # "cuda" or "interpreter"
+TRITON_MODE = configure_triton()  # "cuda", "interpreter" or "compile" (ahead-of-time only: the compile gate)
 INTERPRETER = TRITON_MODE == "interpreter"

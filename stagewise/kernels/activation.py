@@ -46,6 +46,7 @@ from stagewise.kernels.checks import (
 )
 from stagewise.kernels.matmul import round_to_bf16
 from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.kernels.targets import checked_target
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BLOCK = 2048  # columns per program
@@ -108,6 +109,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_tokens, inter), device=gate_up.device, dtype=gate_up.dtype)
     if out.numel() == 0:
         return out
+    checked_target("silu_and_mul", gate_up)  # the pre-Ampere policy (targets.py)
     launch(
         _silu_and_mul_kernel,
         silu_and_mul_tiles(num_tokens, inter),

@@ -59,6 +59,7 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_shape,
 )
+from stagewise.kernels.targets import Target
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
@@ -162,3 +163,33 @@ def qk_scale_log2(scale: float) -> float:
     if not math.isfinite(scale) or scale <= 0:
         raise KernelInputError(f"attention: scale must be a positive finite number, got {scale}")
     return float(scale) * LOG2E
+
+
+def fma_dots(dtype: torch.dtype, target: Target) -> bool:
+    """Whether tl.dot runs on FMA units, not tensor cores: fp32 with IEEE precision, and any dot before sm_80."""
+    return dtype == torch.float32 or target.capability < 80
+
+
+def tile_fits(block_m: int, block_n: int, num_warps: int, num_stages: int, head_dim: int, dtype, target: Target):
+    """Whether an attention tile fits a GPU: its shared memory, and registers without spilling.
+
+    Shared memory (bytes): num_stages - 1 pairs of K and V tiles [BLOCK_N, d] in flight, the Q tile
+    [BLOCK_M, d], the P tile [BLOCK_M, BLOCK_N] staged for the second dot, the row statistics; the
+    compile gate checks this stays at or above what Triton allocates.
+
+    Registers: on tensor cores each thread holds its share of the fp32 accumulator [BLOCK_M, d] and
+    scores [BLOCK_M, BLOCK_N] (plus their 16-bit copies for the dots) and of the K/V tiles; past ~160
+    32-bit words of that ptxas spills (measured: 152 clean, 176 spills). FMA dots (fp32, pre-Ampere)
+    keep whole operand rows per thread: they need BLOCK_M * BLOCK_N * d <= 512 per thread (256 on sm_90, sm_75).
+    """
+    if target.interpreter:
+        return True
+    size, threads = dtype.itemsize, 32 * num_warps
+    kv = 2 * block_n * head_dim * size
+    shared = max(num_stages - 1, 1) * kv + (block_m * head_dim + block_m * block_n) * size + block_m * 4
+    if fma_dots(dtype, target):  # measured: sm_90 (ptxas 13) and sm_75 spill at half what sm_80/89 hold
+        registers_ok = block_m * block_n * head_dim <= (512 if 80 <= target.capability < 90 else 256) * threads
+    else:
+        words = (block_m * head_dim * (4 + size) + block_m * block_n * (4 + size) + kv) // (4 * threads)
+        registers_ok = words <= 160
+    return shared <= target.shared_memory and registers_ok

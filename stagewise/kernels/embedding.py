@@ -50,6 +50,7 @@ from stagewise.kernels.checks import (
     check_same_device,
 )
 from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "embedding"
@@ -122,6 +123,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if lo < 0 or hi >= vocab:
             raise KernelInputError(f"{NAME}: ids must lie in [0, {vocab}) (the vocab size); got min {lo}, max {hi}")
     ids = ids.contiguous()  # [T]: a strided id vector is copied (T ints, negligible)
+    checked_target(NAME, weight)  # the pre-Ampere policy (targets.py)
 
     launch(
         _embedding_kernel,

@@ -79,11 +79,14 @@ from stagewise.kernels.attention_common import (
     check_cu_seqlens_q,
     check_index,
     check_qkv,
+    fma_dots,
     qk_scale_log2,
+    tile_fits,
 )
 from stagewise.kernels.checks import KernelInputError, check_same_device
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
+from stagewise.kernels.targets import LaunchPlan, Target, checked_target, launch_target
 from stagewise.runtime import debug_checks
 
 NAME = "flash_attention"
@@ -92,13 +95,25 @@ DECODE_ROWS = 16  # a longest run of at most this many (query, group head) rows 
 KV_TILE_BYTES = 8 * 1024  # decode: bytes of one K (or V) tile, sets BLOCK_N; 16 KB spills registers (ptxas)
 
 
+# GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner may try; `_fits` keeps those that fit the
+# target, dtype and head_dim. fp32 dots run on FMA units and hold whole operand rows per thread: small tiles.
+TILES_16BIT = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)]
+TILES_16BIT += [(64, 32, 4, 2)]
+TILES_FP32 = [(64, 32, 8, 2), (32, 32, 8, 2), (32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
+
+
 def _gpu_configs() -> list:
-    """A few tile shapes to autotune on a GPU (configs that do not fit are pruned by Triton)."""
-    shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-        for bm, bn, warps, stages in shapes
+        for bm, bn, warps, stages in TILES_16BIT + TILES_FP32
     ]
+
+
+def _fits(config, head_dim: int, dtype, target: Target) -> bool:
+    tile = (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
+    if tile not in (TILES_FP32 if fma_dots(dtype, target) else TILES_16BIT):
+        return False
+    return tile_fits(*tile, head_dim, dtype, target)
 
 
 def _flash_attention_kernel(
@@ -209,15 +224,11 @@ def _flash_attention_kernel(
 
 
 def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
-    """fp32 tiles and head_dim 256 need twice the shared memory (too big ones take minutes of ptxas, then fail)."""
+    """The autotuner's early prune: only the tiles that fit this device (too big ones fail or spill)."""
     args = {**named_args, **kwargs}
-    if args["FP32_DOTS"]:
-        max_tile = 64 * 32  # fp32 is the exactness path, not the fast one
-    elif args["HEAD_DIM"] > 128:
-        max_tile = 64 * 64
-    else:
-        return configs
-    return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= max_tile]
+    q = args["q_ptr"]
+    keep = [c for c in configs if _fits(c, args["HEAD_DIM"], q.dtype, launch_target(q.device))]
+    return keep or configs[-1:]
 
 
 def _decode_blocks(head_dim: int, fp32_dots: bool) -> dict:
@@ -229,6 +240,20 @@ def _decode_blocks(head_dim: int, fp32_dots: bool) -> dict:
     element_bytes = 4 if fp32_dots else 2
     block_n = max(16, min(128, KV_TILE_BYTES // (head_dim * element_bytes)))
     return {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 1 if fp32_dots else 2}
+
+
+def flash_attention_plan(max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target) -> LaunchPlan:
+    """Tiles: the interpreter's, the decode tile (a GQA group, fixed), or the autotuner's candidates that fit."""
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim}
+    if target.interpreter:
+        return LaunchPlan(NAME, constexprs, (triton.Config(INTERPRETER_BLOCKS, num_warps=4, num_stages=1),))
+    if max_q_len * group <= DECODE_ROWS:
+        blocks = _decode_blocks(head_dim, dtype == torch.float32)
+        warps, stages = blocks.pop("num_warps"), blocks.pop("num_stages")
+        while blocks["BLOCK_N"] > 16 and not tile_fits(*blocks.values(), warps, stages, head_dim, dtype, target):
+            blocks["BLOCK_N"] //= 2  # e.g. sm_75's FMA dots: fewer keys per tile
+        return LaunchPlan(NAME, constexprs, (triton.Config(blocks, num_warps=warps, num_stages=stages),))
+    return LaunchPlan(NAME, constexprs, tuple(c for c in _gpu_configs() if _fits(c, head_dim, dtype, target)))
 
 
 _flash_attention_kernel = triton.jit(_flash_attention_kernel)
@@ -305,9 +330,10 @@ def flash_attention(
     group = num_heads // num_kv_heads
     rows = max_q_len * group  # (query, group head) rows of the longest sequence
     policy = dot_policy(q.dtype)
+    plan = flash_attention_plan(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q))
     if INTERPRETER or rows <= DECODE_ROWS:  # fixed tiles: the interpreter's, or the decode tile
-        kernel = _flash_attention_kernel
-        blocks = INTERPRETER_BLOCKS if INTERPRETER else _decode_blocks(head_dim, policy.fp32_dots)
+        kernel, (config,) = _flash_attention_kernel, plan.configs
+        blocks = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
         if num_splits is None:  # a few long sequences leave SMs idle: split their keys (flash decoding)
             programs = triton.cdiv(rows, blocks["BLOCK_M"]) * num_seqs * num_kv_heads
             num_splits = choose_num_splits(programs, k.shape[0] // num_seqs, num_sms(q.device))

@@ -57,6 +57,7 @@ from stagewise.kernels.checks import (
     check_same_device,
 )
 from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "kv_store"
@@ -169,6 +170,7 @@ def kv_store(
                 f"got min {lo}, max {hi}"
             )
     slot_mapping = slot_mapping.contiguous()  # [T]
+    checked_target(NAME, k_cache)  # the pre-Ampere policy (targets.py)
 
     heads, candidates = kv_store_tiles(num_tokens, num_kv_heads, head_dim)
     num_head_blocks = triton.cdiv(num_kv_heads, heads["BLOCK_HEADS"])

@@ -58,6 +58,7 @@ import triton.language as tl
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
 from stagewise.kernels.precision import dot_policy
+from stagewise.kernels.targets import INTERPRETER_TARGET, LaunchPlan, Target, checked_target, launch_target
 from stagewise.runtime import debug_checks
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -83,16 +84,57 @@ class GemmConfig:
         meta = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
         return triton.Config(meta, num_warps=self.num_warps, num_stages=self.num_stages)
 
+    def shared_memory(self, dtype: torch.dtype) -> int:
+        """Bytes of shared memory: the pipeline keeps num_stages - 1 (a, b) tile pairs in flight."""
+        tiles = self.block_m * self.block_k + self.block_k * self.block_n
+        return max(self.num_stages - 1, 1) * tiles * dtype.itemsize
 
-def gemm_config(m: int, n: int, k: int) -> GemmConfig:
+
+def fma_dots(dtype: torch.dtype, target: Target) -> bool:
+    """Whether tl.dot runs on FMA units, not tensor cores: fp32 with IEEE precision, and any dot before sm_80."""
+    return dtype == torch.float32 or target.capability < 80
+
+
+def _fits(config: GemmConfig, dtype: torch.dtype, target: Target) -> bool:
+    """Whether a config is meant for this target and fits its shared memory.
+
+    FMA dots (fp32 IEEE, and every dot before sm_80) hold whole operand rows per thread and spill on the
+    tensor-core tiles: they get their own, smaller list. Registers are the compile gate's to check.
+    """
+    if target.interpreter:
+        return True
+    if (config in _FMA_CONFIGS) != fma_dots(dtype, target):
+        return False
+    return config.shared_memory(dtype) <= target.shared_memory
+
+
+def gemm_configs(m: int, dtype: torch.dtype, target: Target) -> list[GemmConfig]:
+    """The configs the GPU autotuner tries for this shape class on this target (those that fit it)."""
+    configs = _DECODE_CONFIGS if m <= DECODE_MAX_M else _PREFILL_CONFIGS
+    return [c for c in configs if _fits(c, dtype, target)]
+
+
+def gemm_config(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, target: Target = INTERPRETER_TARGET):
     """One fixed config per shape class: decode (m <= 16, memory bound) or prefill (compute bound).
 
     The interpreter always uses it; on a GPU the launcher autotunes instead, unless a config is passed
-    (a benchmark can pass this one to compare a fixed choice with the tuned one).
+    (a benchmark can pass `gemm_config(m, n, k, dtype, launch_target(device))`, the first tuned
+    candidate that fits that GPU, to compare a fixed choice with the tuned one).
     """
-    if m <= DECODE_MAX_M:
-        return GemmConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4)
-    return GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+    if target.interpreter:
+        if m <= DECODE_MAX_M:
+            return GemmConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4)
+        return GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+    return gemm_configs(m, dtype, target)[0]
+
+
+def gemm_plan(m: int, dtype: torch.dtype, target: Target, config: GemmConfig | None = None) -> LaunchPlan:
+    """The launch's tile configs: a fixed one (interpreter, or `config`), else the autotuner's candidates."""
+    if config is not None or target.interpreter:
+        configs = [config or gemm_config(m, 0, 0, dtype, target)]
+    else:
+        configs = gemm_configs(m, dtype, target)
+    return LaunchPlan("matmul", {}, tuple(c.triton_config() for c in configs))
 
 
 @triton.jit
@@ -176,28 +218,59 @@ def _matmul_kernel(
 
 
 # On a GPU: one autotuner per shape class, each trying a few tile shapes (never built under the interpreter).
+# Ordered by preference: gemm_config takes the first that fits a target. Each config's shared memory is
+# (num_stages - 1) * (BM*BK + BK*BN) * bytes; the compile gate checks that estimate and the register use.
 _DECODE_CONFIGS = [
-    GemmConfig(16, 128, 128, 1, num_warps=4, num_stages=4),
-    GemmConfig(16, 64, 128, 1, num_warps=4, num_stages=4),
+    GemmConfig(16, 128, 128, 1, num_warps=4, num_stages=4),  # bf16: 108 KB: sm_80, sm_90
+    GemmConfig(16, 64, 128, 1, num_warps=4, num_stages=4),  # bf16: 60 KB: every target from sm_80
     GemmConfig(16, 32, 256, 1, num_warps=4, num_stages=3),  # narrow N tiles: more programs for small N
-    GemmConfig(16, 64, 64, 1, num_warps=2, num_stages=5),  # fits fp32 comfortably
+    GemmConfig(16, 64, 64, 1, num_warps=4, num_stages=4),
+    # FMA dots (fp32, sm_75): short K steps, so each thread's operand rows stay in registers
+    GemmConfig(16, 128, 32, 1, num_warps=4, num_stages=4),
+    GemmConfig(16, 64, 32, 1, num_warps=4, num_stages=4),
 ]
 _PREFILL_CONFIGS = [
     GemmConfig(128, 128, 64, 8, num_warps=8, num_stages=3),
     GemmConfig(128, 256, 64, 8, num_warps=8, num_stages=3),
     GemmConfig(128, 64, 64, 8, num_warps=4, num_stages=4),
     GemmConfig(64, 128, 64, 8, num_warps=4, num_stages=4),
-    GemmConfig(64, 64, 32, 8, num_warps=4, num_stages=4),  # fits fp32 comfortably
+    GemmConfig(64, 64, 32, 8, num_warps=4, num_stages=4),
+    # FMA dots (fp32, sm_75)
+    GemmConfig(64, 32, 32, 8, num_warps=4, num_stages=3),
+    GemmConfig(32, 64, 32, 8, num_warps=4, num_stages=3),
+    GemmConfig(128, 64, 16, 8, num_warps=8, num_stages=3),
+    GemmConfig(64, 64, 16, 8, num_warps=8, num_stages=3),
 ]
+_FMA_CONFIGS = _DECODE_CONFIGS[-2:] + _PREFILL_CONFIGS[-4:]
+
+
+def _prune(configs: list, named_args: dict, **kwargs) -> list:
+    """The autotuner's early prune: drop the configs that do not fit this device (they would fail or spill)."""
+    a = {**named_args, **kwargs}["a_ptr"]
+    target = launch_target(a.device)
+    keep = [c for c in configs if _fits(_from_triton(c), a.dtype, target)]
+    return keep or configs[-1:]
+
+
+def _from_triton(c: "triton.Config") -> GemmConfig:
+    meta = c.kwargs
+    return GemmConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["GROUP_M"], c.num_warps, c.num_stages)
+
+
 if not INTERPRETER:
     _TUNED = {
         # Keyed on M_BUCKET, not M, so prefill steps of every length in a bucket reuse one tuning result; and on
         # the dot precision (Triton adds the dtypes itself), so a TF32 tuning is never reused for IEEE fp32.
+        # The prune drops the configs that do not fit the device (targets.py, _fits).
         "decode": triton.autotune(
-            [c.triton_config() for c in _DECODE_CONFIGS], key=["N", "K", "FP32_DOTS", "INPUT_PRECISION"]
+            [c.triton_config() for c in _DECODE_CONFIGS],
+            key=["N", "K", "FP32_DOTS", "INPUT_PRECISION"],
+            prune_configs_by={"early_config_prune": _prune},
         )(_matmul_kernel),
         "prefill": triton.autotune(
-            [c.triton_config() for c in _PREFILL_CONFIGS], key=["M_BUCKET", "N", "K", "FP32_DOTS", "INPUT_PRECISION"]
+            [c.triton_config() for c in _PREFILL_CONFIGS],
+            key=["M_BUCKET", "N", "K", "FP32_DOTS", "INPUT_PRECISION"],
+            prune_configs_by={"early_config_prune": _prune},
         )(_matmul_kernel),
     }
 
@@ -251,6 +324,7 @@ def matmul(
     if k == 0:
         return c.zero_()
     policy = dot_policy(a.dtype)
+    target = checked_target("matmul", a)  # the pre-Ampere policy (targets.py), for the decode path too
     if config is None and m <= DECODE_MAX_M:  # decode: split-K over the weights (kernels/matmul_decode.py)
         from stagewise.kernels.matmul_decode import matmul_decode  # imported here: it imports this module
 
@@ -275,18 +349,11 @@ def matmul(
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,  # fp32: TF32 exactly when torch.matmul may use it
     )
+    plan = gemm_plan(m, a.dtype, target, config)
     if INTERPRETER or config is not None:
-        cfg = config or gemm_config(m, n, k)
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-        _matmul_kernel[grid](
-            **args,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+        tiles = plan.launch_options()
+        grid = (triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"]),)
+        _matmul_kernel[grid](**args, **tiles)
         return c
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
     if m <= DECODE_MAX_M:

@@ -277,6 +277,11 @@ GPU_TILES = [  # at most this many stages; bf16 shared memory (see shared_memory
 ]
 
 
+# Before sm_80 (T4) dots run on FMA units, which keep each thread's operand rows in registers: the tiles above
+# spill there (compile gate), short K steps do not.
+FMA_TILES = [(128, 32, 4, 4), (64, 32, 4, 4)]
+
+
 def shared_memory_bytes(cfg: DecodeConfig, element_size: int) -> int:
     """(num_stages - 1) buffers (at least 1) of a b tile [BLOCK_K, BLOCK_N] and an a tile [BLOCK_M, BLOCK_K]."""
     buffers = max(1, cfg.num_stages - 1)
@@ -289,14 +294,16 @@ def smem_budget(device: torch.device) -> int:
     return optin - SMEM_HEADROOM if optin else SMEM_BUDGET
 
 
-def gpu_candidates(n: int, k: int, element_size: int, sms: int, budget: int = SMEM_BUDGET) -> list[DecodeConfig]:
+def gpu_candidates(
+    n: int, k: int, element_size: int, sms: int, budget: int = SMEM_BUDGET, fma: bool = False
+) -> list[DecodeConfig]:
     """The configs the GPU tuner times for one shape: each tile, split for ~2 and ~4 programs per SM.
 
     Stages are cut until the estimate fits `budget` bytes (fp32 inputs get about half). A split never
     exceeds MAX_SPLIT_K or the number of BLOCK_K steps, and shapes with enough tiles of N get 1.
     """
     found: dict[tuple, DecodeConfig] = {}
-    for block_n, block_k, warps, stages in GPU_TILES:
+    for block_n, block_k, warps, stages in FMA_TILES if fma else GPU_TILES:
         per_stage = shared_memory_bytes(DecodeConfig(block_n, block_k, 1, warps, 1), element_size)
         stages = max(1, min(stages, 1 + budget // per_stage))
         tiles_n = _cdiv(n, block_n)
@@ -323,7 +330,8 @@ def decode_config(a, b, c, row_index, policy: DotPolicy) -> DecodeConfig:
     key = (n, k, a.dtype, b.stride(1) == 1, policy.input_precision, row_index is not None)
     cfg = _TUNED.get(key)
     if cfg is None:
-        candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device), smem_budget(c.device))
+        fma = torch.cuda.get_device_capability(c.device)[0] < 8  # pre-Ampere: no tensor cores for these dots
+        candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device), smem_budget(c.device), fma)
         times = [_time_ms(a, b, c, row_index, cand, policy) for cand in candidates]
         cfg = _TUNED[key] = candidates[times.index(min(times))]
     return cfg

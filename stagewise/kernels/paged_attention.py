@@ -41,7 +41,6 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels import INTERPRETER
 from stagewise.kernels.attention_common import (
     M_INIT,
     attend_tile,
@@ -49,10 +48,12 @@ from stagewise.kernels.attention_common import (
     check_index,
     check_qkv,
     qk_scale_log2,
+    tile_fits,
 )
 from stagewise.kernels.checks import KernelInputError, check_contiguous, check_dim, check_dtype, check_same_device
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
+from stagewise.kernels.targets import LaunchPlan, Target, checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "paged_attention"
@@ -189,15 +190,29 @@ def _paged_attention_kernel(
         tl.store(l_part_ptr + ml_rows, l_i, mask=row_ok)
 
 
-def _blocks(max_q_len: int, group: int, head_dim: int) -> dict:
-    """Tile shape and launch options: a decode tile is one GQA group; a prefill chunk gets taller tiles."""
+# GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages), by preference: the first that fits the target is used.
+DECODE_TILES = [(16, 64, 4, 3), (16, 32, 4, 3), (16, 32, 4, 2), (16, 16, 4, 2)]
+# fp32 (FMA dots) gets (32, 16) or (16, 16): (32, 32, 8 warps) spills 8-48 B/thread on sm_80 (ptxas of triton 3.6/3.9)
+PREFILL_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
+
+
+def paged_attention_plan(max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target) -> LaunchPlan:
+    """Tile shape and launch options: a decode tile is one GQA group; a prefill chunk gets taller tiles.
+
+    On a GPU the tile is the first of DECODE_TILES / PREFILL_TILES that fits the target's shared memory
+    and registers (`tile_fits`): fp32 and head_dim 128+ take smaller tiles, and an RTX 4090 (99 KB)
+    smaller ones than an H100 (227 KB).
+    """
     rows = max(16, triton.next_power_of_2(max_q_len * group))
-    if INTERPRETER:  # cost is per op, not per FLOP: few tiles
-        return {"BLOCK_M": min(rows, 64), "BLOCK_N": 32}
-    block_n = 64 if head_dim <= 128 else 32
-    if rows <= 16:  # decode: one group per program, K/V stream through
-        return {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim}  # + FP32_DOTS, INPUT_PRECISION: precision.dot_policy
+    if target.interpreter:  # cost is per op, not per FLOP: few tiles
+        meta, warps, stages = {"BLOCK_M": min(rows, 64), "BLOCK_N": 32}, 4, 1
+    else:
+        tiles = DECODE_TILES if rows <= 16 else PREFILL_TILES  # decode: one group per program, K/V stream through
+        fitting = [t for t in tiles if tile_fits(*t, head_dim, dtype, target)]
+        block_m, block_n, warps, stages = (fitting or tiles[-1:])[0]
+        meta = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    return LaunchPlan(NAME, constexprs, (triton.Config(meta, num_warps=warps, num_stages=stages),))
 
 
 def _check_values(num_tokens: int, block_table, seq_lens, cu_seqlens_q, block_size: int, max_q_len, max_seq_len):
@@ -272,7 +287,7 @@ def paged_attention(
         return out
     group = num_heads // num_kv_heads
     policy = dot_policy(q.dtype)
-    blocks = _blocks(max_q_len, group, head_dim)
+    blocks = paged_attention_plan(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q)).launch_options()
     num_q_blocks = triton.cdiv(max_q_len * group, blocks["BLOCK_M"])
     if num_splits is None:
         num_splits = choose_num_splits(num_q_blocks * num_seqs * num_kv_heads, max_seq_len, num_sms(q.device))
@@ -309,8 +324,6 @@ def paged_attention(
         stride_slot=k_cache.stride(1),
         stride_kv_head=k_cache.stride(2),
         BLOCK_SIZE=block_size,
-        GROUP=group,
-        HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,

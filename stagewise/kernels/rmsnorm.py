@@ -44,6 +44,7 @@ from stagewise.kernels.checks import (
     check_same_device,
     check_shape,
 )
+from stagewise.kernels.targets import LaunchPlan, Target, checked_target, fixed_plan
 
 NAME = "rmsnorm"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -91,6 +92,13 @@ def _num_warps(block_size: int) -> int:
     return 4
 
 
+def rmsnorm_plan(hidden: int, has_residual: bool, dtype: torch.dtype, target: Target) -> LaunchPlan:
+    """The whole row in one tile (BLOCK_SIZE = next power of 2 >= hidden), more warps for wider rows."""
+    block_size = triton.next_power_of_2(hidden)
+    constexprs = {"HAS_RESIDUAL": has_residual, "BLOCK_SIZE": block_size}
+    return fixed_plan(NAME, constexprs, num_warps=_num_warps(block_size))
+
+
 def rmsnorm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +131,7 @@ def rmsnorm(
     if num_tokens == 0:
         return out, residual_out
 
-    block_size = triton.next_power_of_2(hidden)
+    plan = rmsnorm_plan(hidden, residual is not None, x.dtype, checked_target(NAME, x))
     _rmsnorm_kernel[(num_tokens,)](
         x_ptr=x,
         x_row_stride=x.stride(0),
@@ -134,8 +142,6 @@ def rmsnorm(
         residual_out_ptr=residual_out,  # never written when HAS_RESIDUAL is False
         hidden=hidden,
         eps=float(eps),
-        HAS_RESIDUAL=residual is not None,
-        BLOCK_SIZE=block_size,
-        num_warps=_num_warps(block_size),
+        **plan.launch_options(),
     )
     return out, residual_out

@@ -58,6 +58,7 @@ from stagewise.kernels.checks import (
     check_same_device,
 )
 from stagewise.kernels.row_tiles import TileConfig, launch, tokens_per_program, warps_for
+from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "rope"
@@ -212,6 +213,7 @@ def rope(
                 f"{NAME}: positions must lie in [0, {max_position}) (rows of cos_sin_cache); got min {lo}, max {hi}"
             )
     positions = positions.contiguous()  # [T]
+    checked_target(NAME, q)  # the pre-Ampere policy (targets.py)
 
     heads, tile = rope_tiles(num_tokens, num_heads, num_kv_heads, head_dim)
     head_blocks = triton.cdiv(num_heads, heads["BLOCK_HQ"])

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.targets import LaunchPlan, fixed_plan
+
 MIN_KEYS_PER_SPLIT = 256  # below this, a split's fixed cost (partials, reduce) outweighs its keys
 MAX_SPLITS = 16  # bounds the partial buffers and the reduce's work
 PROGRAMS_PER_SM = 2  # aim: about two programs per SM, so none idles while another finishes
@@ -82,6 +84,12 @@ def _split_k_reduce_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
 
+def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
+    """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile (dtype checks: the attention's)."""
+    constexprs = {"NUM_SPLITS": num_splits, "SPLITS_POW2": triton.next_power_of_2(num_splits), "HEAD_DIM": head_dim}
+    return fixed_plan("split_k_reduce", constexprs, num_warps=4)
+
+
 def split_k_reduce(acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor) -> None:
     """acc_part [T, H, S, d], m_part / l_part [T, H, S] (fp32, from the split kernel) -> out [T, H, d], in place."""
     num_tokens, num_heads, num_splits, head_dim = acc_part.shape
@@ -99,7 +107,5 @@ def split_k_reduce(acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.T
         stride_ml_head=m_part.stride(1),
         stride_o_token=out.stride(0),
         stride_o_head=out.stride(1),
-        NUM_SPLITS=num_splits,
-        SPLITS_POW2=triton.next_power_of_2(num_splits),
-        HEAD_DIM=head_dim,
+        **split_k_reduce_plan(num_splits, head_dim).launch_options(),
     )

@@ -110,10 +110,18 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def default_dtype(device: torch.device) -> torch.dtype:
+    """float32 on a CPU; on a GPU bfloat16, or float16 before Ampere (compute capability < 8.0)."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
+
+
 def load_model(
     name: str = DEFAULT_MODEL, device: str | torch.device | None = None, dtype: torch.dtype | None = None
 ) -> LoadedModel:
-    """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default."""
+    """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16 before
+    compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there in float16 only)."""
     if name in PRESETS and PRESETS[name].shape_only:
         config = PRESETS[name]
         dtype = dtype or torch.bfloat16
@@ -127,7 +135,7 @@ def load_model(
         return LoadedModel(config, weights, tokenizer, f"{name} (shape only, meta device)", torch.device("meta"), dtype)
     device = parse_device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = default_dtype(device)
     if name.startswith(RANDOM_PREFIX):
         return _load_random(name, device, dtype)
     config, weights, tokenizer, source = _load_files(name, device, dtype)

@@ -1,0 +1,206 @@
+"""The compile gate's launches: what every launcher would launch for a model shape, as plain data.
+
+For one model shape (SmolLM2-135M, Llama-3-8B, ...), one phase (a decode step
+of 8 sequences at 2k context, or a 512-token prefill) and one dtype, `launches`
+lists each kernel launch the forward pass makes on a GPU: the kernel, its
+keyword arguments (tensors as their dtype only; strides and sizes as on a GPU,
+where weights are [in, out] row-major and q/k/v are views of the fused QKV
+output) and the launcher's own plan for the target (`*_plan` functions in
+`stagewise.kernels`: tile configs, warps, stages, constexprs). Nothing here
+chooses a tile: the plans do, exactly as the launchers call them.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from stagewise.config import PRESETS
+from stagewise.kernels import matmul_decode
+from stagewise.kernels.activation import silu_and_mul_tiles
+from stagewise.kernels.embedding import embedding_tiles
+from stagewise.kernels.flash_attention import flash_attention_plan
+from stagewise.kernels.kv_store import kv_store_tiles
+from stagewise.kernels.matmul import DECODE_MAX_M, gemm_plan
+from stagewise.kernels.paged_attention import paged_attention_plan
+from stagewise.kernels.precision import dot_policy
+from stagewise.kernels.rmsnorm import rmsnorm_plan
+from stagewise.kernels.rope import rope_tiles
+from stagewise.kernels.row_tiles import token_bucket
+from stagewise.kernels.split_k import choose_num_splits, split_k_reduce_plan
+from stagewise.kernels.targets import LaunchPlan, Target
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+BLOCK_SIZE = 16  # KV cache tokens per block (the engine's default)
+SMS = {75: 40, 80: 108, 86: 84, 89: 128, 90: 132}  # SMs of a representative GPU per target (T4, A100, ..., H100)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str  # "decode" or "prefill"
+    num_seqs: int  # sequences in the step
+    q_len: int  # query tokens per sequence this step
+    context: int  # tokens per sequence in the KV cache after the step
+
+
+DECODE = Phase("decode", num_seqs=8, q_len=1, context=2048)
+PREFILL = Phase("prefill", num_seqs=1, q_len=512, context=512)
+PHASES = {p.name: p for p in (DECODE, PREFILL)}
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str  # kernel family (plan.kernel)
+    label: str  # which call: "qkv_proj", "lm_head", ...
+    module: str  # module holding the @triton.jit function
+    function: str  # its name there
+    args: dict  # keyword arguments: {"ptr": dtype name} for tensors, ints / floats / bools otherwise
+    plan: LaunchPlan  # the launcher's tiles, warps, stages and constexprs for the target
+
+
+def _ptr(dtype: torch.dtype) -> dict:
+    return {"ptr": str(dtype).removeprefix("torch.")}
+
+
+def _precision(dtype) -> dict:
+    """The dot precision a GPU launch gets (precision.py; fp32: IEEE, PyTorch's default without TF32)."""
+    policy = dot_policy(dtype, interpreter=False)
+    return {"FP32_DOTS": policy.fp32_dots, "INPUT_PRECISION": policy.input_precision}
+
+
+def _row_plan(kernel: str, constexprs: dict, candidates) -> LaunchPlan:
+    """A row kernel's tiles (row_tiles.TileConfig candidates) as a plan."""
+    return LaunchPlan(kernel, constexprs, tuple(c.triton_config() for c in candidates))
+
+
+def _matmul(label: str, m: int, n: int, k: int, dtype, target: Target, gather: bool = False) -> Launch:
+    """A GEMM: the split-K decode kernel for m <= 16 (matmul_decode.py), the tiled one otherwise."""
+    x, w = _ptr(dtype), _ptr(dtype)
+    strides_b = (1, k) if gather else (n, 1)  # the LM head reads the [vocab, hidden] embedding transposed
+    args = dict(a_ptr=x, b_ptr=w, row_index_ptr=_ptr(torch.int64) if gather else x, M=m, N=n, K=k)
+    args.update(stride_am=k, stride_ak=1, stride_bk=strides_b[0], stride_bn=strides_b[1], GATHER=gather)
+    args.update(INTERPRETED=False, **_precision(dtype))
+    if m > DECODE_MAX_M:
+        args.update(c_ptr=x, M_BUCKET=_next_power_of_2(m), stride_cm=n, stride_cn=1)
+        return Launch("matmul", label, "stagewise.kernels.matmul", "_matmul_kernel", args, gemm_plan(m, dtype, target))
+    import triton  # here, not at the top: stagewise.kernels must choose the Triton mode first
+
+    budget = target.shared_memory - matmul_decode.SMEM_HEADROOM
+    sms = SMS.get(target.capability, 108)
+    fma = target.capability < 80  # as decode_config: FMA tiles before sm_80
+    candidates = matmul_decode.gpu_candidates(n, k, dtype.itemsize, sms, budget, fma)
+    configs, per_split = [], {}
+    for c in candidates:
+        k_per_split, splits = matmul_decode.split_plan(k, c.block_k, c.split_k)
+        meta = {"BLOCK_M": matmul_decode.BLOCK_M, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}
+        configs.append(triton.Config(meta, num_warps=c.num_warps, num_stages=c.num_stages))
+        per_split[len(configs) - 1] = (k_per_split, splits)
+    # K_PER_SPLIT and the partial buffer differ per candidate; every candidate's K_PER_SPLIT is a multiple of
+    # BLOCK_K >= 16 (divisible by 16, like K), so one representative value specialises them all alike.
+    k_per_split, splits = per_split[0]
+    args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, K_PER_SPLIT=k_per_split)
+    args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1)
+    plan = LaunchPlan("matmul", {}, tuple(configs))
+    return Launch("matmul", label + " (split-K)", "stagewise.kernels.matmul_decode", "_decode_kernel", args, plan)
+
+
+def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> list[Launch]:
+    """Every kernel launch of one forward step (one layer's worth: the layers are identical) plus sampling."""
+    cfg = PRESETS[model]
+    hidden, d, heads, kv_heads = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    seqs, tokens = phase.num_seqs, phase.num_seqs * phase.q_len
+    qkv_width = (heads + 2 * kv_heads) * d
+    x, i64, f32 = _ptr(dtype), _ptr(torch.int64), _ptr(torch.float32)
+    out = []
+
+    def add(kernel, label, module, function, args, plan):
+        out.append(Launch(kernel, label, f"stagewise.kernels.{module}", function, args, plan))
+
+    bucket = token_bucket(tokens)
+    add("embedding", "embedding", "embedding", "_embedding_kernel",
+        dict(ids_ptr=i64, weight_ptr=x, out_ptr=x, num_tokens=tokens, hidden=hidden, tokens_bucket=bucket),
+        _row_plan("embedding", {}, embedding_tiles(tokens, hidden, interpreter=False)))  # fmt: skip
+    for residual in (False, True):
+        args = dict(x_ptr=x, x_row_stride=hidden, residual_ptr=x, residual_row_stride=hidden, weight_ptr=x)
+        args.update(out_ptr=x, residual_out_ptr=x, hidden=hidden, eps=1e-5)
+        label = "rmsnorm+residual" if residual else "rmsnorm"
+        add("rmsnorm", label, "rmsnorm", "_rmsnorm_kernel", args, rmsnorm_plan(hidden, residual, dtype, target))
+    out.append(_matmul("qkv_proj", tokens, qkv_width, hidden, dtype, target))
+    rope_args = dict(positions_ptr=i64, q_ptr=x, q_token_stride=qkv_width, q_head_stride=d, k_ptr=x)
+    rope_args.update(k_token_stride=qkv_width, k_head_stride=d, cos_sin_ptr=f32, cos_sin_row_stride=d)
+    rope_args.update(num_tokens=tokens, num_heads=heads, num_kv_heads=kv_heads)
+    rope_heads, rope_tile = rope_tiles(tokens, heads, kv_heads, d)
+    add("rope", "rope", "rope", "_rope_kernel", rope_args, _row_plan("rope", rope_heads, [rope_tile]))
+    kv_args = dict(k_ptr=x, k_token_stride=qkv_width, k_head_stride=d, v_ptr=x, v_token_stride=qkv_width)
+    kv_args.update(v_head_stride=d, k_cache_ptr=x, v_cache_ptr=x, slot_mapping_ptr=i64, num_kv_heads=kv_heads)
+    kv_args.update(num_tokens=tokens, tokens_bucket=bucket)
+    kv_heads_tiling, kv_tiles = kv_store_tiles(tokens, kv_heads, d, interpreter=False)
+    add(
+        "kv_store",
+        "kv_store",
+        "kv_store",
+        "_kv_store_kernel",
+        kv_args,
+        _row_plan("kv_store", kv_heads_tiling, kv_tiles),
+    )
+    out.extend(_attention(phase, heads, kv_heads, d, qkv_width, dtype, target))
+    out.append(_matmul("o_proj", tokens, hidden, heads * d, dtype, target))
+    out.append(_matmul("gate_up", tokens, 2 * cfg.intermediate_size, hidden, dtype, target))
+    inter = cfg.intermediate_size
+    args = dict(gate_up_ptr=x, out_ptr=x, num_tokens=tokens, inter=inter, stride_in_row=2 * inter)
+    args.update(stride_out_row=inter, tokens_bucket=bucket, INTERPRETED=False)
+    add("silu_and_mul", "silu_and_mul", "activation", "_silu_and_mul_kernel", args,
+        _row_plan("silu_and_mul", {}, silu_and_mul_tiles(tokens, inter, interpreter=False)))  # fmt: skip
+    out.append(_matmul("down_proj", tokens, hidden, inter, dtype, target))
+    out.append(_matmul("lm_head", seqs, cfg.vocab_size, hidden, dtype, target, gather=True))
+    for launch in out:  # the plan's constexprs complete the arguments (tiles come from each config)
+        launch.args.update(launch.plan.constexprs)
+    return out
+
+
+def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Target) -> list[Launch]:
+    """FlashAttention (the contiguous-cache path) and paged attention (+ split-K reduce) for this phase."""
+    x, i32, f32 = _ptr(dtype), _ptr(torch.int32), _ptr(torch.float32)
+    group = heads // kv_heads
+    sms = SMS.get(target.capability)
+    plan = flash_attention_plan(phase.q_len, group, d, dtype, target)
+    splits = 1  # as the launcher: only the (fixed) decode tile splits its keys
+    if not plan.autotuned:
+        programs = -(-phase.q_len * group // plan.configs[0].kwargs["BLOCK_M"]) * phase.num_seqs * kv_heads
+        splits = choose_num_splits(programs, phase.context, sms)
+    flash = dict(q_ptr=x, k_ptr=x, v_ptr=x, out_ptr=f32 if splits > 1 else x, m_part_ptr=f32, l_part_ptr=f32)
+    flash.update(cu_seqlens_q_ptr=i32, cu_seqlens_k_ptr=i32, seqused_k_ptr=i32)
+    flash.update(qk_scale=0.18, q_len_bucket=_next_power_of_2(phase.q_len))
+    flash.update(stride_q_token=qkv_width, stride_q_head=d, stride_k_token=kv_heads * d, stride_k_head=d)
+    flash.update(stride_v_token=kv_heads * d, stride_v_head=d, stride_o_token=heads * splits * d)
+    flash.update(stride_o_head=splits * d, stride_o_split=d if splits > 1 else 0)
+    flash.update(stride_ml_token=heads * splits if splits > 1 else 0, stride_ml_head=splits if splits > 1 else 0)
+    flash.update(HAS_SEQUSED_K=phase.name == "decode", NUM_SPLITS=splits, **_precision(dtype))
+    label = f"flash_attention split {splits}" if splits > 1 else "flash_attention"
+    launches = [Launch("flash_attention", label, "stagewise.kernels.flash_attention",
+                       "_flash_attention_kernel", flash, plan)]  # fmt: skip
+
+    plan = paged_attention_plan(phase.q_len, group, d, dtype, target)
+    num_q_blocks = -(-phase.q_len * group // plan.configs[0].kwargs["BLOCK_M"])
+    splits = choose_num_splits(num_q_blocks * phase.num_seqs * kv_heads, phase.context, sms)
+    partial = splits > 1
+    paged = dict(q_ptr=x, k_cache_ptr=x, v_cache_ptr=x, out_ptr=f32 if partial else x, m_part_ptr=f32)
+    paged.update(l_part_ptr=f32, block_table_ptr=i32, seq_lens_ptr=i32, cu_seqlens_q_ptr=i32, qk_scale=0.18)
+    paged.update(stride_q_token=qkv_width, stride_q_head=d, stride_o_token=heads * (splits if partial else 1) * d)
+    paged.update(stride_o_head=(splits if partial else 1) * d, stride_o_split=d if partial else 0)
+    paged.update(stride_ml_token=heads * splits if partial else 0, stride_ml_head=splits if partial else 0)
+    paged.update(stride_bt_row=-(-phase.context // BLOCK_SIZE), stride_slot=kv_heads * d)
+    paged.update(stride_kv_head=d, BLOCK_SIZE=BLOCK_SIZE, NUM_SPLITS=splits, **_precision(dtype))
+    label = f"paged_attention split {splits}" if partial else "paged_attention"
+    launches.append(Launch("paged_attention", label, "stagewise.kernels.paged_attention",
+                           "_paged_attention_kernel", paged, plan))  # fmt: skip
+    if partial:
+        reduce = dict(acc_part_ptr=f32, m_part_ptr=f32, l_part_ptr=f32, out_ptr=x, stride_a_token=heads * splits * d)
+        reduce.update(stride_a_head=splits * d, stride_a_split=d, stride_ml_token=heads * splits)
+        reduce.update(stride_ml_head=splits, stride_o_token=heads * d, stride_o_head=d)
+        launches.append(Launch("split_k_reduce", "split_k_reduce", "stagewise.kernels.split_k",
+                               "_split_k_reduce_kernel", reduce, split_k_reduce_plan(splits, d)))  # fmt: skip
+    return launches

@@ -1,0 +1,76 @@
+"""The compile gate in CI: a representative subset of launches compiled for GPU targets, no GPU needed.
+
+`scripts/compile_gate.py` runs the whole sweep and writes benchmarks/compile_gate.md; here the cases
+that found real problems (sm_89's 99 KB, fp32 register pressure, Llama-3-8B's head_dim 128, split-K
+decode on sm_90, sm_75 in fp16) run on every test run, with a fresh Triton cache (~2 minutes on 2 cores).
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from stagewise.errors import StagewiseError
+from stagewise.kernels.targets import SM75_FP16, check_target, gpu_target
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+CI_CASES = [
+    ("llama-3-8b", "prefill", "bf16", 89),  # the smallest shared memory of the supported targets
+    ("llama-3-8b", "prefill", "fp32", 80),  # fp32 tiles: registers and shared memory twice bf16's
+    ("llama-3-8b", "decode", "bf16", 90),  # split-K decode, wgmma
+    ("smollm2-135m", "decode", "fp16", 75),  # best effort: the SM75_FP16 kernels must pass
+]
+
+
+@pytest.fixture(scope="module")
+def gate_rows():
+    from stagewise.bench.compile_gate import Case, run_gate
+
+    return run_gate([Case(*c) for c in CI_CASES], workers=2)
+
+
+def test_ci_subset_passes_the_gate(gate_rows):
+    from stagewise.bench.compile_gate import findings
+
+    assert gate_rows, "the gate compiled nothing"
+    assert all(not r.result.get("error") or r.case.capability < 80 for r in gate_rows)
+    problems = findings(gate_rows)
+    assert not problems, "compile gate findings:\n" + "\n".join(problems)
+
+
+def test_gate_sees_tensor_cores_and_real_numbers(gate_rows):
+    """The numbers come from ptxas and the compiled kernel: tensor-core dots in bf16, none in element-wise kernels."""
+    by_kernel = {(r.kernel, r.case.capability): r for r in gate_rows}
+    assert by_kernel[("matmul", 90)].result["tensor_cores"]
+    assert by_kernel[("flash_attention", 89)].result["tensor_cores"]
+    assert not by_kernel[("rmsnorm", 89)].result["tensor_cores"]
+    assert by_kernel[("matmul", 89)].result["shared"] > 0
+    assert all(0 < r.result["registers"] <= 255 for r in gate_rows if not r.result.get("error"))
+
+
+def test_gate_catches_the_old_paged_attention_tile():
+    """The tile paged attention used before the gate (fp32, head_dim 128: 64 x 64, 2 stages) is over sm_89's 99 KB."""
+    from stagewise.bench.compile_gate import run_jobs
+    from stagewise.bench.compile_specs import PREFILL, launches
+
+    all_launches = launches("llama-3-8b", PREFILL, torch.float32, gpu_target(90))
+    (launch,) = [x for x in all_launches if x.kernel == "paged_attention"]
+    args = {**launch.args, "BLOCK_M": 64, "BLOCK_N": 64}
+    job = dict(id=0, module=launch.module, kernel=launch.function, args=args, num_warps=4, num_stages=2, capability=89)
+    (result,) = run_jobs([job], workers=1).values()
+    assert result["error"] is None
+    assert result["shared"] > gpu_target(89).shared_memory
+
+
+def test_pre_ampere_policy():
+    sm75, sm80 = gpu_target(75), gpu_target(80)
+    check_target("matmul", sm80, torch.bfloat16)  # supported: no error
+    with pytest.raises(StagewiseError, match="float16 only"):
+        check_target("matmul", sm75, torch.bfloat16)
+    kernel = sorted(SM75_FP16)[0]
+    check_target(kernel, sm75, torch.float16)  # proven by the gate: best effort, a warning
+    with pytest.raises(StagewiseError, match="float16 only"):
+        check_target("not_a_proven_kernel", sm75, torch.float16)
+    with pytest.raises(StagewiseError, match="7.5"):
+        check_target("matmul", gpu_target(80).__class__(interpreter=False, capability=70), torch.float16)
