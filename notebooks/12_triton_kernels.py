@@ -346,6 +346,69 @@ else:
     print("no GPU: skipping the speed picture (interpreter timings are not speed measurements)")
 
 # %% [markdown]
+# ## 5. Measured on a real GPU: the committed device check
+#
+# A GPU is not always at hand, so the project keeps the results of its device
+# check (`bash benchmarks/gpu/run.sh`, see `benchmarks/gpu/README.md`) in
+# `benchmarks/results/<gpu>/device_check.json`. Each kernel is timed from a
+# replayed CUDA graph (GPU time, without Python's launch cost) at Llama-3-8B
+# shapes in bfloat16, with inputs larger than the GPU's L2 cache, and compared
+# with what it should be compared with:
+#
+# * a **memory-bound** kernel (RMSNorm, RoPE, silu_and_mul, embedding, KV store,
+#   paged decode attention) with the GPU's own device-to-device copy bandwidth —
+#   nothing that reads and writes its bytes once can beat a copy;
+# * a **compute-bound** kernel (prefill GEMMs, FlashAttention) with the vendor
+#   library doing the same work (`torch.matmul` = cuBLAS, SDPA = cuDNN/flash).
+#
+# The cell below reads those files and computes every ratio it shows.
+
+# %%
+import json
+from pathlib import Path
+
+results_root = Path(stagewise.__file__).resolve().parents[1] / "benchmarks" / "results"
+checks = sorted(results_root.glob("*/device_check.json"))
+measured = []
+for path in checks:
+    run = json.loads(path.read_text())
+    env = run["sections"].get("env", {})
+    gpu = (env.get("gpu") or {}).get("name", path.parent.name)
+    copy_gbs = env.get("copy", {}).get("gb_per_s")
+    print(f"{gpu}: copy bandwidth {copy_gbs:,.0f} GB/s; bf16 torch.matmul {env['matmul_bf16']['tflops']:,.0f} TFLOP/s")
+    for row in run["sections"].get("kernels", {}).get("rows", []):
+        if "error" in row:
+            continue
+        if "share_of_copy" in row:
+            measured.append((gpu, row["kernel"], row["shape"], row["share_of_copy"], "share of copy bandwidth"))
+        elif "ratio_vs_stock" in row and row["kernel"] != "sampling":
+            measured.append((gpu, row["kernel"], row["shape"], row["ratio_vs_stock"], f"vs {row['stock']}"))
+for gpu, kernel, shape, value, what in measured:
+    print(f"  {kernel:>17} {shape:<58} {value:6.2f}  {what}")
+if not checks:
+    print("no device-check results committed yet: run benchmarks/gpu/run.sh on a GPU")
+
+# %% [markdown]
+# The same numbers as a picture: 1.0 is the ceiling (the copy, or the vendor
+# library). Memory-bound kernels that stay far below 1.0 leave bandwidth
+# unused — usually too few bytes in flight per program; compute-bound kernels
+# below 1.0 use the tensor cores less well than the library's hand-tuned code.
+
+# %%
+if measured:
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(measured) + 1.5))
+    labels = [f"{k} {s.split(' ', 1)[1][:40]}" for _, k, s, _, _ in measured]
+    values = [v for *_, v, _ in measured]
+    colors = ["tab:blue" if "copy" in w else "tab:orange" for *_, w in measured]
+    ax.barh(labels, values, color=colors)
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xlabel("fraction of the ceiling (blue: copy bandwidth, orange: vendor library)")
+    ax.invert_yaxis()
+    ax.set_title(f"Triton kernels on {measured[0][0]}, bfloat16, Llama-3-8B / SmolLM2 shapes")
+    plt.tight_layout()
+    plt.show()
+
+# %% [markdown]
 # ## Summary
 #
 # * Every optimized stage computes what its reference computes: identical ids,
