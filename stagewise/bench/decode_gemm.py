@@ -18,35 +18,12 @@ chosen config (`kernels/matmul_decode.py`) is printed with each shape.
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 
-from stagewise.bench.device_timer import GB, copies_for, rel_error, time_calls
+from stagewise.bench.device_timer import GB, copies_for, rel_error, time_calls, time_kernels
 from stagewise.config import PRESETS
-
-
-def graph_ms(calls, rounds: int = 5) -> float:
-    """Median milliseconds per call when `calls` replay from one CUDA graph (device time only)."""
-    for call in calls:
-        call()  # tuning and compilation happen here, never inside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / len(calls))
-    return statistics.median(samples)
 
 
 def cases(model: str, rows: list[int], dtype: torch.dtype, working_set: int, device) -> list[dict]:
@@ -73,8 +50,8 @@ def cases(model: str, rows: list[int], dtype: torch.dtype, working_set: int, dev
             row = {"case": f"{model} {name} M={m} K={k} N={n}", "weight_bytes": weight_bytes}
             row["triton_eager_ms"] = time_calls(triton_calls, device, 5)
             row["torch_eager_ms"] = time_calls(torch_calls, device, 5)
-            row["triton_graph_ms"] = graph_ms(triton_calls)
-            row["torch_graph_ms"] = graph_ms(torch_calls)
+            row["triton_graph_ms"] = time_kernels(triton_calls, device)[0]
+            row["torch_graph_ms"] = time_kernels(torch_calls, device)[0]
             row["ratio_eager"] = row["torch_eager_ms"] / row["triton_eager_ms"]  # >= 0.8 is the target
             row["ratio_graph"] = row["torch_graph_ms"] / row["triton_graph_ms"]
             row["triton_graph_gb_per_s"] = weight_bytes / (row["triton_graph_ms"] * 1e-3) / GB
