@@ -51,7 +51,9 @@
 # few seconds even in the interpreter, on the tiny config's shapes).
 
 # %%
+import json
 import os
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -364,9 +366,6 @@ else:
 # The cell below reads those files and computes every ratio it shows.
 
 # %%
-import json
-from pathlib import Path
-
 results_root = Path(stagewise.__file__).resolve().parents[1] / "benchmarks" / "results"
 checks = sorted(results_root.glob("*/device_check.json"))
 measured = []
@@ -383,7 +382,7 @@ for path in checks:
             measured.append((gpu, row["kernel"], row["shape"], row["share_of_copy"], "share of copy bandwidth"))
         elif "ratio_vs_stock" in row and row["kernel"] != "sampling":
             measured.append((gpu, row["kernel"], row["shape"], row["ratio_vs_stock"], f"vs {row['stock']}"))
-for gpu, kernel, shape, value, what in measured:
+for _gpu, kernel, shape, value, what in measured:
     print(f"  {kernel:>17} {shape:<58} {value:6.2f}  {what}")
 if not checks:
     print("no device-check results committed yet: run benchmarks/gpu/run.sh on a GPU")

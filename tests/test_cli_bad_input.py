@@ -8,6 +8,7 @@ no temporary file was left behind.
 """
 
 import json
+import re
 import sys
 
 import pytest
@@ -135,7 +136,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(argv, message, workdir
     lines = err.strip().splitlines()
     assert code == 2, (code, out, err)
     assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert pytest.importorskip("re").search(message, lines[0]), lines[0]
+    assert re.search(message, lines[0]), lines[0]
     assert "Traceback" not in err + out
     assert snapshot(workdir) == before, "a failed command changed or left files"
 

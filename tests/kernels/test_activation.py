@@ -5,13 +5,14 @@ import math
 import pytest
 import torch
 
+import stagewise.kernels.activation as activation
+from stagewise.kernels.activation import silu_and_mul
+from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.row_tiles import TileConfig
 from stagewise.stages.ffn import silu_and_mul_naive
 from tests.helpers import TOLERANCES, assert_close
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-activation = pytest.importorskip("stagewise.kernels.activation")
-silu_and_mul, KernelInputError = activation.silu_and_mul, activation.KernelInputError
 
 # Kernel vs an fp32 reference from the same inputs: the kernel computes in fp32 and rounds once at the
 # store (half an ulp: 2**-9 relative in bf16, 2**-12 in fp16); allow two ulps for GPU math differences.

@@ -8,12 +8,12 @@ in M, N and K.
 import pytest
 import torch
 
+import stagewise.kernels.matmul as matmul_module
 from stagewise.config import PRESETS
 from stagewise.stages import STAGES, o_proj, qkv_proj
 from tests.helpers import TOLERANCES, assert_close
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-matmul_module = pytest.importorskip("stagewise.kernels.matmul")
 matmul, GemmConfig, KernelInputError = matmul_module.matmul, matmul_module.GemmConfig, matmul_module.KernelInputError
 
 # Kernel output vs an IEEE fp32 reference computed from the same low-precision inputs. fp32 assumes IEEE

@@ -8,11 +8,11 @@ split, so every mask and every split boundary is exercised. On a GPU the same te
 import pytest
 import torch
 
+import stagewise.kernels.matmul as matmul_module
+import stagewise.kernels.matmul_decode as decode
 from stagewise.stages import qkv_proj
 from tests.helpers import TOLERANCES, assert_close
 
-decode = pytest.importorskip("stagewise.kernels.matmul_decode")
-matmul_module = pytest.importorskip("stagewise.kernels.matmul")
 DecodeConfig, KernelInputError, split_plan = decode.DecodeConfig, decode.KernelInputError, decode.split_plan
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
