@@ -23,6 +23,7 @@ import sys
 import torch
 
 from stagewise.bench.device_timer import GB, copies_for, rel_error, time_calls, time_kernels
+from stagewise.bench.kernel_bench import projection_shapes
 from stagewise.config import PRESETS
 
 
@@ -31,13 +32,7 @@ def cases(model: str, rows: list[int], dtype: torch.dtype, working_set: int, dev
     from stagewise.kernels.matmul import matmul
 
     cfg = PRESETS[model]
-    shapes = {
-        "qkv": (cfg.hidden_size, cfg.qkv_size),
-        "o": (cfg.q_size, cfg.hidden_size),
-        "gate_up": (cfg.hidden_size, 2 * cfg.intermediate_size),
-        "down": (cfg.intermediate_size, cfg.hidden_size),
-        "lm_head": (cfg.hidden_size, cfg.vocab_size),
-    }
+    shapes = projection_shapes(cfg)
     out = []
     for m in rows:
         for name, (k, n) in shapes.items():

@@ -61,17 +61,22 @@ def bandwidth_row(kernel, shape, dtype, triton_ms, naive_ms, moved, copy_gbs, er
     )  # fmt: skip
 
 
-def gemm_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
-    """x [M, K] @ w [K, N] for each projection of the model: Triton matmul vs torch.matmul."""
-    from stagewise.kernels.matmul import matmul
-
-    shapes = {
+def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(K, N) of every weight matrix a token meets: the GEMMs of one forward pass."""
+    return {
         "qkv": (cfg.hidden_size, cfg.qkv_size),
         "o": (cfg.q_size, cfg.hidden_size),
         "gate_up": (cfg.hidden_size, 2 * cfg.intermediate_size),
         "down": (cfg.intermediate_size, cfg.hidden_size),
         "lm_head": (cfg.hidden_size, cfg.vocab_size),
     }
+
+
+def gemm_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
+    """x [M, K] @ w [K, N] for each projection of the model: Triton matmul vs torch.matmul."""
+    from stagewise.kernels.matmul import matmul
+
+    shapes = projection_shapes(cfg)
     rows = []
     for m in sizes.gemm_m:
         for name, (k, n) in shapes.items():
