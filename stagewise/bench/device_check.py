@@ -200,6 +200,7 @@ def run_section(name: str, dry_run: bool, ctx_path: Path, result_path: Path) -> 
 def orchestrate(out: Path, dry_run: bool, budget_s: float, sections: list[str], limits: dict | None = None) -> dict:
     """Parent: every section in a child process with a time limit; merge, write JSON + markdown + log."""
     from stagewise.bench.device_report import render_markdown
+    from stagewise.files import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -233,14 +234,14 @@ def orchestrate(out: Path, dry_run: bool, budget_s: float, sections: list[str], 
                 results["sections"][name] = json.loads(res_path.read_text())
             else:
                 results["sections"][name] = {"failed": f"exit {code}", "tail": text[-1500:]}
-            (out / "device_check.json").write_text(json.dumps(results, indent=1, default=str))  # so far
+            write_text_atomic(out / "device_check.json", json.dumps(results, indent=1, default=str))  # so far
             if name == "env" and "copy" in results["sections"][name]:
                 ctx["copy_gbs"] = results["sections"][name]["copy"]["gb_per_s"]
     results["total_seconds"] = time.perf_counter() - start
-    (out / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
-    (out / "log.txt").write_text("\n\n".join(log))
+    write_text_atomic(out / "device_check.json", json.dumps(results, indent=1, default=str))
+    write_text_atomic(out / "log.txt", "\n\n".join(log))
     md = render_markdown(results)
-    (out / "device_check.md").write_text(md)
+    write_text_atomic(out / "device_check.md", md)
     print(md)
     return results
 
