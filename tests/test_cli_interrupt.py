@@ -23,8 +23,9 @@ OLD = "the old result, which must survive\n"
 
 
 # A whole short run (imports, model, one token) takes ~2.5 s of CPU (more in a fresh clone, which compiles its
-# bytecode first); past 4 s the command is at work. Each command below has seconds of work left after that, so the
-# signal never lands in interpreter shutdown (where Python has restored the default handler: exit -2).
+# bytecode first); past 4 s the command is at work. Each command below (naive recompute: quadratic work) has
+# many seconds left then, so the signal never lands in interpreter shutdown (where Python has restored the
+# default handler: exit -2).
 AT_WORK_CPU_S = 4.0
 
 
@@ -64,11 +65,15 @@ def leftovers(folder: Path) -> list[str]:
     ("args", "target"),
     [
         (
-            ["trace", "a", "b", "c", "--model", "tiny", "--max-tokens", "800", "--layers", "all", "--out", "t.txt"],
+            ["trace", "a", "b", "c", "--model", "tiny", "--mode", "naive", "--max-tokens", "800"]
+            + ["--layers", "all", "--out", "t.txt"],
             "t.txt",
         ),
         (["bench", "modes", "--model", "tiny", "--out", ".", "--output-lengths", "2,400", "--overwrite"], "modes.json"),
-        (["generate", "hi", "--model", "tiny", "--max-tokens", "1000", "--temperature", "0.5"], None),
+        (
+            ["generate", "hi", "--model", "tiny", "--mode", "naive", "--max-tokens", "1000", "--temperature", "0.5"],
+            None,
+        ),  # noqa: E501
     ],
     ids=["trace --out", "bench modes", "generate"],
 )
