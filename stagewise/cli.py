@@ -61,6 +61,9 @@ def generate(
     repetition_penalty: float = typer.Option(1.0, help="> 1 discourages repeating tokens"),
     seed: int | None = typer.Option(None, help="random seed (sampling)"),
     stop: list[str] = typer.Option([], help="stop string (repeatable)"),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="keep generating past the end-of-sequence token, to max-tokens"
+    ),
     chat: bool = typer.Option(False, "--chat", help="wrap each prompt in the model's chat template"),
     special_tokens: bool = typer.Option(
         False, "--special-tokens", help="let prompts hold control tokens like <|im_start|> (trusted input only)"
@@ -81,6 +84,7 @@ def generate(
         repetition_penalty=repetition_penalty,
         seed=seed,
         stop=tuple(stop),
+        ignore_eos=ignore_eos,
     )
     llm = LLM(
         model,

@@ -25,7 +25,8 @@ OLD = "the old result, which must survive\n"
 # A whole short run (imports, model, one token) takes ~2.5 s of CPU (more in a fresh clone, which compiles its
 # bytecode first); past 4 s the command is at work. Each command below (naive recompute: quadratic work) has
 # many seconds left then, so the signal never lands in interpreter shutdown (where Python has restored the
-# default handler: exit -2).
+# default handler: exit -2). `generate` samples, so it ignores the end-of-sequence token: a sampled EOS would
+# otherwise end it after a token or two.
 AT_WORK_CPU_S = 4.0
 
 
@@ -71,9 +72,10 @@ def leftovers(folder: Path) -> list[str]:
         ),
         (["bench", "modes", "--model", "tiny", "--out", ".", "--output-lengths", "2,400", "--overwrite"], "modes.json"),
         (
-            ["generate", "hi", "--model", "tiny", "--mode", "naive", "--max-tokens", "1000", "--temperature", "0.5"],
+            ["generate", "hi", "--model", "tiny", "--mode", "naive", "--max-tokens", "1000"]
+            + ["--temperature", "0.5", "--seed", "0", "--ignore-eos"],
             None,
-        ),  # noqa: E501
+        ),
     ],
     ids=["trace --out", "bench modes", "generate"],
 )
