@@ -5,6 +5,7 @@ import torch
 
 from stagewise.config import PRESETS
 from stagewise.models.weights import random_weights
+from stagewise.stages import gemm as gemm_module
 from stagewise.stages.gemm import SMALL_M, gemm
 
 
@@ -54,3 +55,49 @@ def test_in_major_layout_when_not_on_cpu_meta_sized():
     w = random_weights(PRESETS["tiny"], seed=0).to("meta", torch.bfloat16)
     assert w.layers[0].w_qkv.is_contiguous() and w.lm_head.is_contiguous()
     assert not w.tied()
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, SMALL_M])
+def test_both_cpu_forms_are_the_same_product(m):
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 40, generator=gen)
+    w = out_major(torch.randn(40, 24, generator=gen))
+    expected = (x.double() @ w.double()).float()
+    for form in (gemm_module.gemm_plain, gemm_module.gemm_transposed):
+        out = form(x, w)
+        assert out.shape == (m, 24) and out.is_contiguous()
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_calibration_measures_both_forms_and_gemm_follows_its_choice(monkeypatch):
+    monkeypatch.setattr(gemm_module, "CPU_FORMS", gemm_module.CpuForms())
+    weights = [out_major(torch.randn(64, 96)) for _ in range(4)] + [torch.randn(64, 96)]  # the last: not out-major
+    forms = gemm_module.calibrate(weights, passes=1)
+    assert forms is gemm_module.CPU_FORMS
+    assert set(forms.measured_ms) == set(gemm_module.BUCKET_M)
+    for bucket, times in forms.measured_ms.items():
+        assert set(times) == set(gemm_module.FORMS) and all(t > 0 for t in times.values())
+        assert forms.chosen[bucket] == min(times, key=times.get)  # the faster one
+    assert "measured" in forms.describe()
+    calls = []
+    monkeypatch.setattr(gemm_module, "gemm_transposed", lambda x, w: calls.append(x.shape[0]) or x @ w)
+    forms.chosen = {"decode": "transposed", "small batch": "plain"}
+    x, w = torch.randn(1, 64), weights[0]
+    gemm(x, w)
+    gemm(torch.randn(8, 64), w)
+    gemm(x, weights[-1])  # a row-major [K, N] weight: always plain
+    assert calls == [1]
+
+
+def test_a_big_cpu_model_calibrates_once_per_process(monkeypatch):
+    from stagewise.models.llama import LlamaModel
+
+    monkeypatch.setattr(gemm_module, "CPU_FORMS", gemm_module.CpuForms())
+    monkeypatch.setattr(LlamaModel, "CALIBRATE_BYTES", 0)  # make `tiny` count as big
+    from stagewise import LLM
+
+    llm = LLM("tiny")
+    assert gemm_module.CPU_FORMS.measured_ms, "a CPU model with naive projections calibrates on load"
+    first = gemm_module.CPU_FORMS.measured_ms
+    llm.model.calibrate_cpu_gemm()
+    assert gemm_module.CPU_FORMS.measured_ms is first  # once per process

@@ -78,6 +78,7 @@ class LLM:
         self.config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.model = LlamaModel(self.loaded, self.ops)
+        self.model.calibrate_cpu_gemm()  # CPU only, once per process: the faster way to ask this BLAS
         self.engine_config = engine_config or EngineConfig()
         limit = self.config.max_position_embeddings
         asked = self.engine_config.max_model_len

@@ -24,6 +24,7 @@ import torch
 from stagewise.models.forward_batch import ForwardBatch, KVAccess
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel
+from stagewise.stages import gemm
 from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
 
@@ -44,6 +45,16 @@ class LlamaModel:
             cfg.max_position_embeddings, cfg.rotary_dim, cfg.rope_theta, self.device, scaling=cfg.rope_scaling
         )
         self.scale = cfg.head_dim**-0.5
+
+    CALIBRATE_BYTES = 64 * 2**20  # below this the weights sit in cache and the GEMM form hardly matters
+
+    def calibrate_cpu_gemm(self) -> None:
+        """On a CPU, measure once per process how this BLAS streams these weights fastest (`stages/gemm.py`)."""
+        naive_projections = all(self.ops.backends[s] == "naive" for s in ("qkv_proj", "o_proj", "ffn", "lm_head"))
+        big = self.device.type == "cpu" and self.weights.decode_bytes() >= self.CALIBRATE_BYTES
+        if naive_projections and big and not gemm.CPU_FORMS.measured_ms:
+            w = self.weights
+            gemm.calibrate([t for lw in w.layers for t in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)] + [w.lm_head])
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVAccess) -> torch.Tensor:

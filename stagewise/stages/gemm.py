@@ -1,44 +1,121 @@
-"""The PyTorch GEMM behind every projection stage: `x @ w`, laid out for the CPU's BLAS.
+"""The PyTorch GEMM behind every projection stage: `x @ w`, asked the way this CPU's BLAS streams fastest.
 
     x [M, K] @ w [K, N] -> [M, N]        (M = tokens in the step, K = in features, N = out features)
 
 Mathematically this is one line, `x @ w`, and on a GPU (or for large M) that
 is exactly what runs. On a CPU, decode makes M tiny (1 token per running
-request), and how the BLAS library is asked matters more than the FLOPs:
-measured on a 2-core AMD EPYC with torch 2.13 / MKL, reading all 538 MB of
-SmolLM2-135M's weights once (30 layers + LM head, float32, cold caches):
+request): every weight is read once to do 2 FLOPs per element, so a step's
+time is the time to *stream* the weights, and how the BLAS library is asked
+decides how close it gets to the memory's read bandwidth. Two ways to ask for
+the same product, both reading the weights stored "out-major" (`w_t` [N, K]
+row-major, the layout of PyTorch's nn.Linear, GGUF and safetensors files,
+seen here as a [K, N] view; `models/weights.py` stores them so on the CPU):
 
-    M   x @ w  (w row-major [K, N])    w_t @ x^T  (w_t row-major [N, K])
-    1   30.8 ms   (17.5 GB/s)           16.6 ms  (32.5 GB/s) with M padded to 2
-    2   47.6 ms                         15.9 ms
-    8   82.8 ms                         43.0 ms
-   64   ~same                           ~same;  M >= 128: x @ w is faster
+    plain        x @ w              the GEMM (or GEMV when M = 1) of the textbook
+    transposed   (w_t @ x^T)^T      C^T = w_t @ x^T: a tall, skinny GEMM that walks
+                                    each weight row once; one decode row is duplicated
+                                    into two columns (extra arithmetic, no extra bytes)
 
-The second form asks for the transposed product C^T = w_t @ x^T: a tall,
-skinny GEMM (N rows of weights, M columns of activations) that streams every
-weight row once. In this BLAS it runs at close to the machine's read
-bandwidth (~32 GB/s for a plain `sum` over 512 MB), while the first form's
-small-M path and the single-vector GEMV path (M = 1) reach about half of it.
-A lone decode row is therefore duplicated into two columns: the extra column
-costs arithmetic, not weight traffic. The product needs `w` stored
-"out-major" ([N, K] row-major, the layout of PyTorch's nn.Linear, GGUF and
-safetensors files) and seen as a [K, N] view; `LlamaWeights.to` stores
-projections that way on the CPU (`models/weights.py`). These are measured
-properties of one BLAS build, not laws: `stagewise bench modes` shows what
-they buy end to end. For any other layout, device or M it is plain `x @ w`.
+Which one wins is a property of the BLAS build *and* the CPU it runs on, not
+a law. Streaming all 538 MB of SmolLM2-135M's projection weights once, float32,
+2 threads, torch 2.13 / MKL:
+
+    M   2-core AMD EPYC               2-core Intel Xeon (480 MB L3)
+        plain    transposed           plain    transposed
+    1   30.8 ms  16.6 ms              23.0 ms  66.2 ms
+    8   82.8 ms  43.0 ms              54.2 ms  68.9 ms
+
+so the choice is measured, once per process, on the model's own weights:
+`calibrate(weights)` streams them with each form (alternating, best of a few
+passes) for a decode-sized M and a small-batch M, and `gemm` then asks the
+BLAS the faster way for each. Until then (and off the CPU, for other layouts,
+or for M > SMALL_M) it is plain `x @ w`. `LLM` calibrates when it loads a
+model big enough for the difference to matter; `CPU_FORMS` says what was chosen.
 """
+
+import time
+from dataclasses import dataclass, field
 
 import torch
 
-SMALL_M = 64  # up to this many rows the transposed product wins on CPU (table above)
+SMALL_M = 64  # above this many rows both forms are compute-bound and `x @ w` is at least as fast
+FORMS = ("plain", "transposed")
+BUCKET_M = {"decode": 1, "small batch": 8}  # the M each bucket is measured at
+
+
+def bucket(m: int) -> str:
+    """Which measured choice covers M rows: a lone decode row (M <= 2) or a small batch."""
+    return "decode" if m <= 2 else "small batch"
+
+
+@dataclass
+class CpuForms:
+    """The form `gemm` uses on the CPU for small M, per bucket, and the timings that chose it."""
+
+    chosen: dict[str, str] = field(default_factory=lambda: dict.fromkeys(BUCKET_M, "plain"))  # bucket -> form
+    measured_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # bucket -> form -> ms per pass
+
+    def describe(self) -> str:
+        if not self.measured_ms:
+            return "CPU GEMM: plain x @ w (not calibrated)"
+        parts = []
+        for b, times in self.measured_ms.items():
+            speeds = ", ".join(f"{f} {ms:.1f} ms" for f, ms in times.items())
+            parts.append(f"M={BUCKET_M[b]}: {self.chosen[b]} ({speeds})")
+        return "CPU GEMM forms, measured on this model's weights: " + "; ".join(parts)
+
+
+CPU_FORMS = CpuForms()  # a property of this machine's BLAS, measured once per process (like an autotune cache)
+
+
+def is_out_major(w: torch.Tensor) -> bool:
+    """w [K, N] is a view of a row-major [N, K] matrix (w = w_t.t())."""
+    return w.dim() == 2 and w.stride(0) == 1 and w.stride(1) == w.shape[0]
+
+
+def gemm_plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w  # [M, K] @ [K, N] -> [M, N]
+
+
+def gemm_transposed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The same product as C^T = w_t @ x^T (w out-major): the BLAS walks each weight row once."""
+    m = x.shape[0]
+    cols = torch.cat([x, x]) if m == 1 else x  # [max(M, 2), K]: one decode row becomes two columns
+    out_t = w.t() @ cols.t()  # [N, K] @ [K, M'] -> [N, M']: C^T, the tall-skinny product
+    return out_t[:, :m].t().contiguous()  # [N, M] -> [M, N]
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [K, N] -> [M, N], contiguous."""
     m = x.shape[0]
-    out_major = w.dim() == 2 and w.stride(0) == 1 and w.stride(1) == w.shape[0]  # w = w_t.t(), w_t [N, K] row-major
-    if x.device.type != "cpu" or not out_major or m == 0 or m > SMALL_M:
+    if x.device.type != "cpu" or m == 0 or m > SMALL_M or not is_out_major(w):
         return x @ w  # [M, K] @ [K, N] -> [M, N]
-    cols = torch.cat([x, x]) if m == 1 else x  # [max(M, 2), K]: one decode row becomes two columns
-    out_t = w.t() @ cols.t()  # [N, K] @ [K, M'] -> [N, M']: C^T, the tall-skinny product
-    return out_t[:, :m].t().contiguous()  # [N, M] -> [M, N]
+    if CPU_FORMS.chosen[bucket(m)] == "transposed":
+        return gemm_transposed(x, w)
+    return x @ w
+
+
+def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
+    """Time each form streaming `weights` (out-major [K, N] views, together far larger than the cache).
+
+    For each bucket's M, the forms alternate (plain, transposed, plain, ...) so a drift of the machine hits
+    both alike; a form's time is its fastest full pass over every matrix. Sets and returns `CPU_FORMS`.
+    """
+    weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
+    if not weights:
+        return CPU_FORMS
+    fns = {"plain": gemm_plain, "transposed": gemm_transposed}
+    measured: dict[str, dict[str, float]] = {}
+    for name, m in BUCKET_M.items():
+        xs = {w.shape[0]: torch.randn(m, w.shape[0], dtype=w.dtype) for w in weights}  # one input per K
+        best = dict.fromkeys(FORMS, float("inf"))
+        for _ in range(passes):
+            for form in FORMS:
+                start = time.perf_counter()
+                for w in weights:
+                    fns[form](xs[w.shape[0]], w)
+                best[form] = min(best[form], (time.perf_counter() - start) * 1e3)
+        measured[name] = best
+    CPU_FORMS.measured_ms = measured
+    CPU_FORMS.chosen = {name: min(times, key=times.get) for name, times in measured.items()}
+    return CPU_FORMS

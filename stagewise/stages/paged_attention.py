@@ -41,10 +41,13 @@ partial (max, sum, acc) states merged by a second small kernel (split-K,
 import itertools
 
 import torch
+import torch.nn.functional as F
 
 from stagewise.config import ModelConfig
 from stagewise.stages import attention
 from stagewise.stages.base import Stage
+
+DECODE_GROUP_TOKENS = 8192  # most padded keys (sequences x longest) per batched decode call (docstring table)
 
 
 def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -58,7 +61,7 @@ def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> tor
     return blocks.flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d]
 
 
-def naive(
+def one_by_one(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -88,6 +91,95 @@ def naive(
         k = gather_kv(k_cache, block_table[b], seq_len)  # [seq_len, Hkv, d]
         v = gather_kv(v_cache, block_table[b], seq_len)
         out[q_start:q_end] = attention.causal_attention_one_sequence(q[q_start:q_end], k, v, scale)
+    return out
+
+
+def decode_batched(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_host: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """D decoding sequences at once: q [D, H, d], block_table [D, >= blocks], seq_lens [D] -> [D, H, d].
+
+    One gather of every sequence's blocks, padded to the longest, and one fused attention call
+    (`scaled_dot_product_attention`) whose mask hides each sequence's padding keys. A padding slot may hold
+    anything (a block's unused tail, another request's block): the mask turns its score into -inf, but
+    IEEE arithmetic keeps a NaN there a NaN (NaN - inf, 0 * NaN), so those slots of the copy are zeroed
+    first. The G query heads that share a KV head are the G query rows of one [G, S] problem: GQA, no copy.
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_blocks = -(-max(seq_lens_host) // block_size)  # blocks of the longest sequence
+    index = block_table[:, :num_blocks].reshape(-1).to(device=k_cache.device, dtype=torch.long)  # [D * n_blocks]
+    padded = num_blocks * block_size  # S: keys per sequence after padding
+    k = k_cache.index_select(0, index).view(num_seqs, padded, num_kv_heads, head_dim)  # [D, S, Hkv, d]
+    v = v_cache.index_select(0, index).view(num_seqs, padded, num_kv_heads, head_dim)
+    valid = torch.arange(padded, device=q.device) < seq_lens.to(q.device).unsqueeze(1)  # [D, S]: real keys
+    if any(n < padded for n in seq_lens_host):  # padding slots in the copy: zero them (docstring)
+        k[~valid] = 0.0
+        v[~valid] = 0.0
+    qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [D, Hkv, G, d]
+    out = F.scaled_dot_product_attention(
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+    )  # [D, Hkv, G, d] x [D, Hkv, S, d] -> [D, Hkv, G, d]
+    return out.reshape(num_seqs, num_heads, head_dim)  # [D, H, d]
+
+
+def decode_groups(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """Consecutive runs of decoding sequences whose padded keys (count x longest) fit DECODE_GROUP_TOKENS."""
+    groups: list[list[int]] = []
+    longest = 0
+    for b in decoding:
+        grown = max(longest, seq_lens[b])
+        if groups and groups[-1][-1] == b - 1 and grown * (len(groups[-1]) + 1) <= DECODE_GROUP_TOKENS:
+            groups[-1].append(b)
+            longest = grown
+        else:
+            groups.append([b])
+            longest = seq_lens[b]
+    return groups
+
+
+def naive(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    cu_seqlens_q_host: list[int] | None = None,
+    seq_lens_host: list[int] | None = None,
+) -> torch.Tensor:
+    """The PyTorch path: decoding sequences in batched groups (`decode_batched`), the others `one_by_one`.
+
+    Same arguments and result as `one_by_one`, the reference; the module docstring has the measurements.
+    """
+    cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
+    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
+    decoding = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]
+    if not decoding:
+        return one_by_one(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, None, None, cu_q, lens)
+    out = torch.empty_like(q)
+    for group in decode_groups(decoding, lens):
+        first, last = group[0], group[-1]  # a run of consecutive sequences, one query row each
+        rows = slice(cu_q[first], cu_q[last + 1])  # their query rows are consecutive too
+        out[rows] = decode_batched(
+            q[rows], k_cache, v_cache, block_table[first : last + 1], seq_lens[first : last + 1],
+            lens[first : last + 1], scale,
+        )  # fmt: skip
+    for b in range(len(lens)):
+        q_start, q_end = cu_q[b], cu_q[b + 1]
+        if q_end - q_start > 1:  # a prefill or a prefill chunk: the reference, one sequence
+            k = gather_kv(k_cache, block_table[b], lens[b])  # [seq_len, Hkv, d]
+            v = gather_kv(v_cache, block_table[b], lens[b])
+            out[q_start:q_end] = attention.causal_attention_one_sequence(q[q_start:q_end], k, v, scale)
     return out
 
 

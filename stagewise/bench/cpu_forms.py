@@ -1,0 +1,93 @@
+"""Measure the CPU formulations that sit beside the naive references, so their docstrings quote real numbers.
+
+    python -m stagewise.bench.cpu_forms [--threads 2] [--json cpu_forms.json]
+
+- paged decode attention: the reference loop (`paged_attention.one_by_one`, one gather and one
+  textbook attention per sequence) against the batched form (`paged_attention.naive`: one padded
+  gather and one fused `scaled_dot_product_attention` per group), for D decoding sequences of about
+  L keys, SmolLM2-135M's heads (9 query heads, 3 KV heads, head_dim 64), float32, blocks shuffled;
+- the projection GEMM forms of `stages/gemm.py`, streaming SmolLM2-135M-sized weights.
+
+Variants alternate and each keeps its fastest of several rounds (the least disturbed by other work).
+"""
+
+import argparse
+import json
+import random
+
+import torch
+
+from stagewise.bench.machine import machine_info
+from stagewise.bench.timing import compare
+from stagewise.stages import gemm, paged_attention
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+
+
+def decode_inputs(num_seqs: int, length: int, seed: int = 0) -> dict:
+    """num_seqs decoding sequences of length/2..length keys, blocks scattered over a pool."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    lens = [rng.randint(max(1, length // 2), length) for _ in range(num_seqs)]
+    per_seq = -(-max(lens) // BLOCK_SIZE)
+    pool = max(4096, num_seqs * per_seq)
+    table = torch.randperm(pool, generator=gen)[: num_seqs * per_seq].view(num_seqs, per_seq).to(torch.int32)
+    shape = (pool, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    cu = list(range(num_seqs + 1))
+    return {
+        "q": torch.randn(num_seqs, HEADS, HEAD_DIM, generator=gen),
+        "k_cache": torch.randn(shape, generator=gen),
+        "v_cache": torch.randn(shape, generator=gen),
+        "block_table": table,
+        "seq_lens": torch.tensor(lens, dtype=torch.int32),
+        "cu_seqlens_q": torch.tensor(cu, dtype=torch.int32),
+        "scale": HEAD_DIM**-0.5,
+        "cu_seqlens_q_host": cu,
+        "seq_lens_host": lens,
+    }
+
+
+def decode_attention_forms(batch_sizes=(1, 2, 4, 8, 16, 32), lengths=(64, 256, 1024), repeats=7) -> list[dict]:
+    rows = []
+    for num_seqs in batch_sizes:
+        for length in lengths:
+            inputs = decode_inputs(num_seqs, length)
+            timings = compare(
+                {
+                    "one_by_one": lambda i=inputs: paged_attention.one_by_one(**i),
+                    "batched": lambda i=inputs: paged_attention.naive(**i),
+                },
+                repeats=repeats,
+            )
+            best = {name: min(t.samples_ms) for name, t in timings.items()}
+            rows.append({"num_seqs": num_seqs, "max_len": length, **{f"{k}_us": v * 1e3 for k, v in best.items()}})
+            print(f"D={num_seqs:3d} L<={length:5d}  " + "  ".join(f"{k} {v * 1e3:8.0f} us" for k, v in best.items()))
+    return rows
+
+
+def gemm_forms() -> dict:
+    """Each GEMM form streaming SmolLM2-135M-shaped weights (30 layers + LM head), out-major, float32."""
+    hidden, inter, qkv, vocab = 576, 1536, 576 + 2 * 192, 49152
+    shapes = [(hidden, qkv), (hidden, hidden), (hidden, 2 * inter), (inter, hidden)] * 30 + [(hidden, vocab)]
+    weights = [torch.randn(n, k).t() for k, n in shapes]  # [K, N] views of row-major [N, K]
+    forms = gemm.calibrate(weights)
+    print(forms.describe())
+    return {"chosen": forms.chosen, "measured_ms": forms.measured_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with torch.inference_mode():
+        result = {"machine": machine_info(), "decode_attention": decode_attention_forms(), "gemm": gemm_forms()}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
