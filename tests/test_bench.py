@@ -125,6 +125,17 @@ def test_bench_modes_end_to_end(tmp_path):
     curve = result["time_per_token"]["naive"]
     assert curve["context_len"] == list(range(9, 9 + 11))
     assert len(result["fits"]["naive"]["coef_ms"]) == 3 and len(result["fits"]["kv"]["coef_ms"]) == 2
+    stream = result["weight_streaming"]  # the floor of a decode token, from a plain read far beyond the cache
+    assert stream["decode_bytes"] > 0 and stream["read_GBps"] > 0
+    assert stream["ms"] == pytest.approx(stream["decode_bytes"] / stream["read_GBps"] / 1e6)
+    for mode in ("kv", "paged"):
+        s = result["summary"][mode]["12"]
+        assert s["tbt_over_streaming"] == pytest.approx(s["tbt_ms"] / stream["ms"])
+        parts = result["overhead"][mode]  # a traced decode step, split by stage
+        assert parts["steps"] >= 1 and set(parts["stages_ms"]) >= {"qkv_proj", "ffn", "rmsnorm", "lm_head"}
+        assert parts["projections_ms"] + parts["other_stages_ms"] == pytest.approx(sum(parts["stages_ms"].values()))
+    assert "paged_attention" in result["overhead"]["paged"]["stages_ms"]
+    assert "attention" in result["overhead"]["kv"]["stages_ms"]
 
 
 def test_modes_guard_refuses_different_outputs(monkeypatch):

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from stagewise import LLM
+from stagewise.bench.decode_overhead import stage_breakdown, weight_streaming
 from stagewise.bench.machine import machine_info
 from stagewise.bench.plots import plot_throughput, plot_time_per_token, save_figure
 from stagewise.bench.timing import alternating, stream_timed
@@ -71,11 +72,15 @@ def check_identical(tokens: dict[str, list[int]], what: str) -> None:
             )
 
 
-def run_notes(backend: str, loaded: LoadedModel) -> list[str]:
+def run_notes(backend: str, loaded: LoadedModel, llm: LLM | None = None) -> list[str]:
     """Caveats a reader of the numbers must see (stored in the JSON, printed under the table)."""
     notes = []
     if backend == "triton" and loaded.device.type == "cpu":
         notes.append("Triton kernels ran in the CPU interpreter: correctness only, not a speed measurement")
+    if loaded.device.type == "cpu" and backend == "naive":
+        from stagewise.stages.gemm import CPU_FORMS
+
+        notes.append(CPU_FORMS.describe())
     return notes
 
 
@@ -193,6 +198,10 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
                     "tbt_ms": [round(1000 * g, 4) for g in m.tbt],
                 }
             )
+    cached = [m for m in settings.modes if m != "naive"]
+    streaming = weight_streaming(llms[cached[0]]) if cached else None
+    short = BenchRequest(prompt, settings.prompt_tokens, min(64, max(lengths))).params()
+    overhead = {m: stage_breakdown(llms[m], prompt, short) for m in cached}
     result = {
         "benchmark": "modes",
         "machine": machine_info(),
@@ -201,11 +210,14 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
         "prompt": prompt,
         "prompt_tokens": settings.prompt_tokens,
         "outputs_identical": True,
-        "notes": run_notes(settings.backend, loaded),
+        "notes": run_notes(settings.backend, loaded, llms[systems[0]] if systems[0] in llms else None),
+        "weight_streaming": streaming,  # the time to read the weights once: the floor of a decode token
+        "overhead": overhead,  # per cached mode, a traced decode step split by stage (bench/decode_overhead.py)
         "token_ids": {str(length): ids for length, (_, ids) in reference.items()},
         "runs": runs,
     }
     result.update(summarize_modes(runs, settings))
+    add_ratios(result)
     return result
 
 
@@ -233,18 +245,35 @@ def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
     return {"summary": summary, "time_per_token": curves, "fits": fits}
 
 
+def add_ratios(result: dict) -> None:
+    """Per mode and length: TBT over the weight-streaming time, and tokens/s over transformers' (same run)."""
+    stream_ms = (result.get("weight_streaming") or {}).get("ms")
+    hf = result["summary"].get("transformers")
+    for by_length in result["summary"].values():
+        for length, s in by_length.items():
+            s["tbt_over_streaming"] = s["tbt_ms"] / stream_ms if stream_ms else None
+            s["vs_transformers"] = s["tokens_per_s"] / hf[length]["tokens_per_s"] if hf else None
+
+
 def modes_table(result: dict):
     """A rich Table of the summary, with the speed-up of each mode over naive recompute."""
+    from rich.console import Group
     from rich.table import Table
 
     table = Table(title=f"naive vs kv vs paged — prompt of {result['prompt_tokens']} tokens (medians)")
-    for col in ("mode", "output tokens", "TTFT ms", "ms/token (TBT)", "tokens/s", "total s", "vs naive"):
+    cols = ["mode", "output tokens", "TTFT ms", "ms/token (TBT)", "tokens/s", "total s", "vs naive"]
+    stream = result.get("weight_streaming")
+    has_hf = "transformers" in result["summary"]
+    cols += ["TBT / stream"] * bool(stream) + ["vs transformers"] * has_hf
+    for col in cols:
         table.add_column(col, justify="right")
     summary = result["summary"]
     for mode, by_length in summary.items():
         for length, s in by_length.items():
             base = summary.get("naive", {}).get(length, {}).get("tokens_per_s")
             speedup = f"{s['tokens_per_s'] / base:.1f}x" if base else "-"
+            extra = [f"{s['tbt_over_streaming']:.2f}x"] if stream else []
+            extra += [f"{s['vs_transformers']:.2f}x"] if has_hf else []
             table.add_row(
                 mode,
                 length,
@@ -253,7 +282,39 @@ def modes_table(result: dict):
                 f"{s['tokens_per_s']:.1f}",
                 f"{s['latency_s']:.2f}",
                 speedup,
+                *extra,
             )
+    parts = [table]
+    if stream:
+        parts.append(
+            f"weight streaming: {stream['decode_bytes'] / 1e6:.0f} MB per token at {stream['read_GBps']:.1f} GB/s "
+            f"(plain read of {stream['probe_buffer_MiB']:.0f} MiB) = {stream['ms']:.2f} ms per token"
+        )
+    if result.get("overhead"):
+        parts.append(overhead_table(result["overhead"]))
+    return Group(*parts)
+
+
+def overhead_table(overhead: dict):
+    """ms per decode step in each stage (traced), per cached mode."""
+    from rich.table import Table
+
+    modes = [m for m, o in overhead.items() if o]
+    table = Table(title="one decode step, traced: ms per stage (projections stream the weights)")
+    table.add_column("stage")
+    for mode in modes:
+        table.add_column(mode, justify="right")
+    totals: dict[str, float] = {}
+    for mode in modes:
+        for stage, ms in overhead[mode]["stages_ms"].items():
+            totals[stage] = totals.get(stage, 0.0) + ms
+    stages = sorted(totals, key=lambda stage: -totals[stage])
+    for stage in stages:
+        table.add_row(stage, *(f"{overhead[m]['stages_ms'].get(stage, 0.0):.2f}" for m in modes))
+    for key, label in (("projections_ms", "= projections"), ("other_stages_ms", "= other stages")):
+        table.add_row(label, *(f"{overhead[m][key]:.2f}" for m in modes))
+    table.add_row("outside stages (engine, Python)", *(f"{overhead[m]['outside_stages_ms']:.2f}" for m in modes))
+    table.add_row("step (traced)", *(f"{overhead[m]['step_ms']:.2f}" for m in modes))
     return table
 
 
