@@ -58,12 +58,13 @@ workloads = st.lists(
     block_size=st.sampled_from([4, 16]),
     max_num_seqs=st.integers(1, 5),
     budget=st.integers(1, 64),
+    prefill_cap=st.one_of(st.none(), st.integers(1, 24)),
     spare_blocks=st.integers(0, 12),
     prefix_caching=st.booleans(),
     seed=st.integers(0, 1000),
 )
 def test_scheduler_and_block_manager_invariants(
-    workload, block_size, max_num_seqs, budget, spare_blocks, prefix_caching, seed
+    workload, block_size, max_num_seqs, budget, prefill_cap, spare_blocks, prefix_caching, seed
 ):
     rng = random.Random(seed)
     families = [[rng.randrange(50) for _ in range(64)] for _ in range(4)]  # shared prefixes
@@ -75,15 +76,21 @@ def test_scheduler_and_block_manager_invariants(
     max_len = max(r.num_prompt_tokens + r.params.max_tokens for r in requests)
     num_blocks = -(-max_len // block_size) + spare_blocks  # the largest request always fits alone
     bm = BlockManager(num_blocks, block_size, prefix_caching)
-    sched = Scheduler(bm, max_num_seqs, budget)
+    sched = Scheduler(bm, max_num_seqs, budget, prefill_cap)
     for r in requests:
         sched.add(r)
     cache: dict[int, tuple] = {}  # slot -> content ("K/V") written there
     for _ in range(10_000):
         if not sched.has_unfinished():
             break
+        decoding_before = {r.request_id for r in sched.running if r.num_tokens - r.num_computed_tokens == 1}
         out = sched.schedule()
         assert out.scheduled, "no progress"
+        prompt_tokens = sum(s.num_new_tokens for s in out.scheduled if s.request.request_id not in decoding_before)
+        if decoding_before and prefill_cap is not None and not out.preempted:  # prompts beside decodes: capped
+            assert prompt_tokens <= prefill_cap
+        if decoding_before and not out.preempted:  # decode first: every decoding request runs
+            assert decoding_before <= {s.request.request_id for s in out.scheduled}
         assert len(sched.running) <= max_num_seqs  # constraint 1
         assert out.num_tokens <= budget  # constraint 2
         check_block_invariants(bm, sched.running)

@@ -63,7 +63,12 @@ class PagedRunner:
             capture = model.device.type == "cuda"  # a CPU runs the same padded path eagerly
             self.graphs = DecodeGraphs(model, self.cache, max_model_len, ecfg.max_num_seqs, capture)
         self.block_manager = BlockManager(num_blocks, ecfg.block_size, ecfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, ecfg.max_num_seqs, ecfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            ecfg.max_num_seqs,
+            ecfg.max_num_batched_tokens,
+            ecfg.prefill_cap(model.device.type),
+        )
         self.reset_stats()
 
     # ---- requests ----

@@ -10,6 +10,12 @@ as four constraints hold:
 1. `max_num_seqs`: at most that many requests running at once;
 2. the token budget `max_num_batched_tokens` summed over the step (a long
    prompt that does not fit is cut into chunks across steps: chunked prefill);
+   and while any running request is decoding, prompt tokens (prefills and
+   prefill chunks) take at most `prefill_beside_decodes` of it: every
+   decoding request waits for the whole step, so a step that also prefills
+   512 tokens makes each of them wait for those 512 (on a CPU, many times a
+   decode step). A small chunk keeps the time between tokens even; a step
+   with no decode still prefills with the whole budget (time to first token);
 3. `max_model_len`: checked when a request is submitted (prompt + max_tokens);
 4. free KV blocks: the block manager must find blocks for the new tokens.
 
@@ -53,10 +59,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefill_beside_decodes: int | None = None,
+    ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs  # constraint 1
         self.max_num_batched_tokens = max_num_batched_tokens  # constraint 2
+        self.prefill_beside_decodes = prefill_beside_decodes  # constraint 2, in steps with decodes (None: no cap)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -73,12 +86,19 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        cap = self.prefill_beside_decodes
+        prefill_left = min(budget, cap) if decoding and cap is not None else budget  # prompt tokens this step
 
         # 1) running requests, FCFS; preempt from the back when blocks run out
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = min(remaining, budget) if remaining == 1 else min(remaining, budget, prefill_left)
+            if n == 0:  # a prefill chunk, and this step's prompt tokens are spent: it continues next step
+                i += 1
+                continue
             while not bm.allocate(req, n):
                 victim = self.running.pop()  # the most recently admitted request
                 self._preempt(victim)
@@ -89,14 +109,17 @@ class Scheduler:
                 break
             self._scheduled(out, req, n, cached=0)
             budget -= n
+            prefill_left -= n if remaining > 1 else 0
             i += 1
 
         # 2) waiting requests, FCFS, only in a step without preemption
-        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs:
+            if min(budget, prefill_left) == 0:
+                break
             req = self.waiting[0]
             hits = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
             cached = len(hits) * bm.block_size
-            n = min(req.num_tokens - req.num_computed_tokens - cached, budget)
+            n = min(req.num_tokens - req.num_computed_tokens - cached, budget, prefill_left)
             if not bm.allocate(req, n, cached_prefix=hits):
                 break  # FCFS: the head waits for blocks, and so does everyone behind it
             self.waiting.popleft()
@@ -108,6 +131,7 @@ class Scheduler:
             out.admitted.append(req)
             self._scheduled(out, req, n, cached)
             budget -= n
+            prefill_left -= n
         return out
 
     def _scheduled(self, out: SchedulerOutput, req: Request, n: int, cached: int) -> None:
