@@ -170,9 +170,17 @@ def test_bench_batching_end_to_end(tmp_path):
         assert s["output_tokens"] == useful
         for key in ("output_tok_per_s", "requests_per_s", "ttft_ms_p99", "tbt_ms_p50", "latency_ms_p99"):
             assert s[key] > 0
+        assert s["tbt_p99_over_p50"] == pytest.approx(s["tbt_ms_p99"] / s["tbt_ms_p50"])
+    assert result["engine_config"]["prefill_beside_decodes"] is None  # the device default
     for run in result["runs"]:
         assert len(run["requests"]) == result["workload"]["num_requests"]
         assert len(run["kv"]["time_s"]) == len(run["kv"]["bytes"]) > 1
+        for req in run["requests"]:  # the TBT-over-time panel: one time per token, gaps between them
+            times = req["token_times_s"]
+            assert len(times) == req["output_tokens"] and times == sorted(times) and times[0] >= 0
+            assert req["tbt_ms"] == pytest.approx([1000 * (b - a) for a, b in zip(times, times[1:])], abs=0.05)
+        gap_times, gaps = batching.tbt_timeline(run)
+        assert len(gap_times) == len(gaps) == sum(len(r["tbt_ms"]) for r in run["requests"])
 
 
 def test_batching_guard_refuses_different_outputs(monkeypatch):

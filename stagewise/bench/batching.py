@@ -31,7 +31,13 @@ from stagewise import LLM
 from stagewise.bench.hf_baseline import HFBaseline, hf_model_location, static_padding
 from stagewise.bench.machine import machine_info
 from stagewise.bench.modes import check_identical, refuse_weightless, run_notes
-from stagewise.bench.plots import plot_kv_over_time, plot_latency_percentiles, plot_throughput, save_figure
+from stagewise.bench.plots import (
+    plot_kv_over_time,
+    plot_latency_percentiles,
+    plot_tbt_over_time,
+    plot_throughput,
+    save_figure,
+)
 from stagewise.bench.timing import StreamedRequest, alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, Workload, mixed_workload
 from stagewise.config import EngineConfig
@@ -56,6 +62,7 @@ class BatchingSettings:
     max_num_seqs: int = 8  # static batch size = most requests running at once (continuous)
     continuous_max_num_seqs: int | None = None  # seats of the continuous engine; None = max_num_seqs
     max_num_batched_tokens: int = 512  # token budget of one continuous-batching step
+    prefill_beside_decodes: int | None = None  # prompt tokens per step while others decode; None: device default
     repeats: int = 1  # timed runs per system, alternating the systems
     seed: int = 0  # workload seed
     compare: tuple[str, ...] = ()  # extra systems: "transformers"
@@ -84,14 +91,16 @@ def summarize_run(requests: list[StreamedRequest], workload: Workload) -> dict:
         "ttft_ms_p99": percentile(ttft_ms, 99),
         "tbt_ms_p50": percentile(tbt_ms, 50),
         "tbt_ms_p99": percentile(tbt_ms, 99),
+        "tbt_p99_over_p50": percentile(tbt_ms, 99) / percentile(tbt_ms, 50) if tbt_ms else None,
         "latency_ms_p50": percentile(latency_ms, 50),
         "latency_ms_p99": percentile(latency_ms, 99),
     }
 
 
 def request_rows(requests: list[StreamedRequest], workload: Workload) -> list[dict]:
-    """Raw per-request metrics (the JSON's `runs[*].requests`)."""
+    """Raw per-request metrics (the JSON's `runs[*].requests`); token times in s since the requests arrived."""
     rows = []
+    start = min(r.arrival_time for r in requests)
     for i, (r, w) in enumerate(zip(requests, workload.requests)):
         m = r.metrics()
         rows.append(
@@ -104,6 +113,7 @@ def request_rows(requests: list[StreamedRequest], workload: Workload) -> list[di
                 "latency_ms": 1000 * m.latency,
                 "tokens_per_s": m.tokens_per_s,
                 "tbt_ms": [round(1000 * g, 3) for g in m.tbt],
+                "token_times_s": [round(t - start, 6) for t in r.token_times],
             }
         )
     return rows
@@ -188,6 +198,8 @@ def check_settings(settings: BatchingSettings) -> None:
     }
     if settings.continuous_max_num_seqs is not None:
         counts["continuous_max_num_seqs"] = settings.continuous_max_num_seqs
+    if settings.prefill_beside_decodes is not None:
+        counts["prefill_beside_decodes"] = settings.prefill_beside_decodes
     for name, value in counts.items():
         if value < 1:
             raise StagewiseError(f"{name} must be >= 1, got {value}")
@@ -208,6 +220,7 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
     ecfg = EngineConfig(
         max_num_seqs=settings.continuous_max_num_seqs or settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
+        prefill_beside_decodes=settings.prefill_beside_decodes,
         max_model_len=workload.max_seq_len(),
     )
     systems = list(SYSTEMS) + list(settings.compare)
@@ -284,6 +297,7 @@ TABLE_ROWS = (
     ("total tokens/s (prompt + output)", "total_tok_per_s", "{:.1f}"),
     ("TTFT p50 / p99 (ms)", ("ttft_ms_p50", "ttft_ms_p99"), "{:.0f}"),
     ("TBT p50 / p99 (ms)", ("tbt_ms_p50", "tbt_ms_p99"), "{:.1f}"),
+    ("TBT p99 ÷ p50", "tbt_p99_over_p50", "{:.2f}x"),
     ("latency p50 / p99 (ms)", ("latency_ms_p50", "latency_ms_p99"), "{:.0f}"),
     ("padding tokens computed", "padding_tokens", "{:.0f}"),
     ("rows computed (tokens)", "tokens_computed", "{:.0f}"),
@@ -328,12 +342,21 @@ def batching_table(result: dict):
     return table
 
 
+def tbt_timeline(run: dict) -> tuple[list[float], list[float]]:
+    """(arrival time of a token, gap to the request's previous token) for every gap of one run."""
+    times, gaps = [], []
+    for req in run["requests"]:
+        times += req["token_times_s"][1:]
+        gaps += req["tbt_ms"]
+    return times, gaps
+
+
 def plot_batching(result: dict, path) -> None:
-    """Three panels: throughput per system, TTFT/TBT/latency percentiles, KV memory over time."""
+    """Four panels: throughput per system, TTFT/TBT/latency percentiles, KV memory and TBT over time."""
     import matplotlib.pyplot as plt
 
     summary = result["summary"]
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 5))
+    fig, ((a, b), (c, d)) = plt.subplots(2, 2, figsize=(15, 10))
     plot_throughput(
         {
             "output tok/s (useful)": {n: s["output_tok_per_s"] for n, s in summary.items()},
@@ -353,5 +376,9 @@ def plot_batching(result: dict, path) -> None:
         first.setdefault(run["system"], run["kv"])
     alloc = {"continuous": summary["continuous"]["kv_allocated_bytes"]}
     plot_kv_over_time({n: (kv["time_s"], kv["bytes"]) for n, kv in first.items()}, alloc, ax=c)
+    first_runs = {}
+    for run in result["runs"]:
+        first_runs.setdefault(run["system"], run)
+    plot_tbt_over_time({n: tbt_timeline(run) for n, run in first_runs.items()}, ax=d)
     fig.suptitle(f"{result['model']['name']} — {result['model']['backend']} stages, {result['model']['device']}")
     save_figure(fig, path)

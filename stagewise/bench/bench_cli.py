@@ -219,6 +219,9 @@ def batching(
     output_tokens: str | None = typer.Option(None, help="output length range LOW-HIGH (default 16-256; quick 8-32)"),
     max_num_seqs: int | None = typer.Option(None, help="static batch size = most running requests (default 8)"),
     max_num_batched_tokens: int = typer.Option(512, help="token budget of one continuous-batching step"),
+    prefill_beside_decodes: int | None = typer.Option(
+        None, help="prompt tokens per step while requests decode (default: 64 on a CPU, no cap on a GPU)"
+    ),
     continuous_seats: int | None = typer.Option(None, help="most running requests, continuous (default: same)"),
     repeats: int = typer.Option(1, help="timed runs per system, alternating the systems"),
     seed: int = typer.Option(0, help="workload seed"),
@@ -244,6 +247,9 @@ def batching(
         else (Q["output_tokens"] if quick else (16, 256)),
         max_num_seqs=positive(max_num_seqs, "--max-num-seqs", Q["max_num_seqs"] if quick else 8),
         max_num_batched_tokens=positive(max_num_batched_tokens, "--max-num-batched-tokens", 512),
+        prefill_beside_decodes=None
+        if prefill_beside_decodes is None
+        else positive(prefill_beside_decodes, "--prefill-beside-decodes", 1),
         continuous_max_num_seqs=None
         if continuous_seats is None
         else positive(continuous_seats, "--continuous-seats", 1),

@@ -150,6 +150,31 @@ def plot_kv_over_time(
     return ax
 
 
+def plot_tbt_over_time(series: dict[str, tuple[list[float], list[float]]], ax=None):
+    """Each gap between two tokens of one request (ms, log scale) at the time its second token arrived.
+
+    A step that also prefills a long prompt chunk shows up as a column of tall gaps: every request that
+    decoded in that step waited for the chunk. The dashed lines are each system's TBT p50 and p99.
+    """
+    import numpy as np
+
+    ax = _axes(ax)
+    for i, (name, (times_s, gaps_ms)) in enumerate(series.items()):
+        color = _color(name, i)
+        ax.scatter(times_s, gaps_ms, s=4, alpha=0.5, color=color, label=name)
+        if gaps_ms:
+            p50, p99 = np.percentile(gaps_ms, [50, 99])
+            ax.axhline(p50, color=color, linestyle="--", linewidth=0.8)
+            ax.axhline(p99, color=color, linestyle=":", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("time since the requests arrived (s)")
+    ax.set_ylabel("time between tokens (ms)")
+    ax.set_title("TBT over time (dashed: p50, dotted: p99)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, markerscale=3)
+    return ax
+
+
 def plot_stage_times(rows: list[dict], ax=None, note: str | None = None):
     """Bars of milliseconds per stage and shape, naive vs optimized, log scale.
 
