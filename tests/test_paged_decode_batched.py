@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from stagewise.stages import paged_attention as pa
+from stagewise.stages import paged_decode_batched as batched
 from tests.helpers import assert_close
 
 
@@ -57,8 +58,36 @@ def test_batched_decode_equals_the_reference_loop(q_lens, prefixes):
 
 
 def test_decode_groups_respect_the_padded_key_budget(monkeypatch):
-    monkeypatch.setattr(pa, "DECODE_GROUP_TOKENS", 40)
+    monkeypatch.setattr(batched, "GROUP_KEYS", 40)
     # sequences 0-3 decode (lengths 10, 10, 30, 5), 4 prefills, 5-6 decode
-    assert pa.decode_groups([0, 1, 2, 3, 5, 6], [10, 10, 30, 5, 99, 8, 8]) == [[0, 1], [2], [3], [5, 6]]
+    assert batched.group_runs([0, 1, 2, 3, 5, 6], [10, 10, 30, 5, 99, 8, 8]) == [[0, 1], [2], [3], [5, 6]]
     inputs = paged_inputs([1, 1, 1, 1, 4, 1, 1], [9, 9, 29, 4, 95, 7, 7])
     assert_close(pa.naive(**inputs), pa.one_by_one(**inputs), 1e-6, 1e-6, "small groups vs one_by_one")
+
+
+def test_the_plan_points_padding_at_a_real_key_and_masks_it():
+    inputs = paged_inputs([1, 1, 3], [4, 20, 0], block_size=4)
+    (group,) = batched.plan_decode(
+        inputs["block_table"], inputs["seq_lens"], inputs["cu_seqlens_q_host"], inputs["seq_lens_host"], 4
+    )
+    assert group.rows == slice(0, 2) and group.slots.shape == (2, 21)
+    table = inputs["block_table"]
+    for b, n in enumerate([5, 21]):
+        expected = [int(table[b, p // 4]) * 4 + p % 4 for p in range(n)]
+        assert group.slots[b, :n].tolist() == expected  # slot = block_id * block_size + offset
+        assert (group.slots[b, n:] == expected[0]).all()  # padding reads the sequence's own first key
+        assert group.mask[b, 0, 0].tolist() == [True] * n + [False] * (21 - n)
+    (alone,) = batched.plan_decode(table[:1], inputs["seq_lens"][:1], [0, 1], [5], 4)
+    assert alone.mask is None and alone.slots.shape == (1, 5)  # one sequence: nothing padded, no mask
+
+
+def test_the_engine_builds_the_plan_once_per_step(tiny, monkeypatch):
+    from stagewise import LLM, SamplingParams
+    from stagewise.engine import paged_cache
+
+    calls = []
+    real = paged_cache.plan_decode
+    monkeypatch.setattr(paged_cache, "plan_decode", lambda *a: calls.append(1) or real(*a))
+    llm = LLM(tiny, mode="paged")
+    llm.generate(["a b", "c d e"], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert len(calls) == llm.last_stats.steps  # not once per layer

@@ -20,6 +20,7 @@ import torch
 from stagewise.config import EngineConfig, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.runtime import to_device
+from stagewise.stages.paged_decode_batched import plan_decode
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -121,6 +122,7 @@ class PagedKVStep:
     seq_lens_host: list[int]  # [B]
     max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
     max_seq_len: int  # the longest sequence (decides split-K)
+    decode_plan: list | None = None  # PyTorch paged attention: decode gather slots, built at layer 0, reused
 
     def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.cache.kv[layer, 0], self.cache.kv[layer, 1]  # [num_blocks, block_size, Hkv, d]
@@ -135,6 +137,10 @@ class PagedKVStep:
             slot_mapping=self.slot_mapping,
             all_slots_valid=True,  # every scheduled token has a slot: no padding in a paged batch
         )
+        if self.decode_plan is None and ops.backends["paged_attention"] == "naive":  # once per step, all layers
+            self.decode_plan = plan_decode(
+                self.block_table, self.seq_lens, self.cu_seqlens_q_host, self.seq_lens_host, self.cache.block_size
+            )
         return ops(
             "paged_attention",
             layer=layer,
@@ -149,4 +155,5 @@ class PagedKVStep:
             max_seq_len=self.max_seq_len,
             cu_seqlens_q_host=self.cu_seqlens_q_host,
             seq_lens_host=self.seq_lens_host,
+            decode_plan=self.decode_plan,
         )

@@ -24,7 +24,7 @@ import torch
 from stagewise.models.forward_batch import ForwardBatch, KVAccess
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel
-from stagewise.stages import gemm
+from stagewise.stages import gemm, rope
 from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
 
@@ -63,11 +63,16 @@ class LlamaModel:
         num_tokens = batch.num_tokens
         h = ops("embedding", ids=batch.input_ids, weight=w.embed)  # [T] -> [T, hidden]
         residual = None
+        angles = None  # the PyTorch RoPE's cos/sin rows for this step's positions: gathered once, used by all layers
+        if ops.backends["rope"] == "naive":
+            angles = rope.angles_at(batch.positions, self.cos_sin_cache)  # -> cos, sin [T, 1, d]
         for i, lw in enumerate(w.layers):
             x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.attn_norm, eps=cfg.rms_norm_eps, residual=residual)
             qkv = ops("qkv_proj", layer=i, x=x, w_qkv=lw.w_qkv)  # [T, hidden] -> [T, (H+2Hkv)*d]
             q, k, v = split_qkv(qkv, cfg)  # -> [T, H, d], [T, Hkv, d], [T, Hkv, d]
-            q, k = ops("rope", layer=i, positions=batch.positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache)
+            q, k = ops(
+                "rope", layer=i, positions=batch.positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache, angles=angles
+            )
             attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
             h = ops("o_proj", layer=i, x=attn.reshape(num_tokens, cfg.q_size), w_o=lw.w_o)  # -> [T, hidden]
             x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual)

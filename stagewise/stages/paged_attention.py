@@ -19,11 +19,13 @@ neither path reads a device tensor back to size its work.
 
 GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 
-The naive reference gathers each sequence's K/V blocks into a contiguous
-copy (one `index_select` over its block ids) and runs the contiguous
-`attention` reference's per-sequence function on it; the optimized kernel
-reads the blocks in place, one block-table lookup per tile, with the online
-softmax.
+The reference (`one_by_one`) gathers each sequence's K/V blocks into a
+contiguous copy (one `index_select` over its block ids) and runs the
+contiguous `attention` reference's per-sequence function on it. The PyTorch
+backend (`naive`) runs prefills that way too, but attends all decoding
+sequences together, a few batched ops per layer instead of a dozen per
+sequence (`stages/paged_decode_batched.py`, with its measurements); the two
+agree to float32 rounding, tested.
 
 What the kernel (`kernels/paged_attention.py`) does differently: no gather
 copy and no score matrix. A tile of BLOCK_N keys finds each key's physical
@@ -41,13 +43,11 @@ partial (max, sum, acc) states merged by a second small kernel (split-K,
 import itertools
 
 import torch
-import torch.nn.functional as F
 
 from stagewise.config import ModelConfig
 from stagewise.stages import attention
 from stagewise.stages.base import Stage
-
-DECODE_GROUP_TOKENS = 8192  # most padded keys (sequences x longest) per batched decode call (docstring table)
+from stagewise.stages.paged_decode_batched import DecodeGroup, attend_group, plan_decode
 
 
 def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -94,56 +94,6 @@ def one_by_one(
     return out
 
 
-def decode_batched(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    seq_lens_host: list[int],
-    scale: float,
-) -> torch.Tensor:
-    """D decoding sequences at once: q [D, H, d], block_table [D, >= blocks], seq_lens [D] -> [D, H, d].
-
-    One gather of every sequence's blocks, padded to the longest, and one fused attention call
-    (`scaled_dot_product_attention`) whose mask hides each sequence's padding keys. A padding slot may hold
-    anything (a block's unused tail, another request's block): the mask turns its score into -inf, but
-    IEEE arithmetic keeps a NaN there a NaN (NaN - inf, 0 * NaN), so those slots of the copy are zeroed
-    first. The G query heads that share a KV head are the G query rows of one [G, S] problem: GQA, no copy.
-    """
-    num_seqs, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    num_blocks = -(-max(seq_lens_host) // block_size)  # blocks of the longest sequence
-    index = block_table[:, :num_blocks].reshape(-1).to(device=k_cache.device, dtype=torch.long)  # [D * n_blocks]
-    padded = num_blocks * block_size  # S: keys per sequence after padding
-    k = k_cache.index_select(0, index).view(num_seqs, padded, num_kv_heads, head_dim)  # [D, S, Hkv, d]
-    v = v_cache.index_select(0, index).view(num_seqs, padded, num_kv_heads, head_dim)
-    valid = torch.arange(padded, device=q.device) < seq_lens.to(q.device).unsqueeze(1)  # [D, S]: real keys
-    if any(n < padded for n in seq_lens_host):  # padding slots in the copy: zero them (docstring)
-        k[~valid] = 0.0
-        v[~valid] = 0.0
-    qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [D, Hkv, G, d]
-    out = F.scaled_dot_product_attention(
-        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
-    )  # [D, Hkv, G, d] x [D, Hkv, S, d] -> [D, Hkv, G, d]
-    return out.reshape(num_seqs, num_heads, head_dim)  # [D, H, d]
-
-
-def decode_groups(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
-    """Consecutive runs of decoding sequences whose padded keys (count x longest) fit DECODE_GROUP_TOKENS."""
-    groups: list[list[int]] = []
-    longest = 0
-    for b in decoding:
-        grown = max(longest, seq_lens[b])
-        if groups and groups[-1][-1] == b - 1 and grown * (len(groups[-1]) + 1) <= DECODE_GROUP_TOKENS:
-            groups[-1].append(b)
-            longest = grown
-        else:
-            groups.append([b])
-            longest = seq_lens[b]
-    return groups
-
-
 def naive(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -156,24 +106,22 @@ def naive(
     max_seq_len: int | None = None,
     cu_seqlens_q_host: list[int] | None = None,
     seq_lens_host: list[int] | None = None,
+    decode_plan: list[DecodeGroup] | None = None,
 ) -> torch.Tensor:
-    """The PyTorch path: decoding sequences in batched groups (`decode_batched`), the others `one_by_one`.
+    """The PyTorch path: decoding sequences batched (`paged_decode_batched`), the others as `one_by_one`.
 
-    Same arguments and result as `one_by_one`, the reference; the module docstring has the measurements.
+    Same arguments and result as `one_by_one`, the reference. `decode_plan`: the decode groups' key slots,
+    built once per step by the engine (the same for every layer); None builds them here.
     """
     cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
     lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
-    decoding = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]
-    if not decoding:
+    if decode_plan is None:
+        decode_plan = plan_decode(block_table, seq_lens, cu_q, lens, k_cache.shape[1])
+    if not decode_plan:
         return one_by_one(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, None, None, cu_q, lens)
     out = torch.empty_like(q)
-    for group in decode_groups(decoding, lens):
-        first, last = group[0], group[-1]  # a run of consecutive sequences, one query row each
-        rows = slice(cu_q[first], cu_q[last + 1])  # their query rows are consecutive too
-        out[rows] = decode_batched(
-            q[rows], k_cache, v_cache, block_table[first : last + 1], seq_lens[first : last + 1],
-            lens[first : last + 1], scale,
-        )  # fmt: skip
+    for group in decode_plan:
+        out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
     for b in range(len(lens)):
         q_start, q_end = cu_q[b], cu_q[b + 1]
         if q_end - q_start > 1:  # a prefill or a prefill chunk: the reference, one sequence
@@ -195,10 +143,12 @@ def optimized(
     max_seq_len: int | None = None,
     cu_seqlens_q_host: list[int] | None = None,
     seq_lens_host: list[int] | None = None,
+    decode_plan: list[DecodeGroup] | None = None,
 ) -> torch.Tensor:
     """Triton paged attention: K/V tiles read in place through the block table, online softmax.
 
-    Only `max_q_len` and `max_seq_len` (host ints) are needed, to size the grid and choose split-K.
+    Only `max_q_len` and `max_seq_len` (host ints) are needed, to size the grid and choose split-K;
+    `decode_plan` (the PyTorch path's gather slots) is not used.
     """
     from stagewise.kernels.paged_attention import paged_attention  # lazily: importing kernels picks GPU or interpreter
 

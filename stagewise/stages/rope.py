@@ -116,20 +116,43 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (xf * cos + rotated_half * sin).to(x.dtype)  # [T, heads, d]
 
 
-def naive(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified."""
+def angles_at(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] -> (cos, sin), each [T, 1, d] float32: the rows of the cache, each half repeated.
+
+    The same for every layer of a forward pass: the model gathers them once per step and passes them in.
+    """
     cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # [max_position, d] -> [T, d/2] each
     cos = torch.cat([cos, cos], dim=-1).unsqueeze(1)  # [T, 1, d]: pair (i, i + d/2) shares angle i
     sin = torch.cat([sin, sin], dim=-1).unsqueeze(1)  # [T, 1, d]: broadcast over heads
+    return cos, sin
+
+
+def naive(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified.
+
+    `angles`: `angles_at(positions, cos_sin_cache)` when the caller already has them (once per step).
+    """
+    cos, sin = angles if angles is not None else angles_at(positions, cos_sin_cache)  # [T, 1, d] each
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def optimized(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton kernel, in place: q and k are rotated where they are and returned (the same objects)."""
+    """Triton kernel, in place: q and k are rotated where they are and returned (the same objects).
+
+    The kernel gathers each token's cos/sin row itself: `angles` is not used.
+    """
     from stagewise.kernels.rope import rope  # lazily: importing kernels picks GPU or interpreter
 
     return rope(positions, q, k, cos_sin_cache)  # -> (q [T, H, d], k [T, Hkv, d]), modified in place

@@ -1,0 +1,98 @@
+"""Decode attention for many sequences at once, in PyTorch: the batched form beside `paged_attention.one_by_one`.
+
+    q [D, H, d] (one query per decoding sequence) + the paged cache -> out [D, H, d]
+
+The reference (`paged_attention.one_by_one`) takes one sequence at a time:
+gather its blocks into a contiguous copy, then the textbook attention. Every
+sequence costs a dozen small PyTorch ops per layer, so with many short
+sequences the step is Python and dispatch, not arithmetic. Here D decoding
+sequences share the ops:
+
+1. once per step (the same for every layer): the slot of every key,
+   `slots [D, S] = block_id * block_size + offset`, padded to the longest
+   sequence S, and a mask of the real keys. A padding position points at its
+   own sequence's first slot: a real K/V, so the copy holds no garbage from
+   an unused block tail (IEEE arithmetic would keep a NaN there a NaN through
+   the mask: NaN - inf, 0 * NaN);
+2. per layer: one `index_select` of K and one of V through `slots`, and one
+   fused `scaled_dot_product_attention` whose mask hides the padding keys.
+   The G query heads that share a KV head are the G query rows of one
+   [G, S] problem: GQA without copying K/V.
+
+Long sequences make big padded copies that no longer stay in cache, so the
+decoding sequences are cut into groups of at most `GROUP_KEYS` padded keys;
+measured on a 2-core CPU (`python -m stagewise.bench.cpu_forms`; table in
+`benchmarks/README.md`), batching wins from two short sequences on, and
+stays ahead at every measured size up to that budget.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+GROUP_KEYS = 8192  # most padded keys (sequences x longest) in one batched call
+
+
+@dataclass
+class DecodeGroup:
+    """A run of consecutive decoding sequences, one query row each, attended in one call."""
+
+    rows: slice  # their query rows (consecutive)
+    slots: torch.Tensor  # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
+    mask: torch.Tensor | None  # [D, 1, 1, S] bool: True = a real key; None when no sequence is padded
+
+
+def group_runs(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """Consecutive runs of decoding sequences whose padded keys (count x longest) fit GROUP_KEYS."""
+    groups: list[list[int]] = []
+    longest = 0
+    for b in decoding:
+        grown = max(longest, seq_lens[b])
+        if groups and groups[-1][-1] == b - 1 and grown * (len(groups[-1]) + 1) <= GROUP_KEYS:
+            groups[-1].append(b)
+            longest = grown
+        else:
+            groups.append([b])
+            longest = seq_lens[b]
+    return groups
+
+
+def plan_decode(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, cu_q: list[int], lens: list[int], block_size: int
+) -> list[DecodeGroup]:
+    """Step 1 of the module docstring, for every sequence with exactly one query row this step."""
+    decoding = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]
+    plan = []
+    for run in group_runs(decoding, lens):
+        first, last = run[0], run[-1] + 1
+        longest = max(lens[first:last])
+        num_blocks = -(-longest // block_size)
+        blocks = block_table[first:last, :num_blocks].to(torch.long)  # [D, n_blocks] physical block ids
+        offsets = torch.arange(block_size, device=blocks.device)  # [block_size]
+        slots = (blocks.unsqueeze(-1) * block_size + offsets).flatten(1)[:, :longest]  # [D, S]
+        mask = None
+        if any(n < longest for n in lens[first:last]):
+            keys = torch.arange(longest, device=blocks.device)  # [S]
+            real = keys < seq_lens[first:last].to(blocks.device, torch.long).unsqueeze(1)  # [D, S]
+            slots = torch.where(real, slots, slots[:, :1])  # padding reads the sequence's first key
+            mask = real[:, None, None, :]  # [D, 1, 1, S]: broadcast over KV heads and query rows
+        plan.append(DecodeGroup(slice(cu_q[first], cu_q[last]), slots, mask))
+    return plan
+
+
+def attend_group(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    """Step 2: q [D, H, d], caches [num_blocks, block_size, Hkv, d] -> [D, H, d]."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    padded = group.slots.shape[1]  # S
+    index = group.slots.reshape(-1)  # [D * S]
+    k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)  # [D * S, Hkv, d]: a copy
+    v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)
+    k = k.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)  # [D, Hkv, S, d], a strided view
+    v = v.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)
+    qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [D, Hkv, G, d]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)  # -> [D, Hkv, G, d]
+    return out.reshape(num_seqs, num_heads, head_dim)  # [D, H, d]
