@@ -15,27 +15,14 @@ huge L3 a small buffer would be served from cache and flatter the machine);
 
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from stagewise.bench.hardware import last_level_cache_bytes
 from stagewise.bench.timing import synchronize
 from stagewise.trace import Tracer
 
 PROJECTIONS = ("qkv_proj", "o_proj", "ffn", "lm_head")  # the stages that stream the weights
-
-
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache the kernel reports (sysfs), or 0 when unknown."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = f.read_text().strip().upper()
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-        try:
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except ValueError:
-            continue
-    return max(sizes, default=0)
 
 
 def plain_read_bandwidth(device: torch.device | str = "cpu", seconds: float = 1.0) -> dict:

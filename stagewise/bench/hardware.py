@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -208,6 +209,19 @@ def _gemv_bandwidth(device: str, budget_s: float, sync, weight_bytes: int) -> di
     return {name: (2 if name == "copy" else 1) * nbytes / s for name, s in seconds.items()}
 
 
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache the kernel reports (sysfs), or 0 when unknown."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=0)
+
+
 def _memory_capacity(device: str) -> int:
     if device.startswith("cuda"):
         return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
@@ -230,8 +244,8 @@ def probe_this_machine(seconds: float = 3.0, device: str = "cpu", weight_bytes: 
     on_gpu = device.startswith("cuda")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     max_n = 8192 if on_gpu else 1024  # a GPU needs big GEMMs to approach its peak
-    if weight_bytes is None:  # far larger than the last-level cache (CPU L3: tens of MB; GPU L2: ~50 MB)
-        weight_bytes = 2 * 2**30 if on_gpu else 256 * 2**20
+    if weight_bytes is None:  # far larger than the last-level cache (CPU L3: tens to hundreds of MB; GPU L2: ~50 MB)
+        weight_bytes = 2 * 2**30 if on_gpu else max(256 * 2**20, 4 * last_level_cache_bytes())
     bw = _gemv_bandwidth(device, 0.3 * seconds, sync, weight_bytes)
     stream_bw = max(bw["gemv"], bw["two_columns"])
     gemm_budget = 0.5 * seconds / 3  # the rest of `seconds` goes to allocations and warm-ups

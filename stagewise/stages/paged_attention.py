@@ -119,6 +119,8 @@ def naive(
         decode_plan = plan_decode(block_table, seq_lens, cu_q, lens, k_cache.shape[1])
     if not decode_plan:
         return one_by_one(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, None, None, cu_q, lens)
+    if len(decode_plan) == 1 and decode_plan[0].rows == slice(0, q.shape[0]):  # a pure decode step, one group
+        return attend_group(q, k_cache, v_cache, decode_plan[0], scale)  # [T, H, d], no copy into an `out`
     out = torch.empty_like(q)
     for group in decode_plan:
         out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
