@@ -1,0 +1,38 @@
+"""The notebooks' exercises: one `check` per task, against the package's own reference.
+
+Each notebook ends with a few tasks: a stub the student fills in
+(`def my_rmsnorm(x, weight, eps): raise NotImplementedError`) and a check cell
+
+    from stagewise.exercises import check
+    check("02.rmsnorm", my_rmsnorm)
+
+that runs the student's function and the reference (the stage's naive path,
+the calculator, the engine) on the same seeded inputs and prints one line:
+PASS, FAIL with the worst mismatch, "not yet" while the stub is a stub, or
+ERROR with the exception. It never raises, so an unsolved exercise never stops
+the notebook. `notebooks/solutions/` holds solved versions, and
+`tests/test_notebook_exercises.py` runs every check on them (and on wrong
+answers, which must fail).
+"""
+
+from stagewise.exercises import engine_checks, stage_checks
+from stagewise.exercises.core import CheckResult, run_check
+
+CHECKS = {**stage_checks.CHECKS, **engine_checks.CHECKS}  # "NN.name" -> check function
+
+
+def result(name: str, student_fn) -> CheckResult:
+    """Run the check `name` on `student_fn`; never raises (an unknown name is an error result)."""
+    if name not in CHECKS:
+        return CheckResult(name, "error", f"no such check; known: {', '.join(sorted(CHECKS))}")
+    return run_check(name, CHECKS[name], student_fn)
+
+
+def check(name: str, student_fn) -> bool:
+    """Run the check `name` on `student_fn`, print its one-line verdict, return True when it passed."""
+    outcome = result(name, student_fn)
+    print(outcome.line())
+    return outcome.passed
+
+
+__all__ = ["CHECKS", "CheckResult", "check", "result"]
