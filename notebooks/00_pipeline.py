@@ -13,17 +13,27 @@
 # %% [markdown]
 # # 00 · The whole pipeline in one screen: text in, text out
 #
-# A Llama-style model answers a question in six kinds of steps (the seeds'
-# "six steps"), each with a clear change of tensor shape:
+# A Llama-style model answers a question through a fixed chain of stages,
+# each with a clear change of tensor shape. The seeds walk through it as **six
+# steps** (article 000, section 4), then treat the FFN, the LM head and
+# sampling in sections of their own:
 #
-# | step | what it does | shape (T = tokens in the batch) |
-# |---|---|---|
-# | tokenize | text -> token ids (byte-level BPE) | text -> `[T]` |
-# | embedding | one table row per id | `[T] -> [T, hidden]` |
-# | transformer block x 30 | RMSNorm, fused QKV, RoPE, attention, o_proj, RMSNorm, FFN | `[T, hidden] -> [T, hidden]` |
-# | final RMSNorm + LM head | last token of each sequence only | `[num_seqs, hidden] -> [num_seqs, vocab]` |
-# | sampling | logits -> one id per sequence | `[num_seqs, vocab] -> [num_seqs]` |
-# | detokenize | ids -> text, streamed | `[n] -> text` |
+# | | step | what it does | shape (T = tokens in the batch) |
+# |---|---|---|---|
+# | 1 | tokenize | text -> token ids (BPE) | text -> `[T]` |
+# | 2 | embedding lookup | one table row per id | `[T] -> [T, hidden]` |
+# | 3 | RMSNorm | rescale each row (before attention and before the FFN) | `[T, hidden] -> [T, hidden]` |
+# | 4 | fused QKV projection | one GEMM for q, k and v | `[T, hidden] -> [T, (H + 2 Hkv) d]` |
+# | 5 | RoPE | rotate q and k by their positions | q `[T, H, d]`, k `[T, Hkv, d]` |
+# | 6 | attention | softmax(q k^T) v over the cached K/V (GQA) | `[T, H, d] -> [T, H, d]` |
+# | | FFN (seeds section 7) | fused gate/up GEMM, `silu(gate) * up`, down GEMM | `[T, hidden] -> [T, hidden]` |
+# | | LM head (section 8) | last token of each sequence only | `[num_seqs, hidden] -> [num_seqs, vocab]` |
+# | | sampling (section 10) | logits -> one id per sequence | `[num_seqs, vocab] -> [num_seqs]` |
+#
+# Steps 3-6, the attention output projection `o_proj`, a second RMSNorm and
+# the FFN form one **transformer block**, repeated for every layer (30 for
+# SmolLM2); a final RMSNorm sits before the LM head, and the sampled ids are
+# detokenized back into text as they stream out.
 #
 # and it does it twice over: one **prefill** step that pushes the whole
 # prompt through all layers at once (many tokens: big matrix-matrix products),
@@ -36,9 +46,8 @@
 # timing comparison generates fewer tokens and repeats once. What is shown is
 # the same.
 #
-# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
-# two OpenMP threads stall whenever another process holds a core (we have seen
-# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+# PyTorch runs on **one thread** here: the comparisons are about ratios between
+# paths doing the same work, not about the machine's peak speed.
 
 # %%
 import math
@@ -58,7 +67,7 @@ from stagewise.trace.render_tree import render_tree
 from stagewise.trace.tracer import Tracer
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 console = Console(width=110, color_system=None)  # fixed width: the tree wraps the same everywhere
 
 # %% [markdown]
@@ -136,9 +145,10 @@ console.print(render_tree(tracer, steps=[0], decode=llm.tokenizer.decode))
 # %% [markdown]
 # The same layer in prefill and in decode, side by side, from the trace's JSON
 # export (`stagewise.trace.export.to_json`, the stable format notebooks and
-# tests read). Only the token axis changes: 37 tokens, then 1. The weights
-# are the same size in both, which is the whole story of decode being
-# memory-bound: one token's worth of arithmetic per full read of the weights.
+# tests read). Only the token axis changes: the whole prompt in prefill, then
+# one token. The weights are the same size in both, which is the whole story of
+# decode being memory-bound: one token's worth of arithmetic per full read of
+# the weights.
 
 
 # %%
@@ -151,6 +161,8 @@ def shapes(tensors: list[dict]) -> str:
 
 
 prefill, decode = trace["steps"][0], trace["steps"][1]
+print(f"token axis: {prefill['requests'][0]['num_scheduled']} rows in prefill, "
+      f"{decode['requests'][0]['num_scheduled']} in decode\n")
 for p, d in zip(layer0(prefill), layer0(decode)):
     p_out, d_out = shapes(p["outputs"]) or "(in place)", shapes(d["outputs"]) or "(in place)"
     print(f"{p['stage']:16} prefill: {p_out:38} decode: {d_out}")
@@ -208,27 +220,32 @@ for name, t in timings.items():
 # %% [markdown]
 # Same tokens, and the cache wins as soon as a few tokens are generated; the
 # gap grows with the length of the sequence (the recompute engine's cost per
-# token grows with n, the cached engines' stays nearly flat). Notebooks 07-12
-# take the engine apart.
+# token grows with n, the cached engines' stays nearly flat). Notebooks 08-10
+# take the engine apart (KV cache, paged KV cache, continuous batching); 11
+# puts prefill and decode on the roofline, 12 opens the Triton kernels.
 #
 # ## Picture: where the tensors go, and where the time goes
 #
 # Left: how many numbers each stage of layer 0 produces per token (its
-# output's shape without the token axis): hidden 576, the fused QKV 960 =
-# 9 query heads x 64 + 2 x 3 KV heads x 64, attention's 9 x 64, then back to
-# 576. (Inside the `ffn` stage the rows widen to 2 x 1536 and 1536; notebook
-# 06.) The LM head keeps one row per *sequence*, 49,152 logits wide, and
-# sampling leaves one id.
+# output's shape without the token axis): `hidden`, the fused QKV's
+# `(H + 2 Hkv) d`, attention's `H d`, then back to `hidden` (the cell prints
+# SmolLM2's values). Inside the `ffn` stage the rows widen to `2 inter` and
+# `inter` (notebook 06). The LM head keeps one row per *sequence*, `vocab`
+# logits wide, and sampling leaves one id.
 #
 # Right: wall time per stage, summed over the 30 layers, for the prefill step
 # and for one decode step (tracer timings; naive PyTorch on this CPU, so treat
 # the exact split as indicative). In prefill the big GEMMs of the FFN and
 # the projections carry most of the work; in decode every stage handles a
 # single token, so fixed per-call costs and the stages that read large
-# tensors (the LM head reads the whole 49,152 x 576 embedding matrix) weigh
+# tensors (the LM head reads the whole `vocab x hidden` embedding matrix) weigh
 # relatively more.
 
 # %%
+c = llm.loaded.config
+print(f"hidden {c.hidden_size}; QKV (H + 2 Hkv) d = ({c.num_heads} + 2 x {c.num_kv_heads}) x {c.head_dim} = "
+      f"{c.qkv_size}; attention H d = {c.q_size}; FFN 2 inter = {2 * c.intermediate_size}, inter = "
+      f"{c.intermediate_size}; vocab {c.vocab_size:,}")
 fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
 flow = [s for s in prefill["stages"] if s["layer"] in (0, None) and s["outputs"]]
 where = {s["stage"]: "" for s in flow} | {"rmsnorm": " (final)"}  # stages outside the blocks
@@ -266,7 +283,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Takeaways**
+# ## Takeaways
 #
 # * text -> `[T]` ids -> `[T, hidden]` -> 30 blocks -> `[num_seqs, vocab]` ->
 #   next id -> text, in a flat token batch with no padding;
@@ -275,3 +292,55 @@ plt.show()
 # * the KV cache gives the same tokens as recomputing, for a fraction of the work.
 #
 # Next: `01_tokenize` opens the first stage.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints one line:
+# **PASS**, **FAIL** with the worst mismatch, or **not yet** while the stub is
+# untouched. Solutions: `notebooks/solutions/nb00.py`.
+#
+# **1. Where does each sequence start?** An engine step packs sequences end to
+# end; `cu_seqlens` (cumulative sequence lengths, `[B+1]`) says where sequence
+# `b`'s rows begin and end. Write it from the lengths: `[3, 5, 2] -> [0, 3, 8, 10]`.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_cu_seqlens(lengths: list[int]) -> list[int]:
+    raise NotImplementedError("return [0, L0, L0 + L1, ...]")
+
+
+# %%
+check("00.cu_seqlens", my_cu_seqlens)
+
+# %% [markdown]
+# **2. Which position is each row?** Every row of the flat batch needs its
+# position *within its own sequence* (RoPE rotates by it). A prefill starts at
+# 0; a decode row of a sequence that already has 36 tokens sits at position 36.
+# Given the lengths of this step and where each sequence starts, return the
+# `[T]` positions: `lengths [2, 1], starts [0, 36] -> [0, 1, 36]`.
+
+
+# %%
+def my_positions(lengths: list[int], start_positions: list[int]) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("00.positions", my_positions)
+
+# %% [markdown]
+# **3. Greedy decoding.** With `temperature=0` the sampler picks the most likely
+# token of every row. Write it for a `[num_seqs, vocab]` logits tensor; the
+# check compares with the sampling stage at temperature 0.
+
+
+# %%
+def my_greedy(logits: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("00.greedy", my_greedy)
