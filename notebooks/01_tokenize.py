@@ -19,8 +19,10 @@
 #
 #     "What is the capital of France?"  ->  int64 [num_tokens]
 #
-# Llama-family models (SmolLM2, Llama 3, GPT-2...) use **byte-level BPE** (byte
-# pair encoding). It is worth understanding for three reasons:
+# SmolLM2 and Llama 3, like GPT-2 before them, use **byte-level BPE** (byte pair
+# encoding over the bytes of the UTF-8 text). Llama 1 and 2, Mistral and
+# TinyLlama use a cousin, **SentencePiece BPE with byte fallback**; the last
+# section shows what differs. BPE is worth understanding for three reasons:
 #
 # * **cost**: everything downstream scales with `num_tokens`, not with
 #   characters. A tokenizer that needs fewer tokens for the same text makes
@@ -32,8 +34,9 @@
 #   emoji, code — has an encoding.
 #
 # This notebook follows the package's tokenize stage
-# (`stagewise/stages/tokenize.py`): motivation -> naive (pure Python, step by
-# step) -> optimized (Rust `tokenizers`) -> check -> measure -> picture.
+# (`stagewise/stages/tokenize.py`): motivation -> training a small BPE ->
+# naive (pure Python, step by step, with the real vocabulary) -> optimized
+# (Rust `tokenizers`) -> check -> measure -> picture -> SentencePiece.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
 # timing uses fewer repeats. Nothing else changes.
@@ -48,6 +51,7 @@ import numpy as np
 
 import stagewise
 from stagewise.bench.timing import compare
+from stagewise.models.bpe_train import TINY_CORPUS, train_bpe
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.tokenizer import Tokenizer
 from stagewise.stages import STAGES
@@ -55,6 +59,45 @@ from stagewise.stages.tokenize import bpe_merge, bytes_to_unicode, pre_tokenize,
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 REPEATS = 3 if QUICK else 10
+
+# %% [markdown]
+# ## Training a BPE: where the merges come from
+#
+# A BPE vocabulary is *learned*. Training (`stagewise/models/bpe_train.py`,
+# the textbook algorithm) cuts a corpus into pieces with the same regex the
+# encoder will use, spells every piece in bytes, and then repeats one step:
+# count every adjacent pair of symbols over the whole corpus, and fuse the
+# most frequent pair everywhere into a new symbol. The list of fused pairs,
+# in the order they were learned, *is* the tokenizer: its **merges**, ranked.
+#
+# Here it runs on the small built-in corpus the `tiny` test model uses (a few
+# paragraphs of English), for a handful of merges:
+
+# %%
+print(f"corpus: {len(TINY_CORPUS):,} characters, {len(pre_tokenize(TINY_CORPUS, 'smollm')):,} pieces")
+learned = train_bpe(TINY_CORPUS, 200)  # the first 200 merges, in rank order
+for rank, (a, b) in enumerate(learned[:12]):
+    print(f"rank {rank:2}: {a!r:7} + {b!r:7} -> {a + b!r}")
+
+# %% [markdown]
+# The first merges are the most frequent pairs of English: `Ġ` is a space (the
+# byte alphabet below explains why), so `Ġ t` is "a word starting with t",
+# then `h e`, then `Ġt he` and so on: after a few rounds " the" is one symbol.
+#
+# **Applying** the learned merges to new text replays training: start from
+# bytes, and fuse the pair that was learned *earliest* wherever it occurs,
+# until no learned pair is left (`bpe_merge`, step 4 below). With more merges
+# the same text needs fewer symbols:
+
+# %%
+byte_map = bytes_to_unicode()
+probe = " the baker's daughter"
+merged_counts = {}
+for num_merges in (0, 10, 50, 200):
+    ranks = {pair: rank for rank, pair in enumerate(learned[:num_merges])}
+    symbols = [bpe_merge(list("".join(byte_map[b] for b in p.encode())), ranks) for p in pre_tokenize(probe, "smollm")]
+    merged_counts[num_merges] = sum(len(x) for x in symbols)
+    print(f"{num_merges:3} merges: {merged_counts[num_merges]:2} symbols  {' | '.join(s for x in symbols for s in x)}")
 
 # %% [markdown]
 # ## The real tokenizer
@@ -109,13 +152,14 @@ assert "".join(pieces) == sentence  # lossless: the pieces concatenate back to t
 # ### 3. Bytes -> printable characters
 #
 # Each piece is encoded to UTF-8, and each *byte* is spelled as one printable
-# character. Printable Latin-1 bytes stand for themselves; the other 68 (space,
+# character. Printable Latin-1 bytes stand for themselves; the others (space,
 # newline, control bytes...) are shifted above U+0100. That is why BPE
 # vocabularies are full of `Ġ` (a space) and `Ċ` (a newline). The vocabulary
 # is written in this 256-letter alphabet, so no input can be "unknown".
 
 # %%
-byte_map = bytes_to_unicode()
+shifted = sum(1 for b, letter in byte_map.items() if ord(letter) != b)
+print(f"{256 - shifted} bytes stand for themselves, {shifted} are shifted above U+0100")
 for ch in [" ", "\n", "a", "é"]:
     utf8 = ch.encode()  # UTF-8 bytes
     print(f"{ch!r:6} UTF-8 {utf8.hex(' '):8} -> {''.join(byte_map[b] for b in utf8)!r}")
@@ -265,7 +309,7 @@ for label, text in [("chat prompt", prompt), ("docstring corpus", corpus)]:
 # rare words and identifiers.
 #
 # Right: characters per token for different kinds of text. The cost of a
-# prompt is its *token* count: English prose packs ~4-5 characters into a
+# prompt is its *token* count: English prose packs several characters into a
 # token, code fewer, digits exactly one (SmolLM2 splits them), and Chinese, a
 # small part of SmolLM2's training data, often less than one character per
 # token: a token can end in the middle of a character's 3 UTF-8 bytes. (That
@@ -306,9 +350,123 @@ right.set_title("what one token buys, by kind of text")
 plt.tight_layout()
 plt.show()
 
-# **Takeaways**
+# %% [markdown]
+# ## The other BPE: SentencePiece with byte fallback (Llama 1 and 2)
 #
+# Llama 1 and 2, Mistral and TinyLlama ship a SentencePiece `tokenizer.model`.
+# It is BPE too, with four differences (`stagewise/stages/tokenize_sentencepiece.py`):
+#
+# 1. no regex pre-tokenizer: a space becomes the visible letter `▁` (U+2581)
+#    and the text gets a "dummy prefix" `▁`, so every word looks like `▁word`;
+# 2. it works on **characters**, not bytes; merges are ranked by a *score* per
+#    vocabulary piece (the best-scoring adjacent pair that forms a piece merges
+#    first), not by a merge list;
+# 3. a character the vocabulary lacks falls back to its UTF-8 **bytes**, one
+#    `<0xNN>` token each — so, as with byte-level BPE, nothing is unknown;
+# 4. decoding turns `▁` back into spaces and drops the dummy prefix.
+#
+# We train a small SentencePiece BPE on the same corpus with the `sentencepiece`
+# package (a development dependency of stagewise, installed by `make install`;
+# stagewise itself reads the file without it), load it with stagewise's own
+# reader, and encode a sentence with a character the corpus never saw.
+
+# %%
+import io  # noqa: E402
+import tempfile  # noqa: E402
+
+try:
+    import sentencepiece as spm
+except ImportError:  # stagewise runs without it; only this demo needs it
+    spm = None
+    print("sentencepiece is not installed (pip install sentencepiece): skipping the SentencePiece demo")
+
+if spm is not None:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TINY_CORPUS.splitlines()), model_writer=model, model_type="bpe", vocab_size=400,
+        byte_fallback=True, split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        character_coverage=1.0, minloglevel=2,
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        (pathlib.Path(folder) / "tokenizer.model").write_bytes(model.getvalue())
+        sp_tok = Tokenizer.from_hf_dir(folder)  # stagewise reads the model proto itself
+    print(sp_tok)
+    text = "The baker's daughter ate a Žemlička"  # Ž and č never occur in the training corpus
+    sp_ids = STAGES["tokenize"].naive(text=text, tokenizer=sp_tok).tolist()
+    print([sp_tok.tokens[i] for i in sp_ids])
+    reference = [sp_tok.bos_id] + spm.SentencePieceProcessor(model_proto=model.getvalue()).encode(text)
+    assert sp_ids == STAGES["tokenize"].optimized(text=text, tokenizer=sp_tok).tolist() == reference
+    decoded = sp_tok.decode(sp_ids, skip_special_tokens=True)
+    print("naive == Rust == sentencepiece's own encoder; decoded:", repr(decoded))
+
+# %% [markdown]
+# `<s>` is the beginning-of-sequence token SentencePiece models add; words
+# start with `▁`; and `Ž` and `č`, outside the training alphabet, became their
+# UTF-8 bytes, two `<0xNN>` tokens each. Byte-level BPE gets the same "nothing
+# is unknown" guarantee by working on bytes from the start.
+#
+# ## Takeaways
+#
+# * a BPE tokenizer is a ranked list of merges *learned* from a corpus (most
+#   frequent pair first); encoding replays them on new text;
 # * text -> special tokens -> regex pieces -> byte letters -> merges by rank ->
 #   ids `[num_tokens]`; the naive and Rust paths give the same ids, always;
-# * `num_tokens`, not characters, is what every later stage pays for;
-# * next: `02_embedding_rmsnorm` turns `[num_tokens]` into `[num_tokens, hidden]`.
+# * SentencePiece BPE (Llama 1/2) merges characters by score and falls back to
+#   bytes; byte-level BPE (GPT-2, SmolLM2, Llama 3) starts from bytes;
+# * `num_tokens`, not characters, is what every later stage pays for.
+#
+# Next: `02_embedding_rmsnorm` turns `[num_tokens]` into `[num_tokens, hidden]`.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's reference on fresh inputs (the `tiny` model's
+# 512-token vocabulary) and prints **PASS**, **FAIL** with the first mismatch, or
+# **not yet**. Solutions: `notebooks/solutions/nb01.py`.
+#
+# **1. The merge loop.** Write BPE's apply loop: given a list of symbols and
+# `merge_ranks` (pair -> rank), repeatedly find the adjacent pair with the
+# lowest rank and fuse *every* occurrence of it, left to right; stop when no
+# adjacent pair has a rank.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_bpe_merge(symbols: list[str], merge_ranks: dict) -> list[str]:
+    raise NotImplementedError
+
+
+# %%
+check("01.bpe_merge", my_bpe_merge)
+
+# %% [markdown]
+# **2. One piece to ids.** Spell a pre-tokenized piece in the byte alphabet
+# (`bytes_to_unicode`), drop byte letters the vocabulary lacks, merge with
+# your `my_bpe_merge` and `tokenizer.merge_ranks`, and look the symbols up in
+# `tokenizer.token_to_id`.
+
+
+# %%
+def my_piece_to_ids(piece: str, tokenizer) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("01.piece_to_ids", my_piece_to_ids)
+
+# %% [markdown]
+# **3. One step of training.** Return the first merge BPE training learns on a
+# corpus: pre-tokenize with `pre_tokenize(corpus, "smollm")`, spell each piece
+# in bytes, count adjacent pairs over all pieces (a piece that occurs 5 times
+# counts 5 times), and return the most frequent pair; on a tie, the pair that
+# sorts first.
+
+
+# %%
+def my_first_merge(corpus: str) -> tuple[str, str]:
+    raise NotImplementedError
+
+
+# %%
+check("01.first_merge", my_first_merge)
