@@ -29,9 +29,8 @@
 # always run on a handful of tokens: on a machine without a GPU they run in
 # Triton's CPU *interpreter*, which checks correctness, not speed.
 #
-# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
-# two OpenMP threads stall whenever another process holds a core (we have seen
-# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+# PyTorch runs on **one thread** here: the comparisons are about ratios between
+# paths doing the same work, not about the machine's peak speed.
 
 # %%
 import os
@@ -49,7 +48,7 @@ from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 
 loaded = load_model("smollm2-135m")  # float32 on the CPU
 cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
@@ -121,7 +120,7 @@ except StagewiseError as err:
 #
 # Why normalise at all: the residual stream `h` is a running sum — every
 # block *adds* its attention and FFN outputs to it — so its scale grows with
-# depth (we will see it grow ~300x below). The matrices inside a block were
+# depth (we measure by how much below). The matrices inside a block were
 # trained on inputs of a fixed scale; RMSNorm gives them that, whatever the
 # depth. Unlike LayerNorm there is no mean subtraction and no bias: one
 # reduction per row, cheaper, and it works as well.
@@ -294,9 +293,9 @@ print(f"naive rmsnorm costs {norm_ms / copy_ms:.1f} copies; the fused kernel's f
 #
 # Left: the RMS of the residual stream at each of the 61 norms (2 per
 # layer + the final one), as the median over tokens and for token 0 alone,
-# and the RMS of the norm's output. The stream grows by two orders of
-# magnitude with depth; the norm's output stays in a narrow band set by the
-# learned weights (the attention and FFN norms alternate; the final norm's
+# and the RMS of the norm's output. The stream grows by orders of magnitude
+# with depth (the cell prints by how much); the norm's output stays in a
+# narrow band set by the learned weights (the attention and FFN norms alternate; the final norm's
 # weight is larger). Token 0 is special: the first position of a sequence develops a
 # **massive activation** (hundreds of times the others) in a few dimensions —
 # the "attention sink" that many models learn. RMSNorm is what keeps those
@@ -308,6 +307,12 @@ print(f"naive rmsnorm costs {norm_ms / copy_ms:.1f} copies; the fused kernel's f
 rms = lambda t: t.float().pow(2).mean(-1).sqrt()  # noqa: E731  [T, hidden] -> [T]
 before = torch.stack([rms(res) for _, res, _ in recorder.calls])  # [61, T]
 after = torch.stack([rms(out) for _, _, out in recorder.calls])  # [61, T]
+growth_median = float(before[-1].median() / before[0].median())
+growth_sink = float(before[:, 0].max() / before[0, 0])
+out_lo, out_hi = float(after.median(dim=1).values.min()), float(after.median(dim=1).values.max())
+print(f"residual stream RMS, first norm -> final norm: x{growth_median:,.0f} for the median token, "
+      f"up to x{growth_sink:,.0f} for token 0")
+print(f"the norms' outputs (median token): RMS between {out_lo:.2f} and {out_hi:.2f}, whatever the input's scale")
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
 calls = np.arange(len(recorder.calls)) / 2  # two norms per layer: call i sits at layer i / 2
@@ -340,14 +345,65 @@ print(f"token 0, layer 20: largest |values| {top.values.round().tolist()} in dim
 print(f"those 3 of {cfg.hidden_size} dimensions hold {share:.1%} of the row's sum of squares")
 
 # %% [markdown]
-# **Takeaways**
+# ## Takeaways
 #
 # * embedding = `weight[ids]`, `[T] -> [T, hidden]`: zero FLOPs, `T * hidden`
 #   numbers moved; the kernel is a copy with a bounds check;
 # * RMSNorm rescales each row to unit RMS times a learned weight, with the
 #   sum of squares in float32; fused with the residual add it is one pass
 #   that reads 2 and writes 2 rows;
-# * the residual stream's scale grows ~300x over 30 layers (and ~10,000x
-#   for the sink token); the norm's output does not.
+# * the residual stream's scale grows by orders of magnitude over the layers
+#   (far more for the sink token, as printed above); the norm's output does not.
 #
 # Next: `03_qkv_gqa`, where the normalised rows meet their first GEMM.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb02.py`.
+#
+# **1. RMSNorm from the formula.** `out = weight * x / sqrt(mean(x^2) + eps)`,
+# per row, over the last axis. Compute the mean of squares in float32 whatever
+# the input dtype (why: the bf16 accumulator above).
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("02.rmsnorm", my_rmsnorm)
+
+# %% [markdown]
+# **2. The fused residual add.** Return `(rmsnorm(x + residual), x + residual)`:
+# the next sublayer's input and the new residual stream, as the stage does when
+# given `residual=`. (Reuse `my_rmsnorm`.)
+
+
+# %%
+def my_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    raise NotImplementedError
+
+
+# %%
+check("02.add_rmsnorm", my_add_rmsnorm)
+
+# %% [markdown]
+# **3. The embedding gather.** `ids [T]` -> the rows of `weight [vocab, hidden]`,
+# `[T, hidden]`. One line; try it without indexing syntax too
+# (`torch.index_select`, or a one-hot matrix product — and think about what that
+# product would cost for SmolLM2's `vocab`).
+
+
+# %%
+def my_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("02.embedding", my_embedding)
