@@ -38,9 +38,8 @@
 # on a handful of tokens either way: without a GPU it runs in Triton's CPU
 # interpreter, which checks correctness, not speed.
 #
-# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
-# two OpenMP threads stall whenever another process holds a core (we have seen
-# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+# PyTorch runs on **one thread** here: the comparisons are about ratios between
+# paths doing the same work, not about the machine's peak speed.
 
 # %%
 import os
@@ -57,7 +56,7 @@ from stagewise.stages import STAGES
 from stagewise.stages.qkv_proj import split_qkv
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 
 loaded = load_model("smollm2-135m")
 cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
@@ -197,9 +196,10 @@ assert torch.allclose(gqa, mha, atol=1e-6)
 # ## Measure: what GQA saves
 #
 # Per token and layer the cache keeps K and V: `2 * Hkv * d` numbers. The
-# seeds' chapter 6 computes Llama 3 405B's KV cache *without* GQA (MHA,
-# K and V 16,384 wide in each of 126 layers): ~8 MB per token, over 8 TB for a
-# million-token context. With its 8 KV heads of 128 it is 16x smaller.
+# seeds' chapter 6 computes Llama 3 405B's KV cache *without* GQA (MHA: K and V
+# as wide as the hidden state, in every layer) for a million-token context; the
+# calculator recomputes it below, and with the model's real KV heads it is
+# `H / Hkv` times smaller.
 
 # %%
 rows = []
@@ -259,8 +259,8 @@ plt.show()
 
 # %% [markdown]
 # **What it saves.** KV-cache bytes per token (bf16, all layers), MHA vs GQA,
-# for the four presets (log scale). The saving is exactly `H / Hkv`: 3x for
-# SmolLM2, 4x for Llama 3 8B, 8x for 70B, 16x for 405B. Since a decode step
+# for the four presets (log scale). The saving is exactly `H / Hkv` (the
+# factor over each bar). Since a decode step
 # must read every cached K/V of its sequence, GQA divides that traffic by the
 # same factor — it is as much a bandwidth optimisation as a memory one.
 
@@ -280,13 +280,64 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Takeaways**
+# ## Takeaways
 #
 # * one GEMM `x @ [W_q | W_k | W_v]` replaces three, and `split_qkv` cuts the
 #   result into q, k, v as strided views, no copy;
 # * GQA: query head `h` reads KV head `h // (H // Hkv)`; computing the index
 #   gives exactly what copying K/V would, without the copy;
 # * the KV cache, and the bytes each decode step reads from it, shrink by
-#   `H / Hkv` (3x for SmolLM2, 16x for Llama 3 405B).
+#   `H / Hkv`.
 #
 # Next: `04_rope`, which rotates q and k by their positions.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb03.py`.
+#
+# **1. Cut the fused output.** `qkv [T, (H + 2 Hkv) d]` -> `q [T, H, d]`,
+# `k [T, Hkv, d]`, `v [T, Hkv, d]`, as **views** of `qkv` (slicing and `.view`,
+# no copy; the check verifies they share qkv's memory).
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int):
+    raise NotImplementedError
+
+
+# %%
+check("03.split_qkv", my_split_qkv)
+
+# %% [markdown]
+# **2. GQA the expensive way.** Return K (or V) copied to one head per query
+# head, `[T, Hkv, d] -> [T, H, d]`, so that plain multi-head attention on the
+# copies gives what the stage computes with its index map. (Then look at
+# `.numel()` of your result: that is what the index map saves.)
+
+
+# %%
+def my_repeat_kv(kv: torch.Tensor, num_heads: int) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("03.repeat_kv", my_repeat_kv)
+
+# %% [markdown]
+# **3. KV bytes per token.** For a `ModelConfig` (`num_layers`, `num_kv_heads`,
+# `head_dim`) and bytes per element, how many bytes does one token's K and V
+# take in the cache, all layers together? The check tries every preset.
+
+
+# %%
+def my_kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
+    raise NotImplementedError
+
+
+# %%
+check("03.kv_bytes_per_token", my_kv_bytes_per_token)
