@@ -39,9 +39,8 @@
 # tokens either way (Triton's CPU interpreter without a GPU: correctness, not
 # speed).
 #
-# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
-# two OpenMP threads stall whenever another process holds a core (we have seen
-# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+# PyTorch runs on **one thread** here: the comparisons are about ratios between
+# paths doing the same work, not about the machine's peak speed.
 
 # %%
 import os
@@ -58,7 +57,7 @@ from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 
 loaded = load_model("smollm2-135m")
 cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
@@ -73,7 +72,8 @@ print(f"head_dim {d} ({d // 2} pairs), rope_theta {theta:g}, max_position {cfg.m
 # row `p` is `[cos(p f_0) .. cos(p f_31), sin(p f_0) .. sin(p f_31)]`. A
 # forward pass then *gathers* rows by position instead of calling `sin` and
 # `cos` for every token of every batch: the seeds' "space for time". For
-# SmolLM2 that is 8192 x 64 float32 = 2 MB, once.
+# SmolLM2 that is `max_position x d` float32 numbers, once (the cell prints the
+# size).
 
 # %%
 cache = build_cos_sin_cache(cfg.max_position_embeddings, d, theta)  # [max_position, d]
@@ -216,7 +216,7 @@ assert diff < 1e-5
 # %% [markdown]
 # ## Measure: gather from the cache vs compute the angles
 #
-# The cache trades 2 MB of memory for never computing `sin`/`cos` during
+# The cache trades a few MB of memory for never computing `sin`/`cos` during
 # inference. On the CPU, for a batch of tokens at random positions: gather
 # `cache[positions]` vs compute `cos(p f), sin(p f)` from scratch.
 
@@ -244,7 +244,7 @@ for name, t in timings.items():
 # (On a GPU the gap is the same in kind: a gather is pure bandwidth, while
 # `sin`/`cos` are multi-instruction special functions for every element. In
 # a real engine the angles are also shared by every layer; computing them per
-# layer would multiply the cost by 30.)
+# layer would multiply the cost by the number of layers.)
 #
 # ## Pictures
 #
@@ -266,7 +266,8 @@ for name, t in timings.items():
 fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 5))
 circle = np.linspace(0, 2 * np.pi, 200)
 left.plot(np.cos(circle), np.sin(circle), color="lightgray")
-for pair, name, colour in [(pair0, "pair 0: 1 rad/token", "tab:blue"), (pair8, "pair 8: 0.056", "tab:orange")]:
+pairs = [(pair0, "pair 0: 1 rad/token", "tab:blue"), (pair8, f"pair 8: {inv_freq[8]:.3f} rad/token", "tab:orange")]
+for pair, name, colour in pairs:
     left.plot(pair[:, 0], pair[:, 1], "o", color=colour, ms=5, label=name)
     for p in (0, 1, 2, 3):
         left.annotate(str(p), pair[p].tolist(), textcoords="offset points", xytext=(4, 4), color=colour, fontsize=8)
@@ -292,7 +293,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Takeaways**
+# ## Takeaways
 #
 # * RoPE rotates each (i, i + d/2) pair of q and k by `position * theta^(-2i/d)`;
 #   the scores then depend only on the distance between tokens;
@@ -303,3 +304,59 @@ plt.show()
 #   puts them back in rotate-half order.
 #
 # Next: `05_attention`.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb04.py`.
+#
+# **1. Build the cache.** `my_cos_sin_cache(max_position, rotary_dim, theta)` ->
+# `[max_position, rotary_dim]` float32: row `p` holds `cos(p f_i)` for the
+# `rotary_dim / 2` frequencies `f_i = theta^(-2i / rotary_dim)`, then `sin(p f_i)`.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_cos_sin_cache(max_position: int, rotary_dim: int, theta: float) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("04.cos_sin_cache", my_cos_sin_cache)
+
+# %% [markdown]
+# **2. Rotate.** `my_rope(positions [T], x [T, heads, d], cos_sin_cache)` -> `x`
+# rotated, rotate-half convention: with halves `x1 = x[..., :d/2]`,
+# `x2 = x[..., d/2:]` and the row's `cos`, `sin` halves,
+# `[x1 cos - x2 sin, x2 cos + x1 sin]`. The check applies it to q and to k.
+
+
+# %%
+def my_rope(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("04.rope", my_rope)
+
+# %% [markdown]
+# **3. Turn the knob (no check).** Rebuild the score picture of the middle panel
+# with another `rope_theta`: try 100 and 10,000,000. Which diagonals change,
+# and why does a small theta make distant tokens look alike (think of the
+# wavelengths printed at the top)?
+
+# %%
+my_theta = 100.0  # try other values
+my_cache = build_cos_sin_cache(P, d, my_theta)
+mq, mk = rope.naive(positions=grid_pos, q=q_vec.expand(P, 1, d), k=k_vec.expand(P, 1, d), cos_sin_cache=my_cache)
+fig, ax = plt.subplots(figsize=(5, 4))
+im = ax.imshow((mq[:, 0] @ mk[:, 0].T).detach(), cmap="RdBu_r")
+ax.set_xlabel("key position n")
+ax.set_ylabel("query position m")
+ax.set_title(f"rot(q, m) . rot(k, n), theta = {my_theta:g}")
+fig.colorbar(im, ax=ax, fraction=0.046)
+plt.tight_layout()
+plt.show()
