@@ -23,23 +23,30 @@
 # * it cannot be shared across requests: every sequence attends to its *own*
 #   keys, so batching does not amortise it the way it amortises weight reads;
 # * done naively, it materialises the `[Lq, Lk]` score matrix `S` and its
-#   softmax `P` for every head: **O(N^2)** memory and memory traffic.
+#   softmax `P` for every head: **O(N^2)** extra memory, written to memory and
+#   read back.
 #
-# **FlashAttention** never builds `S`: it streams K/V past a tile of queries
-# `BLOCK_N` keys at a time and keeps, per query row, a running max `m`, a
-# running sum `l` and an accumulator (the **online softmax**). Same result,
-# **O(N)** extra memory (its traffic stays quadratic: K/V are re-read once per
-# tile of queries, but no `N x N` matrix ever reaches memory). This notebook
-# shows both, checks they agree, and measures what the naive path costs.
+# **FlashAttention** never builds `S`: it holds a tile of `BLOCK_M` query rows
+# on chip, streams K/V past it `BLOCK_N` keys at a time and keeps, per query
+# row, a running max `m`, a running sum `l` and an accumulator (the **online
+# softmax**). Same result. What becomes **O(N)** is the *extra memory*: `m`
+# and `l` per row instead of `N x N` matrices. The *memory traffic* does not
+# become O(N): every query tile reads K and V again, `N / BLOCK_M` passes over
+# `N` keys, so it stays quadratic, `Theta(N^2 d^2 / M)` per head for an on-chip
+# memory of `M` bytes (Dao et al. 2022, since a tile of `BLOCK_M ~ M / d` rows
+# must fit). That is far fewer bytes than the naive path's `N^2` score
+# round trips whenever `d^2 < M`. (The seeds summarise it as "HBM reads and
+# writes from O(N^2) to O(N)"; the counted bytes below show what is really
+# linear and what is not.) This notebook shows both paths, checks they agree,
+# and measures what each costs.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
 # timing stops at shorter sequences and uses fewer repeats. The Triton kernel
 # always runs on a few dozen tokens: without a GPU it runs in Triton's CPU
 # interpreter, which checks correctness, not speed.
 #
-# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
-# two OpenMP threads stall whenever another process holds a core (we have seen
-# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+# PyTorch runs on **one thread** here: the comparisons are about ratios between
+# paths doing the same work, not about the machine's peak speed.
 
 # %%
 import os
@@ -51,6 +58,8 @@ import torch
 from stagewise.bench.timing import compare
 from stagewise.config import PRESETS
 from stagewise.kernels.attention_common import online_softmax_reference
+from stagewise.kernels.flash_attention import INTERPRETER_BLOCKS, flash_attention_plan
+from stagewise.kernels.targets import gpu_target
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
@@ -58,7 +67,7 @@ from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 
 loaded = load_model("smollm2-135m")
 cfg, tok = loaded.config, loaded.tokenizer
@@ -314,11 +323,13 @@ plt.show()
 # ## Optimized: the Triton FlashAttention kernel
 #
 # `attention.optimized` (`kernels/flash_attention.py`): one program per
-# (tile of BLOCK_M query rows, sequence, query head). It loads its Q tile once,
-# walks the sequence's keys BLOCK_N at a time folding each K/V tile into
-# `(acc, m, l)`, and stops at the diagonal — keys that no row of the tile may
-# see are never loaded. The `[Lq, Lk]` matrix never exists. The KV head is
-# computed from the query head (the GQA index map), nothing is copied.
+# (tile of BLOCK_M rows, sequence, KV head). The rows of a tile are (query,
+# query head) pairs of the `G = H / Hkv` query heads that share that KV head
+# (the GQA index map run backwards: nothing is copied), so every K/V tile the
+# program loads serves all of them. It loads its Q tile once, walks the
+# sequence's keys BLOCK_N at a time folding each K/V tile into `(acc, m, l)`,
+# and stops at the diagonal — keys that no row of the tile may see are never
+# loaded. The `[Lq, Lk]` matrix never exists.
 #
 # Check against the naive stage, on the example batch with cached prefixes and
 # on the real packed batch (interpreter):
@@ -360,12 +371,10 @@ for T in lengths:
 # **Memory.** Per layer, the naive path holds `S` and `P`: `2 x H x T^2`
 # float32 numbers. FlashAttention holds just `Q, K, V, out`: `(2H + 2Hkv)
 # x d x T` numbers. Left: SmolLM2 (float32 here); right: Llama 3 8B in bf16
-# with its 32 heads. The score matrices pass the whole model's weights well
-# before 100k tokens; at 128k tokens Llama 3 8B's would be terabytes, per
-# layer. That is the "memory wall" FlashAttention breaks: O(N^2) -> O(N)
-# memory. (Its *traffic* stays quadratic — K/V are re-read once per tile of
-# BLOCK_M query rows, Theta(T^2 d / BLOCK_M) — but that is BLOCK_M / d times
-# fewer numbers than the T^2 scores per head.)
+# with its 32 heads. The score matrices soon outgrow the whole model's weights
+# (the dashed line; the cell prints where). That is the "memory wall"
+# FlashAttention breaks: O(N^2) -> O(N) *extra memory*. Its traffic is the next
+# section.
 
 # %%
 Ts = np.logspace(7, 17, 41, base=2)  # 128 .. 131072 tokens
@@ -375,6 +384,9 @@ for ax, (name, elem) in zip(axes[:2], [("smollm2-135m", 4), ("llama-3-8b", 2)]):
     naive_bytes = 2 * c.num_heads * Ts**2 * 4  # S and P, float32 scores
     flash_bytes = (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim * Ts * elem  # Q, K, V, out
     weights_bytes = c.num_parameters() * elem
+    passes = Ts[np.argmax(naive_bytes > weights_bytes)]
+    print(f"{name}: S and P outgrow all the weights ({weights_bytes / 1e9:.2f} GB) at T ~ {passes:,.0f} tokens; "
+          f"at T = {Ts[-1]:,.0f}: {naive_bytes[-1] / 1e12:,.1f} TB per layer")
     ax.loglog(Ts, naive_bytes, label="naive: S and P, 2 x H x T^2 (fp32)", color="tab:red")
     ax.loglog(Ts, flash_bytes, label="tiles: Q, K, V, out  O(T)", color="tab:green")
     ax.axhline(weights_bytes, color="gray", ls="--", lw=1, label="all the model's weights")
@@ -396,14 +408,131 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Takeaways**
+# ## Measure: the bytes each path moves
+#
+# Memory *held* is one question; bytes *moved* between memory and the chip is
+# the other, and it decides a memory-bound kernel's time. We count both paths'
+# traffic for one causal prefill of N tokens, one layer, all heads:
+#
+# * **naive**: read Q, K, V, write the output, and in between write `S`, read it
+#   back for the softmax, write `P`, read it back for `P @ V`: at least four
+#   passes over `H x N^2` float32 scores;
+# * **tiled kernel**: read each Q tile once and write its output once, and read
+#   K/V once *per row tile*, as far as the tile's causal bound (the kernel's own
+#   loop bounds: a tile whose last query is `i` loads keys `0..i`, in whole
+#   `BLOCK_N` tiles).
+#
+# The tile sizes are the launcher's own (`flash_attention_plan`): on this
+# machine the interpreter's; on an H100 (sm_90) in bf16 the autotuner picks
+# among candidates, we count the smallest and the largest `BLOCK_M` it may
+# choose. Left: SmolLM2's heads; right: Llama 3 8B's (d = 128, G = 4).
+
+# %%
+def flash_bytes(T: int, c, block_m: int, block_n: int, elem: int) -> int:
+    """K/V bytes the tiled kernel loads for a causal prefill of T tokens (one layer), plus Q read and out written."""
+    G = c.num_heads // c.num_kv_heads
+    rows = G * T  # (query, group head) rows of one KV head
+    keys = 0
+    for f0 in range(0, rows, block_m):
+        last_query = (min(f0 + block_m, rows) - 1) // G
+        keys += min(-(-(last_query + 1) // block_n) * block_n, T)  # whole BLOCK_N tiles up to the diagonal
+    return c.num_kv_heads * keys * 2 * c.head_dim * elem + 2 * T * c.q_size * elem
+
+
+def naive_bytes_moved(T: int, c, elem: int) -> int:
+    """Q, K, V read and out written, plus S and P (float32) each written once and read once."""
+    return (2 * c.q_size + 2 * c.kv_size) * T * elem + 4 * c.num_heads * T * T * 4
+
+
+traffic_T = [256, 512, 1024, 2048, 4096, 8192] if QUICK else [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+for ax, name in zip(axes, ["smollm2-135m", "llama-3-8b"]):
+    c = PRESETS[name]
+    G = c.num_heads // c.num_kv_heads
+    plan = flash_attention_plan(4096, G, c.head_dim, torch.bfloat16, gpu_target(90))
+    tiles = sorted({(cf.kwargs["BLOCK_M"], cf.kwargs["BLOCK_N"]) for cf in plan.configs})
+    tiles = {"H100 bf16, smallest BLOCK_M": tiles[0], "H100 bf16, largest BLOCK_M": tiles[-1]}
+    tiles["CPU interpreter"] = (INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"])
+    naive_b = [naive_bytes_moved(T, c, 2) for T in traffic_T]
+    ax.loglog(traffic_T, naive_b, "o-", color="tab:red", label="naive: S and P to memory and back")
+    for (label, (bm, bn)), colour in zip(tiles.items(), ["tab:green", "tab:olive", "tab:gray"]):
+        tiled = [flash_bytes(T, c, bm, bn, 2) for T in traffic_T]
+        ax.loglog(traffic_T, tiled, "s-", color=colour, label=f"tiled, {label} ({bm}x{bn})")
+        print(f"{name:13} {label:28} BLOCK_M {bm:3}: T = {traffic_T[-1]:,}: {tiled[-1] / 1e9:7.2f} GB, "
+              f"naive {naive_b[-1] / 1e9:8.1f} GB ({naive_b[-1] / tiled[-1]:5.0f}x more)")
+    linear = [(2 * c.q_size + 2 * c.kv_size) * T * 2 for T in traffic_T]  # every input read once, out written once
+    ax.loglog(traffic_T, linear, "--", color="black", lw=1, label="O(N): read Q, K, V once, write out once")
+    ax.set_xlabel("prompt length N (tokens)")
+    ax.set_ylabel("bytes moved, one layer (bf16 inputs)")
+    ax.set_title(f"{name}: attention traffic of one causal prefill")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Both curves bend up like `N^2` — neither path's traffic is O(N); only the
+# dashed line is. What tiling changes is the constant: the naive path moves
+# `16 H` bytes per (query, key) pair (four float32 passes per head), the
+# kernel about `2 d x bytes x G / BLOCK_M` per KV head (K and V, once per row
+# tile of `BLOCK_M / G` queries), so a bigger `BLOCK_M` (more
+# on-chip memory) means fewer passes over K/V: that is the `d^2 / M` of
+# FlashAttention's bound. The tiny interpreter tiles need many more passes
+# than a GPU's; the interpreter is there to prove correctness, not speed.
+
+# %% [markdown]
+# ## Takeaways
 #
 # * naive attention is `softmax(q k^T / sqrt(d) + mask) v` per sequence and
-#   head, and it materialises `[Lq, Lk]` matrices: O(T^2) memory;
+#   head, and it materialises `[Lq, Lk]` matrices: O(T^2) extra memory, written
+#   and read back;
 # * the online softmax keeps `(m, l, acc)` per row and folds in one tile of
 #   keys at a time — exactly the same result, with only O(T) extra memory;
+# * the tiled kernel's traffic is still quadratic — K/V are read once per query
+#   tile, `Theta(T^2 d^2 / M)` per head — but far below the naive path's score
+#   round trips;
 # * varlen batches carry `cu_seqlens`; the causal mask is aligned
 #   bottom-right so the same rule serves prefill, decode and chunked prefill;
 # * the Triton FlashAttention kernel matches the naive stage.
 #
 # Next: `06_ffn`, where most of a layer's FLOPs are.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb05.py`.
+#
+# **1. Causal attention for one sequence.** `q [L, H, d]`, `k, v [L, Hkv, d]`
+# -> `[L, H, d]`: per query head `h`, scores against KV head `h // (H // Hkv)`,
+# times `scale`, causal mask (query `i` sees keys `j <= i`), softmax, times V.
+# Materialise the scores; that is the naive path.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("05.causal_attention", my_causal_attention)
+
+# %% [markdown]
+# **2. The online softmax.** `scores [R, N]` (may contain `-inf`: masked),
+# `values [N, d]`, `block_n` -> `(out [R, d], m [R], l [R])`: walk the keys
+# `block_n` at a time keeping the running max `m`, the running sum
+# `l = sum exp(s - m)` and `acc`, rescaling by `alpha = exp(m_old - m_new)`
+# (careful with the very first tile, where `m_old` is `-inf`). Return
+# `acc / l` and the final `m` and `l`.
+
+
+# %%
+def my_online_softmax(scores: torch.Tensor, values: torch.Tensor, block_n: int):
+    raise NotImplementedError
+
+
+# %%
+check("05.online_softmax", my_online_softmax)
