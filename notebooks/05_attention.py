@@ -388,7 +388,7 @@ for ax, (name, elem) in zip(axes[:2], [("smollm2-135m", 4), ("llama-3-8b", 2)]):
     print(f"{name}: S and P outgrow all the weights ({weights_bytes / 1e9:.2f} GB) at T ~ {passes:,.0f} tokens; "
           f"at T = {Ts[-1]:,.0f}: {naive_bytes[-1] / 1e12:,.1f} TB per layer")
     ax.loglog(Ts, naive_bytes, label="naive: S and P, 2 x H x T^2 (fp32)", color="tab:red")
-    ax.loglog(Ts, flash_bytes, label="tiles: Q, K, V, out  O(T)", color="tab:green")
+    ax.loglog(Ts, flash_bytes, label="tiled: holds only Q, K, V, out, O(T)", color="tab:green")
     ax.axhline(weights_bytes, color="gray", ls="--", lw=1, label="all the model's weights")
     ax.set_xlabel("sequence length T (tokens)")
     ax.set_ylabel("bytes per layer")
@@ -428,7 +428,7 @@ plt.show()
 # choose. Left: SmolLM2's heads; right: Llama 3 8B's (d = 128, G = 4).
 
 # %%
-def flash_bytes(T: int, c, block_m: int, block_n: int, elem: int) -> int:
+def tiled_bytes_moved(T: int, c, block_m: int, block_n: int, elem: int) -> int:
     """K/V bytes the tiled kernel loads for a causal prefill of T tokens (one layer), plus Q read and out written."""
     G = c.num_heads // c.num_kv_heads
     rows = G * T  # (query, group head) rows of one KV head
@@ -456,7 +456,7 @@ for ax, name in zip(axes, ["smollm2-135m", "llama-3-8b"]):
     naive_b = [naive_bytes_moved(T, c, 2) for T in traffic_T]
     ax.loglog(traffic_T, naive_b, "o-", color="tab:red", label="naive: S and P to memory and back")
     for (label, (bm, bn)), colour in zip(tiles.items(), ["tab:green", "tab:olive", "tab:gray"]):
-        tiled = [flash_bytes(T, c, bm, bn, 2) for T in traffic_T]
+        tiled = [tiled_bytes_moved(T, c, bm, bn, 2) for T in traffic_T]
         ax.loglog(traffic_T, tiled, "s-", color=colour, label=f"tiled, {label} ({bm}x{bn})")
         print(f"{name:13} {label:28} BLOCK_M {bm:3}: T = {traffic_T[-1]:,}: {tiled[-1] / 1e9:7.2f} GB, "
               f"naive {naive_b[-1] / 1e9:8.1f} GB ({naive_b[-1] / tiled[-1]:5.0f}x more)")

@@ -37,8 +37,10 @@ needed, rescales l and acc by exp(m_old - m_new) and adds its own
 exp(s - m_new) terms (the online softmax, `kernels/attention_common.py`). At
 the end out = acc / l. The naive path writes S and P, O(N^2) extra memory per
 head, and reads them back; the kernel needs O(N) extra memory (m and l per
-row). Its HBM traffic is still quadratic — K/V are re-read once per query tile,
-Theta(N^2 d / BLOCK_M) — but far below the naive path's N^2 score bytes. In
+row). Its HBM traffic is not O(N): K/V are re-read once per query tile,
+Theta(N^2 d / BLOCK_M) elements per head, which with BLOCK_M ~ M / d for an
+on-chip memory of M is Dao et al.'s Theta(N^2 d^2 / M) — quadratic, but far
+below the naive path's N^2 score round trips (notebook 05 counts both). In
 decode a tile is one query's whole GQA group, so K/V are read once per KV head,
 not once per query head. Causal tiles stop at the diagonal, so keys no query of
 the tile may see are never loaded.
