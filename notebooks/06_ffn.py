@@ -37,9 +37,8 @@
 # always run on a handful of tokens: without a GPU they run in Triton's CPU
 # interpreter, which checks correctness, not speed.
 #
-# PyTorch is pinned to **one thread** in every mode: on a shared or busy CPU,
-# two OpenMP threads stall whenever another process holds a core (we have seen
-# 20x slower steps), and the comparisons here are about ratios, not peak speed.
+# PyTorch runs on **one thread** here: the comparisons are about ratios between
+# paths doing the same work, not about the machine's peak speed.
 
 # %%
 import os
@@ -58,7 +57,7 @@ from stagewise.stages import STAGES
 from stagewise.stages.ffn import silu_and_mul_naive
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # stable timings on a shared CPU (see above)
+torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 
 loaded = load_model("smollm2-135m")
 cfg, weights, tok = loaded.config, loaded.weights, loaded.tokenizer
@@ -172,12 +171,14 @@ assert torch.allclose(tri, ref, rtol=1e-4, atol=1e-4)
 #   is 0.5 FLOP per byte — a matrix-*vector* product that only streams the
 #   weights (memory-bound); at large T each weight is reused T times and
 #   the GEMM becomes compute-bound;
-# * `silu_and_mul` does ~5 FLOPs per output element and moves 12 bytes for it
-#   (read gate and up, write h), at any T: always memory-bound, so the only
-#   way to speed it up is to move fewer bytes — hence the fusion.
+# * `silu_and_mul` does a handful of FLOPs per output element (counted as 5
+#   below) and moves 3 float32 numbers for it (read gate and up, write h), at
+#   any T: always memory-bound, so the only way to speed it up is to move fewer
+#   bytes — hence the fusion, measured in the next section.
 
 # %%
 prefill_tokens = 128 if QUICK else 512
+print(f"one layer's FFN weights: {4 * 3 * hidden * inter / 1e6:.1f} MB in float32")
 g = torch.Generator().manual_seed(0)
 rows = []
 for num_tokens in [1, prefill_tokens]:
@@ -211,12 +212,90 @@ for num_tokens in [1, prefill_tokens]:
 # Read the last two columns. In decode (T = 1) a GEMM does half a FLOP per
 # byte: its speed is a bandwidth, and its GFLOP/s are low. In prefill the same
 # GEMMs reach several times more GFLOP/s, because every weight loaded serves T
-# tokens. (Timing one layer's 7 MB of weights over and over lets the CPU's
-# caches hold them, which flatters the decode bandwidth here; in a real decode
-# step the weights of all 30 layers stream through in turn.) `silu_and_mul` is
+# tokens. (Timing one layer's weights over and over — the size is printed
+# below — lets the CPU's caches hold them, which flatters the decode bandwidth
+# here; in a real decode step the weights of every layer stream through in
+# turn.) `silu_and_mul` is
 # a small share of the time, but its FLOPs per byte never improve with T: on
 # a GPU, where the GEMMs are fast, such elementwise passes are exactly what
 # fusion removes.
+#
+# ## Measure the fusion: `silu(gate) * up` in one pass or two
+#
+# Unfused, PyTorch runs two kernels: `silu(gate)` reads `gate` and writes a
+# temporary `s`, then `s * up` reads `s` and `up` and writes `h`: **five**
+# passes over `[T, inter]` float32 tensors. Fused (the Triton kernel, vLLM's
+# `silu_and_mul`), one pass reads `gate` and `up` and writes `h`: **three**.
+# The temporary never reaches memory.
+#
+# On the CPU we can get the fused traffic without a new kernel: run the two
+# PyTorch ops on a **tile of rows** at a time, small enough that the tile's
+# temporary stays in the CPU cache, writing straight into the output
+# (`out=`). That is fusion by tiling, the same idea as the GPU kernel's
+# registers. As a floor, an elementwise op that moves exactly the fused bytes:
+# `torch.add(gate, up, out=h)`.
+
+# %%
+F = torch.nn.functional
+fusion_tokens = 1024 if QUICK else 8192
+gate_up_big = torch.randn(fusion_tokens, 2 * inter, generator=g)
+h_out = torch.empty(fusion_tokens, inter)
+TILE_ROWS = 32  # 32 x inter float32 = the temporary of one tile, a few hundred KB: fits in cache
+
+
+def unfused():
+    gate, up = gate_up_big.chunk(2, dim=-1)
+    return F.silu(gate) * up  # two kernels, a [T, inter] temporary in between
+
+
+def fused_by_tiles():
+    for r in range(0, fusion_tokens, TILE_ROWS):
+        gate, up = gate_up_big[r : r + TILE_ROWS].chunk(2, dim=-1)
+        torch.mul(F.silu(gate), up, out=h_out[r : r + TILE_ROWS])  # the tile's temporary stays in cache
+    return h_out
+
+
+def same_bytes_floor():
+    gate, up = gate_up_big.chunk(2, dim=-1)
+    return torch.add(gate, up, out=h_out)  # read gate and up, write h: the fused traffic, trivial arithmetic
+
+
+assert torch.allclose(fused_by_tiles(), silu_and_mul_naive(gate_up_big), atol=1e-6)
+pass_bytes = fusion_tokens * inter * 4  # one pass over a [T, inter] float32 tensor
+fusion_bytes = {"unfused: silu, then mul": 5 * pass_bytes, "fused by row tiles": 3 * pass_bytes,
+                "floor: add, same bytes as fused": 3 * pass_bytes}
+fusion_t = compare(
+    {"unfused: silu, then mul": unfused, "fused by row tiles": fused_by_tiles,
+     "floor: add, same bytes as fused": same_bytes_floor},
+    repeats=5 if QUICK else 20,
+    warmup=2,
+)
+print(f"T = {fusion_tokens}, inter = {inter}: one pass = {pass_bytes / 1e6:.1f} MB")
+for name, t in fusion_t.items():
+    moved = fusion_bytes[name]
+    print(f"  {name:32} {moved / 1e6:6.1f} MB moved  {t.median_ms:7.2f} ms  {moved / t.median_ms / 1e6:5.1f} GB/s")
+speedup = fusion_t["unfused: silu, then mul"].median_ms / fusion_t["fused by row tiles"].median_ms
+print(f"bytes: unfused / fused = {5 / 3:.2f}x;  measured time: unfused / fused = {speedup:.2f}x")
+if torch.cuda.is_available():  # on a GPU: the Triton kernel itself against the two PyTorch kernels
+    gu_gpu = gate_up_big.cuda()
+    gpu_paths = {
+        "unfused (cuda)": lambda: silu_and_mul_naive(gu_gpu),
+        "Triton silu_and_mul": lambda: silu_and_mul(gu_gpu),
+    }
+    gpu_t = compare(gpu_paths, repeats=20, warmup=3)
+    for name, t in gpu_t.items():
+        print(f"  {name:32} {t.median_ms * 1e3:8.1f} us")
+
+# %% [markdown]
+# Compare the last line's two ratios. The fused path moves fewer bytes for the
+# same result, and the floor shows how fast those bytes can move at all. How
+# the bytes ratio turns into time depends on the machine: the unfused path
+# also allocates a fresh `[T, inter]` temporary each call (new memory costs
+# page faults on a CPU, so it can lose *more* than its bytes say); caches can
+# hold part of the tensors (then it loses less); and the sigmoid's `exp` is
+# arithmetic that must hide behind the memory traffic (the gap between the
+# fused path and the floor). On a GPU, where every pass goes to HBM and the
+# arithmetic is cheap, time follows bytes closely.
 #
 # ## The FFN's share of a layer
 #
@@ -264,8 +343,8 @@ assert linear_flops(cfg, num_tokens=1).value - head == 2 * per_layer_w * cfg.num
 #
 # **Middle and right — the FFN's share of a SmolLM2 layer** for contexts of
 # 128, 1k and 8k tokens: of the FLOPs of a prefill (per token), and of the
-# bytes of a decode step. At short contexts the FFN is about three quarters of
-# both — the weights of a layer are mostly FFN. As the context grows,
+# bytes of a decode step. At short contexts the FFN is most of both — the
+# weights of a layer are mostly FFN (the share is printed above). As the context grows,
 # attention's share grows (its work per token is proportional to the
 # context), and in decode the KV cache bytes join the weights; GQA (notebook
 # 03) is what keeps that slice from being 3x larger.
@@ -309,14 +388,51 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Takeaways**
+# ## Takeaways
 #
 # * the FFN is `x @ [W_gate | W_up]`, `silu(gate) * up`, `@ W_down`:
 #   `[T, hidden] -> [T, 2*inter] -> [T, inter] -> [T, hidden]`;
 # * fusing gate and up makes one wide GEMM; fusing silu and mul makes the
-#   activation one read and one write — it is memory-bound at every T;
-# * the FFN holds 75% of a SmolLM2 layer's weights, so it dominates FLOPs at
+#   activation one read and one write (3 passes instead of 5) — it is
+#   memory-bound at every T, so bytes are what it costs;
+# * the FFN holds most of a SmolLM2 layer's weights, so it dominates FLOPs at
 #   short contexts and weight bytes in decode, until long contexts hand the
 #   lead to attention and its KV cache.
 #
 # Next: `07_lm_head_sampling`, the last stages: from the final hidden state to the next token.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb06.py`.
+#
+# **1. SwiGLU's activation.** `gate_up [T, 2*inter]` -> `silu(gate) * up`
+# `[T, inter]`, with `silu(g) = g * sigmoid(g)` written out (no `F.silu`).
+# The gate is the first half of the columns.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("06.silu_and_mul", my_silu_and_mul)
+
+# %% [markdown]
+# **2. The whole FFN.** `x [T, hidden]`, `w_gate_up [hidden, 2*inter]`,
+# `w_down [inter, hidden]` -> `[T, hidden]`. Then count, for SmolLM2, how many
+# bytes of weights one decode step reads for the FFN of all layers.
+
+
+# %%
+def my_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("06.ffn", my_ffn)
