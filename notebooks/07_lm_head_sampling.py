@@ -38,9 +38,9 @@
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
 # LM-head timing uses a 256-token prompt instead of 1,000 and fewer repeats,
 # the empirical draw uses fewer samples, the greedy/seeded generations make 8
-# tokens instead of 16, and the Triton check on the real 49,152-token
-# vocabulary runs one row instead of four (the interpreter needs ~2 s per
-# row). The FLOP arithmetic and every plot are the same.
+# tokens instead of 16, and the Triton check on the real vocabulary runs one
+# row instead of four (the interpreter is slow on a full vocabulary row). The
+# FLOP arithmetic and every plot are the same.
 
 # %%
 import os
@@ -52,6 +52,7 @@ import torch
 from stagewise import LLM, SamplingParams
 from stagewise.bench.calc_counts import attention_flops, linear_flops
 from stagewise.bench.timing import compare
+from stagewise.config import PRESETS
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
@@ -88,12 +89,12 @@ for t in head.inputs + head.outputs:
 # %% [markdown]
 # ### What the gather saves: a 1,000-token prompt
 #
-# A GEMM `[M, K] @ [K, N]` costs `2*M*K*N` FLOPs. The LM head of SmolLM2 has
-# K = hidden = 576 and N = vocab = 49,152. For a prefill of T = 1,000 tokens:
+# A GEMM `[M, K] @ [K, N]` costs `2*M*K*N` FLOPs. The LM head has
+# K = hidden and N = vocab. For a prefill of T = 1,000 tokens:
 #
-# * all rows: `2 * 1000 * 576 * 49152` ≈ 56.6 GFLOP, and a `[1000, 49152]`
-#   float32 logits tensor of 197 MB;
-# * last row only: `2 * 1 * 576 * 49152` ≈ 56.6 MFLOP and 197 KB.
+# * all rows: `2 * T * hidden * vocab` FLOPs, and a `[T, vocab]` float32
+#   logits tensor;
+# * last row only: `2 * 1 * hidden * vocab` FLOPs and one row of logits.
 #
 # The calculator (`stagewise.bench.calc_counts`) counts the whole prefill, so
 # we can say what share of the prefill the wasted LM-head rows would have been.
@@ -109,15 +110,20 @@ print(f"LM head, last row only: {head_last / 1e9:8.4f} GFLOP, logits {cfg.vocab_
 print(f"saved: {(head_all - head_last) / 1e9:.2f} GFLOP")
 print(f"whole prefill of {T} tokens: {prefill_last / 1e9:.1f} GFLOP with the gather, {prefill_all / 1e9:.1f} without")
 print(f"-> without the gather, the LM head alone would be {100 * head_all / prefill_all:.0f}% of the prefill")
+block_w = cfg.hidden_size * cfg.qkv_size + cfg.q_size * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+print(f"SmolLM2: {block_w / 1e6:.2f} M matmul weights per block, {cfg.vocab_size * cfg.hidden_size / 1e6:.1f} M "
+      f"in the LM head; all rows' logits make the prefill {prefill_all / prefill_last:.2f}x as expensive")
+big = PRESETS["llama-3-405b"]
+big_head = 2 * big.vocab_size * big.hidden_size
+print(f"Llama 3 405B: the head is {100 * big_head / linear_flops(big, 1).value:.1f}% of one token's matmul FLOPs; "
+      f"the logits of a 100k-token prompt, every row, in bf16: {100_000 * big.vocab_size * 2 / 1e9:.1f} GB")
 
 # %% [markdown]
-# For SmolLM2 the vocabulary matrix is large next to the 30 small blocks
-# (each block has ~3.5 M matmul weights; the LM head has 28 M), so computing
-# every row's logits would make the prefill ~1.2x more expensive (the LM head
-# would be about a fifth of it). For Llama 3 405B the head is only ~0.5% of a
-# token's FLOPs, but the logits of a 100k-token prompt would be a
-# 100k x 128k tensor: 25.6 GB in bf16, a third of an H100, of which one row
-# is ever used.
+# For SmolLM2 the vocabulary matrix is large next to its small blocks (the
+# printed weight counts), so computing every row's logits would make the
+# prefill noticeably more expensive. For Llama 3 405B the head is a tiny share
+# of a token's FLOPs, but the logits of a 100k-token prompt would still be a
+# `[100k, vocab]` tensor of tens of GB, of which one row is ever used.
 #
 # ### Measure it
 #
@@ -218,14 +224,18 @@ for name, p in dists.items():
     nz = p[p > 0]
     entropy = abs(float(-(nz * nz.log2()).sum()))  # abs: a one-hot gives -0.0
     print(f"{name:>40} {int((p > 0).sum()):>15,} {float(p.max()):>13.3f} {entropy:>15.2f}")
+p_top = float(dists["T=1 (no change)"].max())
+print(f"\nmin_p=0.1 keeps the tokens with p >= 0.1 x {p_top:.3f} = {0.1 * p_top:.3f} (0.1 x the top token's p)")
 
 # %% [markdown]
 # What to read in the table:
 #
-# * **temperature** never removes a token (49,152 allowed at every T): it
-#   sharpens (T < 1) or flattens (T > 1) the same ranking. Entropy rises with T.
+# * **temperature** never removes a token (the whole vocabulary stays allowed
+#   at every T): it sharpens (T < 1) or flattens (T > 1) the same ranking.
+#   Entropy rises with T.
 # * **min_p, top-k, top-p** cut the tail, and then renormalize what survives.
-#   min_p is *relative to the top token* (keep p >= 0.1 x 0.39 here), so it
+#   min_p is *relative to the top token* (the threshold is printed under the
+#   table), so it
 #   adapts: a confident model keeps few tokens, an unsure one keeps many. top-k
 #   keeps a fixed count; top-p keeps the smallest top set with 90% of the mass.
 # * **greedy** (T < 1e-5) is a one-hot at the argmax: no division by ~0, no
@@ -389,11 +399,10 @@ print("check: typed markers stay text by default; an ordinary message tokenizes 
 # *set of tokens it may draw* must be exactly the reference's allowed set
 # (`processed_probs > 0`), and greedy rows must pick the same token. The debug
 # entry `sample_with_mask` returns that set. Here it runs in Triton's CPU
-# interpreter (~1 ms per operation), so we check on the tiny config's 512-token
+# interpreter (slow: every operation is Python), so we check on the tiny config's 512-token
 # vocabulary with the stage's own mixed example rows, then on our real logits.
 
 # %%
-from stagewise.config import PRESETS  # noqa: E402
 from stagewise.kernels import TRITON_MODE  # noqa: E402  (imports Triton: GPU, or the CPU interpreter)
 from stagewise.kernels.sampling import sample_with_mask  # noqa: E402
 
@@ -429,19 +438,18 @@ for name, a, b in zip(real_names, real_kernel_allowed, real_reference_allowed):
 assert bool((real_kernel_allowed == real_reference_allowed).all())
 
 # %% [markdown]
-# Same allowed sets on the full 49,152-token vocabulary, found by counting
-# and summing over the row a fixed number of times instead of sorting it.
-# (On a GPU this is the point: a sort of `[B, vocab]` is a multi-pass,
-# memory-hungry operation; the kernel reads each row ~16 times from fast
+# Same allowed sets on the full vocabulary, found by counting and summing
+# over the row a fixed number of times instead of sorting it. (On a GPU this
+# is the point: a sort of `[B, vocab]` is a multi-pass, memory-hungry
+# operation; the kernel reads each row a fixed number of times from fast
 # memory with no scratch tensor. The interpreter cannot tell you anything
 # about speed; `stagewise bench stages` on a GPU does — see notebook 12.)
 #
-# ## Summary
+# ## Takeaways
 #
 # * LM head: gather the last token of each sequence *before* the GEMM. For a
-#   1,000-token prompt that skips 999 of 1,000 rows of a 576 x 49,152 product
-#   (~57 GFLOP and a 197 MB logits tensor), about a fifth of what SmolLM2's
-#   prefill would otherwise cost.
+#   long prompt that skips all but one row of the `hidden x vocab` product and
+#   its logits tensor (counted above).
 # * Sampling order: penalty -> greedy? -> temperature -> min_p -> top-k ->
 #   top-p -> draw. Temperature reshapes, the filters cut and renormalize.
 # * Reproducibility: each request draws from its own stream `(seed, offset)`,
@@ -450,3 +458,52 @@ assert bool((real_kernel_allowed == real_reference_allowed).all())
 #   on the tiny vocabulary and on the real one.
 # * A user's text never becomes control tokens: only the chat template's own
 #   markers do (`special_tokens=True` trusts a hand-built prompt).
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb07.py`.
+#
+# **1. Temperature.** `logits [B, V]`, `temperature > 0` -> the probabilities
+# `softmax(logits / temperature)`, in float32.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_softmax_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("07.temperature", my_softmax_temperature)
+
+# %% [markdown]
+# **2. Top-k by sorting.** `probs [B, V]`, `k` -> zero every token whose
+# probability is below the `k`-th largest of its row (so a tie with the `k`-th
+# token is kept), then renormalize each row to sum 1. Sort, don't `topk`:
+# think about what `torch.topk` does with ties.
+
+
+# %%
+def my_top_k(probs: torch.Tensor, k: int) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("07.top_k", my_top_k)
+
+# %% [markdown]
+# **3. min_p.** `probs [B, V]`, `min_p` -> zero every token with
+# `p < min_p * (the row's largest p)`, then renormalize.
+
+
+# %%
+def my_min_p(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("07.min_p", my_min_p)
