@@ -56,11 +56,13 @@ import numpy as np
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.calc import analyze
+from stagewise.bench.calc import analyze, seeds_table
+from stagewise.bench.calc_counts import attention_flops, linear_flops
 from stagewise.bench.hardware import HARDWARE
 from stagewise.bench.modes import eval_fit, fit_cost
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import single_prompt
+from stagewise.config import PRESETS
 from stagewise.engine.paged_cache import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
@@ -117,13 +119,13 @@ for name, llm in (("naive", naive), ("kv", kv)):
               f"k {shapes['k']}{used}")
 
 # %% [markdown]
-# * **naive**: every step pushes the whole sequence (the 11 prompt tokens, then
-#   12, then 13) through all 30 layers, recomputing queries, keys and values
-#   that the previous step already had.
-# * **kv**: the prefill computes the 11 prompt tokens once and stores their K
-#   and V; each later step computes **one** token: a `[1, 9, 64]` query against
-#   the cached keys (the cache holds room for the whole request, 11 + 3 slots;
-#   the step reads the first `seq_lens` of them).
+# * **naive**: every step pushes the whole sequence (the prompt's tokens, then
+#   one more each step) through all 30 layers, recomputing queries, keys and
+#   values that the previous step already had.
+# * **kv**: the prefill computes the prompt's tokens once and stores their K
+#   and V; each later step computes **one** token: a `[1, H, d]` query against
+#   the cached keys (the cache holds room for the whole request, prompt +
+#   `max_tokens` slots; the step reads the first `seq_lens` of them).
 #
 # ## 3. Why only K and V? The query is consumed
 #
@@ -190,9 +192,9 @@ print(f"the last kv run allocated {held / 2**20:.2f} MiB: {held // per_token} to
 # both, and both must again produce the same tokens. A warm-up run per mode
 # comes first.
 #
-# Other jobs share this machine's cores, so single steps can be slow
-# outliers (the faint dots); the medians and the fitted curves are the robust
-# part.
+# Single steps can be slow outliers (the faint dots: anything else the
+# machine does lands in one step); the medians and the fitted curves are the
+# robust part.
 
 # %%
 contexts = [16, 64, 128, 256] if QUICK else [16, 64, 128, 256, 384, 512]
@@ -247,12 +249,27 @@ hw = HARDWARE["h100"]  # the FLOP counts do not depend on the hardware
 steps = [analyze(cfg, hw, context=n, batch=1, dtype="fp32") for n in grid]
 naive_flops = [s.naive.flops.value for s in steps]
 cached_flops = [s.decode.flops.value for s in steps]
-linear_per_token = steps[0].linear_flops_per_token.value
-crossover = linear_per_token / (4 * cfg.num_layers * cfg.q_size)  # N where 4*L*(H*d)*N^2 = N * linear FLOPs
 for n, a, b in zip(grid, naive_flops, cached_flops):
     if n in (8, 64, 512, 4096, 8192):
         print(f"N={n:>5}: naive {a / 1e9:9.2f} GFLOP, cached {b / 1e9:6.3f} GFLOP, ratio {a / b:7.0f}x")
-print(f"attention overtakes the linear layers in a naive step at N ~ {crossover:,.0f} tokens")
+
+
+def naive_crossover(c) -> float:
+    """N where a naive step's attention (full N x N, a N^2) equals its linear FLOPs (b N + c: the head once)."""
+    a = attention_flops(c, context=1, new_tokens=1, causal=False).value  # 4 L (H d) per (query, key) pair
+    per_token = linear_flops(c, 2).value - linear_flops(c, 1).value  # the blocks' 2 L (matmul weights) per token
+    head = linear_flops(c, 1).value - per_token  # the LM head, paid once per step: 2 V hidden
+    return (per_token + (per_token**2 + 4 * a * head) ** 0.5) / (2 * a)
+
+
+for name in ("smollm2-135m", "llama-3-405b"):
+    c = PRESETS[name]
+    n_x = naive_crossover(c)
+    at = round(n_x)
+    check_a, check_l = attention_flops(c, at, at, causal=False).value, linear_flops(c, at).value
+    print(f"{name}: attention = linear layers at N ~ {n_x:,.0f} = {n_x / c.hidden_size:.2f} x hidden "
+          f"(at N = {at:,}: attention {check_a:.3e}, linear {check_l:.3e} FLOPs)")
+crossover = naive_crossover(cfg)
 
 # %% [markdown]
 # ## 6. The picture
@@ -300,19 +317,27 @@ plt.show()
 #   context, and it is already large at a few hundred tokens.
 # * **Right.** The same story in FLOPs, out to 8k tokens. A naive step is
 #   linear in N while the matmuls dominate, then bends up to N^2 once the
-#   attention term wins. The crossover is where `4*N^2*d` meets
-#   `2*11*N*d^2`, i.e. N ~ 5.5 d: about 4k tokens for SmolLM2 (d = 576), and
-#   about 100k for Llama 3 405B (d = 16384) — the seeds' chapter 8 finds
-#   exactly that, attention ≈ linear layers for a 100k-token prefill.
+#   attention term wins. The crossover is where the full score matrix's
+#   `4 L N^2 d` meets the linear FLOPs: the blocks' `2 L c N d^2` (c = the
+#   per-block weights in units of d^2, the seeds' "11") plus the LM head,
+#   which a step pays *once*, not per token. Without the head that is
+#   N = c d / 2; the cell above solves it exactly from the calculator's counts,
+#   for SmolLM2 and for Llama 3 405B, whose crossover lands near the seeds'
+#   chapter 8 finding that attention ≈ linear layers for a 100k-token prompt.
 #   The cached step is nearly flat: its `N*d` attention term only starts to
 #   show at thousands of tokens. At 8k tokens a naive step costs thousands of
 #   times more than a cached one.
-# * The seeds' Llama 3 405B version of this: one naive step at N = 1,000 is
-#   ~744 TFLOP, 0.74 s on an H100 at 100%, and ~2.5 hours at N = 1,000,000
-#   (notebook 11 reproduces these numbers). With the cache, the work per step
-#   is that of a single token.
-#
-# ## Summary
+# * The seeds' Llama 3 405B version of this, recomputed by the calculator
+#   under the seeds' assumptions (notebook 11 shows the whole table): with
+#   the cache, the work per step is that of a single token.
+
+# %%
+for row in seeds_table():
+    if row["chapter"] == "ch.5" and "naive step" in row["quantity"]:
+        print(f"{row['quantity']:48} seeds {row['seed']:>8g} {row['unit']:6} recomputed {row['ours']:10.4g}")
+
+# %% [markdown]
+# ## Takeaways
 #
 # * KV cache = keep K and V of every token of every layer; compute only the
 #   new token. Same tokens (checked), linear work per step drops from O(N) to
@@ -321,3 +346,56 @@ plt.show()
 #   step that produces the next token.
 # * The cost moves to memory: `2 * L * Hkv * d * bytes` per token per
 #   sequence. Managing that memory well is notebook 09 (paged KV cache).
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb08.py`.
+#
+# **1. How big is the cache?** `my_kv_cache_bytes(cfg, num_tokens, dtype_bytes)`:
+# the bytes of K and V for `num_tokens` tokens (all layers, all KV heads).
+# Then use it: how many 8k-token conversations of SmolLM2 fit in 1 GB?
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_kv_cache_bytes(cfg, num_tokens: int, dtype_bytes: int) -> int:
+    raise NotImplementedError
+
+
+# %%
+check("08.kv_cache_bytes", my_kv_cache_bytes)
+
+# %% [markdown]
+# **2. The cost of recomputing.** `my_naive_step_flops(cfg, context)`: the
+# FLOPs of one naive step over N tokens — every token through every block's
+# matmuls (`2 x weights` per token: QKV, O, gate/up, down), the full `N x N`
+# attention scores and `P @ V` (`4 L (H d) N^2`, the mask applied afterwards),
+# and the LM head for the last token only.
+
+
+# %%
+def my_naive_step_flops(cfg, context: int) -> float:
+    raise NotImplementedError
+
+
+# %%
+check("08.naive_step_flops", my_naive_step_flops)
+
+# %% [markdown]
+# **3. Rows pushed through the model.** A request with a `prompt_len`-token
+# prompt generates `new_tokens` tokens. Return `(naive rows, kv rows)`: how
+# many token rows each engine pushes through the model in total (the check
+# runs both engines on the tiny model and reads their counters).
+
+
+# %%
+def my_rows_computed(prompt_len: int, new_tokens: int) -> tuple[int, int]:
+    raise NotImplementedError
+
+
+# %%
+check("08.rows_computed", my_rows_computed)
