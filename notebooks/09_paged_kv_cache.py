@@ -165,8 +165,9 @@ for s in trace["steps"]:
 #   tail: a freed block keeps its content, findable by the prefix cache of
 #   section 5, until the queue hands it out again); once the never-used blocks
 #   are gone, B, C and D grow into A's old blocks, wherever they are;
-# * nobody reserves memory for tokens it has not generated yet, so four
-#   requests fit in 14 blocks.
+# * nobody reserves memory for tokens it has not generated yet. (Whether four
+#   requests fit in 14 blocks is also a matter of *when* they run: A is gone
+#   before D arrives. Section 4 separates the two effects.)
 
 # %%
 order = list(plan)
@@ -287,9 +288,56 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### Two effects, counted apart: staggered arrival and paging
+#
+# Four requests ran in a 14-block pool, but paging is not the only reason:
+# they did not all live at once (A finished before D arrived). To separate the
+# two effects, count the peak blocks held at once in four scenarios, from the
+# same requests:
+#
+# * **together, reserved**: all four run together, each reserving its whole
+#   `prompt + max_tokens` up front (a contiguous cache sized exactly — the
+#   friendly case, since a real server does not know the output length);
+# * **together, paged**: all four start together and grow block by block
+#   (one token per step each; the token budget ignored);
+# * **staggered, reserved**: the real arrival times and lifetimes from the
+#   trace, each request reserving its whole length while it lives;
+# * **staggered, paged**: what the engine actually did (the trace).
+
+# %%
+scheduled = [{names[r["request_id"]] for r in s["requests"]} for s in trace["steps"]]  # who ran in each step
+lifetime = {n: [i for i, who in enumerate(scheduled) if n in who] for n in order}
+whole = {n: -(-used[n] // BLOCK) for n in order}  # blocks for the whole request
+steps_axis = range(max(max(v) for v in lifetime.values()) + 1)
+longest = max(plan[n][1] for n in order)
+
+
+def grown(n: str, s: int) -> int:  # blocks after s steps of a request that started at step 0 (0 once done)
+    prompt_len, max_tokens, _ = plan[n]
+    return -(-(prompt_len + s) // BLOCK) if s < max_tokens else 0
+
+
+scenarios = {
+    "together, reserved": sum(whole.values()),
+    "together, paged": max(sum(grown(n, s) for n in order) for s in range(longest)),
+    "staggered, reserved": max(sum(whole[n] for n in order if s in lifetime[n]) for s in steps_axis),
+    "staggered, paged (the engine)": peak_blocks,
+}
+for name, blocks in scenarios.items():
+    verdict = "fits" if blocks <= NUM_BLOCKS else "does NOT fit"
+    print(f"{name:30} peak {blocks:2} blocks ({blocks * BLOCK:3} slots): {verdict} in the {NUM_BLOCKS}-block pool")
+
+# %% [markdown]
+# Reserving every request's whole length at once does not fit the pool; each
+# effect alone does — paging (grow a block at a time) *or* staggered lifetimes
+# (A leaves before D comes) — and the engine, which has both, peaked lowest.
+# So "four requests in 14 blocks" is paging and arrival times together; on a
+# busy server, where requests overlap more, paging is what keeps the peak
+# down, and it never needs to know the output length in advance.
+#
 # The paged waste is the unfilled tail of each request's last block, at most
-# 15 slots. The static layout needs 360 slots for this batch: it would not
-# even fit in the 14-block (224-slot) pool the paged engine ran it in. The
+# `block_size - 1` slots. The static layout (table above) would not even fit
+# in the pool the paged engine ran it in. The
 # static waste is everything between a request's real length and the batch's
 # worst case — and this is the *friendly* case where we told
 # the engine the exact output lengths. A real server does not know when a
@@ -373,7 +421,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## Summary
+# ## Takeaways
 #
 # * The paged cache is one tensor of blocks; a request is a list of block ids
 #   (its block-table row); a token lives at `slot = block_id * block_size +
@@ -382,7 +430,49 @@ plt.show()
 # * Blocks are handed out as tokens arrive and returned the moment a request
 #   finishes, so memory tracks what is actually used, with less than one block
 #   of waste per request, and no contiguous region is ever needed.
+# * How many requests fit depends on paging *and* on when they run; the
+#   scenarios above count the two apart.
 # * Full blocks are content-addressed by a chained hash, so requests with a
 #   common prefix share physical blocks and skip recomputing them.
 # * Same tokens as the contiguous cache, checked. Notebook 10 uses this
 #   freedom to schedule: requests join and leave the batch at every step.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb09.py`.
+#
+# **1. Blocks for a request.** How many blocks of `block_size` slots hold
+# `num_tokens` tokens? (Zero tokens need zero blocks.) Then sweep `block_size`
+# (1, 4, 16, 64, 256) over this notebook's four requests and print the total
+# waste: what does a large block cost, and what would a tiny one cost the
+# block table?
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_blocks_needed(num_tokens: int, block_size: int) -> int:
+    raise NotImplementedError
+
+
+# %%
+check("09.blocks_needed", my_blocks_needed)
+
+# %% [markdown]
+# **2. The slot mapping.** Given a request's block-table row `block_ids`, the
+# positions of the tokens scheduled this step and `block_size`, return the
+# slot of each token. The check writes K through your slots with the
+# `kv_store` stage, in three steps (a prefill, a chunk, a decode token), and
+# reads the sequence back through the block table.
+
+
+# %%
+def my_slot_mapping(block_ids: list[int], positions: list[int], block_size: int) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("09.slot_mapping", my_slot_mapping)
