@@ -385,10 +385,11 @@ plt.show()
 # keeps every seat busy, so short requests come back early and the last one
 # finishes no later. (The number of steps can come out close: here both
 # engines are limited to the same number of seats and each step is one token
-# per seat; the gain is in what the steps compute and in who waits.) The wall
-# times are noisy on a shared 2-core CPU, but the row counts are exact.
+# per seat; the gain is in what the steps compute and in who waits.) Wall
+# times vary from run to run with whatever else the machine is doing; the row
+# counts are exact.
 #
-# ## Summary
+# ## Takeaways
 #
 # * The scheduler sees two numbers per request and schedules the difference:
 #   whole prompts, prompt chunks and single decode tokens go into one flat
@@ -400,3 +401,45 @@ plt.show()
 #   exactly what it would be alone (checked twice).
 # * Against static batching on the same workload: no padding rows, seats
 #   refilled at every step, earlier finishes for short requests.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb10.py`.
+#
+# **1. What static batching computes.** Requests run in batches of `seats`, in
+# order. A batch's prefill pads every prompt (on the left) to the batch's
+# longest prompt; then the batch runs one decode row per request per step
+# until its longest output is done (the prefill already produced each
+# request's first token), finished rows included. Return
+# `(rows computed, padding rows)`; the check runs the static engine
+# (`mode="kv"`, tiny model) and reads its counters.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_static_rows(prompt_lens: list[int], output_lens: list[int], seats: int) -> tuple[int, int]:
+    raise NotImplementedError
+
+
+# %%
+check("10.static_rows", my_static_rows)
+
+# %% [markdown]
+# **2. What continuous batching computes.** Same requests, paged engine, no
+# preemption, no prefix cache: how many rows does it push through the model in
+# total? Then compare your two functions on this notebook's workload
+# (`[r.prompt_tokens for r in work.requests]`, `[r.max_tokens ...]`, `seats`)
+# with the table of section 4.
+
+
+# %%
+def my_continuous_rows(prompt_lens: list[int], output_lens: list[int]) -> int:
+    raise NotImplementedError
+
+
+# %%
+check("10.continuous_rows", my_continuous_rows)
