@@ -29,9 +29,9 @@
 #
 # Its **arithmetic intensity** `I = F / B` (FLOP per byte) is compared with the
 # machine's **ridge point** `peak / bandwidth`. Below the ridge the step
-# waits for memory; above it, for arithmetic. An H100 does ~989 TFLOP/s (bf16)
-# and moves 3.35 TB/s: its ridge is ~300 FLOP/B. A prefill of 100k tokens on
-# Llama 3 405B sits near 190,000 FLOP/B; one decode step at 1.9.
+# waits for memory; above it, for arithmetic. An H100's ridge is a few hundred
+# FLOP/B; a prefill of 100k tokens on Llama 3 405B sits far above it, one
+# decode step far below (the first cell prints all three).
 #
 # This notebook uses the calculator `stagewise.bench.calc` (the same numbers
 # as the `stagewise calc` command): motivation -> the calculator -> the seeds'
@@ -77,6 +77,8 @@ h100 = HARDWARE["h100"]
 # N = 100k, B = 1, as in the seeds:
 
 # %%
+print(f"H100: {si(h100.peak_flops('bf16'), 'FLOP/s')} bf16, {si(h100.memory_bandwidth, 'B/s')} "
+      f"-> ridge {h100.ridge_point('bf16'):.0f} FLOP/B")
 a = analyze(PRESETS["llama-3-405b"], h100, context=100_000, batch=1, dtype="bf16")
 for name, q in (
     ("parameters", a.parameters),
@@ -92,11 +94,13 @@ for step in (a.prefill, a.decode, a.naive):
         f"{step.name:>10} {si(step.flops.value, 'FLOP'):>12} {si(step.bytes.value, 'B'):>10} "
         f"{step.intensity.value:>10,.4g} {step.ridge.value:>6.0f} {seconds(step.time.value):>15}  {step.bound}"
     )
+print(f"\nthe weights alone: {si(a.weight_bytes.value, 'B')} = "
+      f"{a.weight_bytes.value / h100.memory_bytes:.1f} H100s' memory")
 
 # %% [markdown]
-# (The weights alone are 810 GB, ten H100s' worth; the calculator still gives
-# the per-step physics, which is the same on one ideal device or eight real
-# ones. `HARDWARE["h100"].scaled(8)` models eight as one.)
+# (The weights alone fill several H100s, as printed; the calculator still
+# gives the per-step physics, which is the same on one ideal device or eight
+# real ones. `HARDWARE["h100"].scaled(8)` models eight as one.)
 #
 # ## 2. Check: the seeds' numbers, recomputed
 #
@@ -204,9 +208,8 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # `probe_this_machine` measures this computer with torch: the bandwidth of a
 # GEMV over a 256 MiB matrix (exactly what a decode step does to the weights)
 # and the FLOP/s of square GEMMs (what a prefill does). It is a short
-# measurement: on a machine shared with other jobs (or with a coarse CPU
-# quota), rerun it if the numbers look off — a peak below what the model
-# achieves in section 5 is a sure sign.
+# measurement: rerun it if the numbers look off — a peak below what the model
+# achieves in the next cell is a sure sign.
 
 # %%
 here = probe_this_machine(seconds=2.5 if QUICK else 4.0, device="cpu")  # on a GPU box, device="cuda" probes the GPU
@@ -251,6 +254,9 @@ for p, step, t in zip(measured, (sol_prefill, sol_decode), (ttft, tbt)):
     print(f"{p.label:>28}: {t * 1000:7.1f} ms, speed of light {step.time.value * 1000:6.1f} ms "
           f"-> {100 * step.time.value / t:5.1f}% of the roofline ({step.bound})")
 decode_bw = sol_decode.bytes.value / tbt
+print(f"ridge here (fp32) {here.ridge_point('fp32'):.1f} FLOP/B vs H100 (bf16) {h100.ridge_point('bf16'):.0f}; "
+      f"decode intensity {sol_decode.intensity.value:.2f}, prefill {sol_prefill.intensity.value:.0f} FLOP/B; "
+      f"one decode step moves {si(sol_decode.bytes.value, 'B')}")
 print(f"decode streams {si(decode_bw, 'B/s')} of weights + KV = {100 * decode_bw / here.memory_bandwidth:.0f}% "
       "of the probed GEMV bandwidth")
 for p in measured:
@@ -267,14 +273,13 @@ fig = plot_roofline(
 fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 
 # %% [markdown]
-# Where this machine sits: its ridge is around ten FLOP/B or less (a CPU has
-# little bandwidth, but also little compute), against ~300 for an H100. SmolLM2's
-# decode step is below even that low ridge (memory-bound: it must stream
-# ~540 MB of float32 weights per token), and its prefill is above it
-# (compute-bound). A measured point below the roof shows what the
-# implementation leaves on the table (framework overhead, imperfect GEMMs,
-# other jobs on a shared machine); the design target for the CPU decode is
-# >= 80% of the memory roofline. A measured point *above* the roof means the
+# Where this machine sits: a CPU's ridge is far lower than an H100's (little
+# bandwidth, but also little compute; both printed above). SmolLM2's decode
+# step is below even that low ridge (memory-bound: it must stream all its
+# float32 weights per token), and its prefill is above it (compute-bound). A
+# measured point below the roof shows what the implementation leaves on the
+# table (framework overhead, imperfect GEMMs, anything else the machine was
+# doing meanwhile). A measured point *above* the roof means the
 # roof is wrong: the probe's short GEMMs underestimated the machine's peak
 # (its largest CPU GEMM is 1024 x 1024, timed in a few milliseconds), while
 # the model's prefill runs larger, longer matmuls. Measuring the machine is a
@@ -283,13 +288,17 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # ## 6. The KV cache's memory: MHA vs GQA
 #
 # Chapter 6's "TB-scale arithmetic": with full multi-head attention (as many
-# KV heads as query heads) Llama 3 405B would need 8 MB of KV per token, 8 TB
-# for a million tokens. Its real GQA (8 KV heads shared by 128 query heads,
-# `kv_head = q_head // 16`) divides that by 16. `plot_kv_memory` draws KV bytes
+# KV heads as query heads) Llama 3 405B would need megabytes of KV per token
+# and terabytes for a million tokens. Its real GQA (128 query heads sharing 8
+# KV heads) divides that by `H / Hkv` (the cell prints both). `plot_kv_memory` draws KV bytes
 # per sequence against the context length, MHA dashed and GQA solid, under an
 # H100's memory and what the weights leave of it (dotted).
 
 # %%
+big = analyze(PRESETS["llama-3-405b"], h100, context=1_000_000, dtype="bf16")
+print(f"Llama 3 405B, 1M tokens: MHA {si(big.kv_per_token_mha.value, 'B')}/token, {si(big.kv_at_n_mha.value, 'B')}; "
+      f"GQA {si(big.kv_per_token.value, 'B')}/token, {si(big.kv_at_n.value, 'B')} "
+      f"({big.kv_per_token_mha.value / big.kv_per_token.value:.0f}x less)")
 contexts = [int(1000 * 1000 ** (i / 30)) for i in range(31)]  # 1k .. 1M tokens
 configs = [PRESETS["llama-3-8b"], PRESETS["llama-3-70b"], PRESETS["llama-3-405b"]]
 fig = plot_kv_memory(configs, contexts, FIGURES / "kv_memory.png", dtype_bytes=2, hardware=h100)
@@ -311,21 +320,60 @@ for b in (1, 32):
     print(f"decode step at N=8k, B={b:>2}: moves {si(step.bytes.value, 'B')} ({step.bytes.formula.split(' = ')[0]})")
 
 # %% [markdown]
-# GQA buys a 4x larger batch for Llama 3 8B at every context length (32
-# query heads, 8 KV heads), and a larger batch is exactly what moves decode up
+# GQA buys an `H / Hkv` times larger batch for Llama 3 8B at every context
+# length (compare the two batch columns), and a larger batch is exactly what moves decode up
 # the roofline. At 128k tokens even GQA fits only a handful of sequences: the
 # KV cache, not the weights, becomes the memory that matters (the seeds:
 # "when the KV cache approaches the size of the weights, a larger batch no
 # longer raises throughput").
 #
-# ## Summary
+# ## Takeaways
 #
-# * Intensity = FLOPs / bytes. Ridge = peak / bandwidth (H100 bf16 ~300,
-#   this CPU ~10 or less). Below the ridge memory decides, above it compute.
+# * Intensity = FLOPs / bytes. Ridge = peak / bandwidth (a few hundred FLOP/B
+#   for an H100 in bf16, far less for a CPU). Below the ridge memory decides,
+#   above it compute.
 # * Prefill: intensity ~ N, compute-bound for any real prompt. Decode:
 #   intensity ~ B, capped by each sequence's KV reads; memory-bound.
-# * The calculator reproduces every number of the seeds (2.5 h for a naive
-#   step at 1M tokens, 190,000 vs 1.9 FLOP/B, 8 TB of MHA KV...) and shows
-#   where the real architecture differs (GQA, SwiGLU, causal attention).
+# * The calculator reproduces every worked number of the seeds (section 2) and
+#   shows where the real architecture differs (GQA, SwiGLU, causal attention).
 # * GQA shrinks the KV cache by H / Hkv, which is batch size, which is
 #   decode throughput.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb11.py`.
+#
+# **1. The speed of light.** A step does `flops` FLOPs and moves `bytes_moved`
+# bytes on a machine with `peak_flops` FLOP/s and `bandwidth` B/s. How long
+# does it take at least? (The check tries compute-bound and memory-bound
+# steps on every machine in `HARDWARE`.)
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
+    raise NotImplementedError
+
+
+# %%
+check("11.roofline_time", my_roofline_time)
+
+# %% [markdown]
+# **2. Why batching helps decode.** A decode step of `batch` sequences does
+# `flops_per_seq` FLOPs per sequence, reads the weights (`weight_bytes`) once
+# for the whole batch, and reads/writes `kv_bytes_per_seq` of KV per sequence.
+# Return its intensity (FLOP/B). Then evaluate it for Llama 3 8B at 1k and 32k
+# tokens for B = 1 .. 1024 and find where each curve flattens.
+
+
+# %%
+def my_decode_intensity(batch: int, flops_per_seq: float, weight_bytes: float, kv_bytes_per_seq: float) -> float:
+    raise NotImplementedError
+
+
+# %%
+check("11.decode_intensity", my_decode_intensity)
