@@ -108,9 +108,11 @@ for name, stage in STAGES.items():
 # * **attention** (`kernels/flash_attention.py`): **FlashAttention**: a Q tile
 #   in registers, K/V streamed past it tile by tile with the **online
 #   softmax**, fully masked causal tiles never loaded. S = QK^T and P are never
-#   written: O(N) extra memory instead of O(N^2) (K/V are still re-read once
-#   per query tile). A tile's rows are (query, head) pairs of one GQA group,
-#   so a decode step reads K/V once per KV head.
+#   written: O(N) extra memory instead of O(N^2). The traffic stays quadratic:
+#   K/V are re-read once per query tile, Theta(N^2 d^2 / M) per head for an
+#   on-chip memory M (notebook 05 counts the bytes). A tile's rows are
+#   (query, head) pairs of one GQA group, so a decode step reads K/V once per
+#   KV head.
 # * **paged_attention** (`kernels/paged_attention.py`): the same online
 #   softmax with K/V read **through the block table** (no gathered copy of the
 #   cache); the G query heads of a KV head form one tile, so K/V are read once
@@ -408,7 +410,7 @@ if measured:
     plt.show()
 
 # %% [markdown]
-# ## Summary
+# ## Takeaways
 #
 # * Every optimized stage computes what its reference computes: identical ids,
 #   identical allowed sampling sets, identical copies, and float results within
@@ -421,3 +423,43 @@ if measured:
 # * The interpreter makes the kernels checkable anywhere; only a GPU makes
 #   them measurable (`stagewise bench stages` there, or this notebook's last
 #   section).
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb12.py`.
+#
+# **1. Split-K's merge.** Flash decoding cuts one decode query's keys into `S`
+# ranges; range `s` ends with its own online-softmax state: `m[s]` (its max
+# score), `l[s] = sum exp(score - m[s])` and `acc[s] = sum exp(score - m[s]) v`.
+# Merge them exactly into the attention output `[d]` (what
+# `kernels/split_k.py` does on the GPU): rescale each split to the common
+# max, then divide. The check compares with the attention stage.
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_merge_splits(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:  # noqa: E741
+    raise NotImplementedError
+
+
+# %%
+check("12.merge_splits", my_merge_splits)
+
+# %% [markdown]
+# **2. Softmax in base 2.** The kernels never call `exp`: they multiply the
+# scores by `scale * log2(e)` once and use `exp2`, a single GPU instruction.
+# Write `softmax(scores * scale)` over the last axis with `torch.exp2` only
+# (subtract the row max first, in base-2 units).
+
+
+# %%
+def my_softmax_exp2(scores: torch.Tensor, scale: float) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %%
+check("12.softmax_exp2", my_softmax_exp2)
