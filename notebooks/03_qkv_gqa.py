@@ -150,7 +150,7 @@ for label, num_tokens in [("decode, T=1", 1), (f"prefill, T={prefill_tokens}", p
     print(f"{label:16} three GEMMs {t3 * 1e3:8.1f} us   one fused GEMM {t1 * 1e3:8.1f} us   ratio {t3 / t1:.2f}x")
 
 # %% [markdown]
-# (Medians on a shared CPU: the exact ratio moves from run to run. Expect the
+# (Medians of a few runs: the exact ratio moves from run to run. Expect the
 # gap to be largest when each product is small — decode — where the fixed
 # cost per call is a large part of the total, and to shrink for big batches,
 # where the arithmetic dominates.

@@ -1,0 +1,149 @@
+"""The notebooks' exercises: every notebook ends with Takeaways and Exercises, every check works both ways.
+
+Each notebook's Exercises section has at least two check cells, `check("NN.name", my_fn)`
+(stagewise.exercises). The solved functions in notebooks/solutions/nbNN.py must pass every
+check of their notebook; wrong answers (a generic perturbation of each solution, and a few
+plausible student bugs) must fail; stubs must report "not yet" and never raise. Finally, no
+teaching text may type a number the code computes (the list of numbers that drifted before).
+"""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import jupytext
+import pytest
+import torch
+
+from stagewise.exercises import CHECKS, result
+from tests.test_notebooks import EXPECTED
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+CHECK_CALL = re.compile(r"""^check\(\s*["'](\d\d\.\w+)["']""", re.M)
+
+
+def cells(name: str):
+    return jupytext.read(NOTEBOOKS / f"{name}.py").cells
+
+
+def exercise_checks(name: str) -> list[str]:
+    """Check names called in the code cells after the notebook's '## Exercises' heading."""
+    nb = cells(name)
+    heads = [i for i, c in enumerate(nb) if c.cell_type == "markdown" and re.search(r"^## Exercises\b", c.source, re.M)]
+    assert heads, f"{name}: no '## Exercises' section"
+    return [m for c in nb[heads[-1] :] if c.cell_type == "code" for m in CHECK_CALL.findall(c.source)]
+
+
+def solutions(name: str) -> dict:
+    path = NOTEBOOKS / "solutions" / f"nb{name[:2]}.py"
+    assert path.is_file(), f"{name}: no solutions file {path.name}"
+    spec = importlib.util.spec_from_file_location(f"solutions_nb{name[:2]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SOLUTIONS
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_closes_with_takeaways_then_exercises(name):
+    markdown = [c.source for c in cells(name) if c.cell_type == "markdown"]
+    headings = [line for source in markdown for line in source.splitlines() if line.startswith("## ")]
+    assert headings[-2:] == ["## Takeaways", "## Exercises"], f"{name} ends with {headings[-2:]}"
+    checks = exercise_checks(name)
+    assert len(checks) >= 2, f"{name}: {len(checks)} check cells in Exercises, want at least 2"
+    assert all(c.startswith(name[:2] + ".") and c in CHECKS for c in checks), f"{name}: unknown checks {checks}"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_solutions_pass_every_check_of_their_notebook(name):
+    solved = solutions(name)
+    assert sorted(solved) == sorted(exercise_checks(name)), f"{name}: solutions and check cells differ"
+    for check_name, fn in solved.items():
+        outcome = result(check_name, fn)
+        assert outcome.passed, outcome.line()
+
+
+def perturbed(value):
+    """A wrong answer next to a right one: one element or number changed."""
+    if isinstance(value, torch.Tensor):
+        wrong = value.clone()
+        flat = wrong.view(-1)
+        flat[0] += 1 if not wrong.is_floating_point() else 0.5 + flat.abs().max()
+        return wrong
+    if isinstance(value, tuple):
+        return (perturbed(value[0]), *value[1:])
+    if isinstance(value, list):
+        return [perturbed(value[0]), *value[1:]]
+    if isinstance(value, str):
+        return value + "#"
+    return value + 1 if isinstance(value, int) else value * 1.01 + 1
+
+
+@pytest.mark.parametrize("check_name", sorted(CHECKS))
+def test_a_wrong_answer_fails(check_name):
+    solved = solutions(next(n for n in EXPECTED if n.startswith(check_name[:2])))[check_name]
+    outcome = result(check_name, lambda *args, **kwargs: perturbed(solved(*args, **kwargs)))
+    assert outcome.status == "fail", outcome.line()
+
+
+def _attention_without_mask(q, k, v, scale):
+    kk, vv = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))  # [L, H, d]
+    probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, kk) * scale, dim=-1)  # [H, L, L], every key visible
+    return torch.einsum("hqk,khd->qhd", probs, vv)
+
+
+PLAUSIBLE_BUGS = {
+    "02.rmsnorm": lambda x, w, eps: w * x / x.pow(2).mean(-1, keepdim=True).sqrt(),  # forgot eps
+    "07.top_k": lambda p, k: (lambda kept: kept / kept.sum(-1, keepdim=True))(
+        torch.zeros_like(p).scatter(-1, p.topk(k).indices, p.gather(-1, p.topk(k).indices))
+    ),  # torch.topk drops ties with the k-th token
+    "05.causal_attention": _attention_without_mask,  # no causal mask
+    "09.slot_mapping": lambda block_ids, positions, block_size: list(positions),  # ignores the block table
+    "10.static_rows": lambda p, o, seats: (sum(a + b - 1 for a, b in zip(p, o)), 0),  # as if there were no padding
+    "03.kv_bytes_per_token": lambda cfg, b: cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * b,  # K only
+}
+
+
+@pytest.mark.parametrize("check_name", sorted(PLAUSIBLE_BUGS))
+def test_a_plausible_bug_fails(check_name):
+    outcome = result(check_name, PLAUSIBLE_BUGS[check_name])
+    assert outcome.status == "fail", outcome.line()
+
+
+def test_stubs_report_not_yet_and_errors_are_caught():
+    def raises(*args, **kwargs):
+        raise NotImplementedError
+
+    def ellipsis(*args, **kwargs): ...
+
+    for check_name in CHECKS:
+        for stub in (raises, ellipsis):
+            assert result(check_name, stub).status == "not yet", check_name
+    assert result("02.rmsnorm", lambda *a: 1 / 0).status == "error"
+    assert result("99.nothing", raises).status == "error"
+
+
+# Numbers that were typed into the teaching text and drifted from the code, and notes about
+# the machine the notebooks were written on. Notebooks compute and print such numbers instead.
+TYPED = [
+    r"~\s?300x",
+    r"~\s?10,000x",
+    r"0\.1 x 0\.39",
+    r"\b7 MB\b",
+    r"5\.5\s?\*?\s?d\b",
+    r"about 4k tokens",
+    r"20x slower",
+    r"2-core",
+    r"design target",
+    r">= 80%",
+    r"on a shared( or busy)? (CPU|machine)",
+]
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_no_typed_numbers_or_machine_notes_in_the_text(name):
+    for cell in cells(name):
+        if cell.cell_type != "markdown":
+            continue
+        for pattern in TYPED:
+            found = re.search(pattern, cell.source)
+            assert not found, f"{name}: markdown types {found.group(0)!r}; compute it in a cell"
