@@ -1,9 +1,10 @@
-# The two set-up commands of the README:
-#   make trace   install everything, then print the shape flow of a short prompt through the real model
-#   make test    install everything, then run the whole test suite
+# The set-up commands of the README:
+#   make trace     install everything, then print the shape flow of a short prompt through the real model
+#   make test      install everything, then run the whole test suite
+#   make notebook  install everything, add JupyterLab and a "stagewise" kernel, open notebooks/
 PROMPT ?= The capital of France is
 
-.PHONY: install trace test lint compile-gate test-triton36
+.PHONY: install trace test notebook lint compile-gate test-triton36
 install:
 	./scripts/install.sh
 
@@ -12,6 +13,13 @@ trace: install
 
 test: install
 	.venv/bin/python -m pytest -q
+
+# JupyterLab goes into the same .venv (only here: `make test` runs the notebooks without it); the kernel named
+# "stagewise" (this .venv's Python) is registered for any other Jupyter front end too (VS Code, a system Jupyter)
+notebook: install
+	.venv/bin/python -m pip install -q jupyterlab
+	.venv/bin/python -m ipykernel install --user --name stagewise --display-name "Python (stagewise)"
+	.venv/bin/jupyter lab notebooks/
 
 lint:
 	.venv/bin/ruff check stagewise tests
