@@ -206,7 +206,8 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # ## 5. This machine
 #
 # `probe_this_machine` measures this computer with torch: the bandwidth of a
-# GEMV over a 256 MiB matrix (exactly what a decode step does to the weights)
+# GEMV over a matrix several times larger than the last-level cache (exactly
+# what a decode step does to the weights; the size is in the printed notes)
 # and the FLOP/s of square GEMMs (what a prefill does). It is a short
 # measurement: rerun it if the numbers look off — a peak below what the model
 # achieves in the next cell is a sure sign.
