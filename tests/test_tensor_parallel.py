@@ -200,3 +200,69 @@ def test_a_killed_rank_mid_stream(tiny):
             pass
     assert time.monotonic() - start < 20
     assert_workers_gone(llm)
+
+
+# ---- the trace: every rank's shards and collectives ----
+
+
+def test_trace_records_every_rank_and_collective(tiny):
+    from stagewise.trace import Tracer
+    from stagewise.trace.export import to_chrome, to_json
+
+    with LLM(tiny, tensor_parallel_size=2) as llm, Tracer() as tracer:
+        llm.generate(PROMPTS[:2], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    doc = to_json(tracer)
+    step = doc["steps"][-1]
+    assert {s["rank"] for s in step["stages"]} == {0, 1}
+    for rank in (0, 1):
+        mine = [s for s in step["stages"] if s["rank"] == rank]
+        reduces = [s for s in mine if s["stage"] == "all_reduce" and s["layer"] == 0]
+        assert len(reduces) == 2 and all(s["kind"] == "collective" for s in reduces)  # o_proj and down
+        assert reduces[0]["scalars"]["bytes"] == 2 * 96 * 4  # 2 decode tokens x hidden 96 x fp32
+        qkv = next(s for s in mine if s["stage"] == "qkv_proj")
+        assert qkv["inputs"][1]["shape"] == [96, (3 + 2 * 1) * 16]  # w_qkv of 3 query heads and 1 KV head
+        assert any(s["stage"] == "gather" for s in mine)  # the LM head's vocabulary slice
+    chrome = to_chrome(tracer)["traceEvents"]
+    names = {e["args"]["name"] for e in chrome if e["name"] == "process_name"}
+    assert names == {"rank 0 (schedules, samples)", "rank 1"}
+    assert {e["pid"] for e in chrome if e.get("cat") == "collective"} == {1, 2}
+
+
+# ---- Ctrl-C: one line, exit 130, and no process of the run is left ----
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc to see when the command is at work")
+def test_ctrl_c_shuts_every_rank_down(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_cli_interrupt import ENV, cpu_seconds
+
+    args = ["generate", "hi", "--model", "tiny", "--tp", "2", "--mode", "naive", "--max-tokens", "1000", "--ignore-eos"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stagewise.cli", *args],
+        cwd=tmp_path,
+        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground command
+    )
+    deadline = time.monotonic() + 120
+    while cpu_seconds(proc.pid) < 4.0 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: every process of the group gets it
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted"
+    assert "Traceback" not in err
+    for _ in range(100):  # the workers are gone too (their group is empty)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("a worker process outlived the interrupted command")
