@@ -266,3 +266,16 @@ def test_ctrl_c_shuts_every_rank_down(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("a worker process outlived the interrupted command")
+
+
+def test_bench_modes_runs_each_mode_at_each_tp_size(tiny):
+    """`bench modes --tp 1,2`: kv and paged at TP=2 share one set of ranks; same tokens as TP=1."""
+    from stagewise.bench.modes import ModesSettings, run_modes
+
+    settings = ModesSettings(model="tiny", modes=("kv", "paged"), output_lengths=(2, 3), repeats=1, tp=(1, 2))
+    result = run_modes(settings, loaded=tiny)
+    assert set(result["summary"]) == {"kv", "paged", "kv tp2", "paged tp2"}
+    assert result["outputs_identical"] and tuple(result["settings"]["tp"]) == (1, 2)
+    from stagewise.parallel.driver import _RUNNING
+
+    assert not _RUNNING  # the last LLM's shutdown ended the shared ranks

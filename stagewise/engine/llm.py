@@ -114,7 +114,7 @@ class LLM:
             model = LlamaModel(self.loaded, self.ops)
             model.calibrate_cpu_gemm()  # CPU only, once per process: the faster way to ask this BLAS
             return model
-        from stagewise.parallel.driver import TensorParallelModel, serve_torchrun_worker
+        from stagewise.parallel.driver import serve_torchrun_worker, tensor_parallel_model
         from stagewise.parallel.launch import torchrun_rank
 
         if self.engine_config.cuda_graphs:
@@ -123,12 +123,18 @@ class LLM:
         if rank:  # torchrun, a rank other than 0: serve rank 0's steps, then end this process
             serve_torchrun_worker(self.loaded, self.ops, pcfg, rank)
             raise SystemExit(0)
-        return TensorParallelModel(self.loaded, self.ops, pcfg)
+        return tensor_parallel_model(self.loaded, self.ops, pcfg)  # shared with other LLMs of the same model
 
     def shutdown(self) -> None:
-        """End the tensor-parallel workers (a no-op on one device). Also on `with LLM(...) as llm:` exit."""
-        if hasattr(self.model, "shutdown"):
-            self.model.shutdown()
+        """End the tensor-parallel workers (a no-op on one device). Also on `with LLM(...) as llm:` exit.
+
+        LLMs of other modes over the same LoadedModel and N share one set of ranks (one process group
+        per process); the last of them to shut down ends the workers."""
+        if hasattr(self.model, "release") and not self._released:
+            self._released = True
+            self.model.release()
+
+    _released = False
 
     def __enter__(self) -> "LLM":
         return self

@@ -54,6 +54,24 @@ def choose_backend(pcfg: ParallelConfig, device: torch.device) -> str:
     return backend
 
 
+# The process's one running TP model per (weights, N, stage backends): torch.distributed allows one
+# default process group per process, so LLMs of other modes over the same model share its ranks
+# (`bench modes --tp` alternates kv and paged over one group). Shut down when its last LLM is.
+_RUNNING: dict[tuple, "TensorParallelModel"] = {}
+
+
+def tensor_parallel_model(loaded: LoadedModel, ops, pcfg: ParallelConfig) -> "TensorParallelModel":
+    """A running TensorParallelModel for these weights, N and backends (started, or shared), one user more."""
+    key = (id(loaded.weights), pcfg, tuple(sorted(ops.backends.items())))
+    model = _RUNNING.get(key)
+    if model is None or model._closed is not None:
+        model = TensorParallelModel(loaded, ops, pcfg)
+        _RUNNING[key] = model
+        model._key = key
+    model.users += 1
+    return model
+
+
 class TensorParallelModel:
     def __init__(self, loaded: LoadedModel, ops, pcfg: ParallelConfig):
         n = pcfg.tensor_parallel_size
@@ -67,6 +85,8 @@ class TensorParallelModel:
         self.config = local_config(full, plans[0])  # rank 0's sizes: what the runners build caches for
         self.pcfg = pcfg
         self._closed: str | None = None  # why no further step can run (None: running)
+        self.users = 0  # LLMs sharing these ranks (tensor_parallel_model); the last one's shutdown ends them
+        self._key = None
         self.ranks = launch.start(loaded, ops, pcfg, self.backend, plans)  # the worker processes (if spawned)
         try:
             control = launch.join_as_rank0(self.ranks, pcfg, self.backend)
@@ -121,11 +141,21 @@ class TensorParallelModel:
         raise TensorParallelError(f"tensor-parallel run failed: {why}; every rank was shut down") from exc
 
     def _stop(self) -> None:
+        if _RUNNING.get(self._key) is self:
+            del _RUNNING[self._key]
         self._finalizer.detach()
         self.ranks.stop()
 
+    def release(self) -> None:
+        """One LLM less: the last one shuts the ranks down."""
+        self.users -= 1
+        if self.users <= 0:
+            self.shutdown()
+
     def shutdown(self) -> None:
         """Tell every worker to leave, wait for them, close the groups (idempotent)."""
+        if _RUNNING.get(self._key) is self:
+            del _RUNNING[self._key]
         if self._closed is None:
             self._closed = "this LLM was shut down"
             self._finalizer.detach()

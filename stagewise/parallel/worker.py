@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from stagewise.config import ModelConfig, ParallelConfig
+from stagewise.engine.contiguous_cache import ContiguousKVCache
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel
@@ -59,7 +60,7 @@ def build_model(config: ModelConfig, plan: ShardPlan, shard: LlamaWeights, devic
 def serve(model: LlamaModel, group: TensorParallelGroup) -> None:
     """The worker loop: one forward per StepMessage, until Shutdown."""
     fault = _fault_for(group.rank)
-    caches: dict[str, tuple[int, object]] = {}  # cache kind -> (rank 0's key, this rank's cache)
+    caches: dict[int, object] = {}  # rank 0's cache number -> this rank's cache (its KV heads only)
     for step in range(2**62):
         box = [None]
         dist.broadcast_object_list(box, src=0, group=group.control_group)
@@ -69,11 +70,12 @@ def serve(model: LlamaModel, group: TensorParallelGroup) -> None:
         assert isinstance(msg, StepMessage), type(msg)
         cache = None
         if msg.cache is not None:
-            key, cache = caches.get(msg.cache.kind, (None, None))
-            if key != msg.cache.key:  # a new cache on rank 0 (kv mode: one per batch); the old one is dropped
-                caches.pop(msg.cache.kind, None)
+            cache = caches.get(msg.cache.key)
+            if cache is None:
+                if msg.cache.kind == "contiguous":  # kv mode: a new batch's cache; the previous batch's is done
+                    caches = {k: c for k, c in caches.items() if not isinstance(c, ContiguousKVCache)}
                 cache = build_cache(msg.cache, model.config, model.dtype, model.device, model.batch_device)
-                caches[msg.cache.kind] = (msg.cache.key, cache)
+                caches[msg.cache.key] = cache
         batch = to_device(msg.batch, model.batch_device)
         kv = with_cache(to_device(msg.kv, model.batch_device), cache)
         if fault is not None and step == fault[0]:
