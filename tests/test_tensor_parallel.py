@@ -279,3 +279,24 @@ def test_bench_modes_runs_each_mode_at_each_tp_size(tiny):
     from stagewise.parallel.driver import _RUNNING
 
     assert not _RUNNING  # the last LLM's shutdown ended the shared ranks
+
+
+def test_torchrun_on_one_machine(tmp_path, tiny):
+    """The multi-node path (torchrun, env://) with 2 processes here: rank 0 prints TP=1's text."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists() and shutil.which("torchrun") is None:
+        pytest.skip("no torchrun next to this Python")
+    from tests.test_cli_interrupt import ENV
+
+    expected = LLM(tiny).generate("hi there", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0].text
+    cmd = [str(torchrun if torchrun.exists() else shutil.which("torchrun")), "--nproc-per-node", "2"]
+    cmd += ["-m", "stagewise.cli", "generate", "hi there", "--model", "tiny", "--tp", "2", "--max-tokens", "5"]
+    env = {**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    res = subprocess.run(cmd + ["--ignore-eos"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == expected + "\n"
