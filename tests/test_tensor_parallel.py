@@ -151,12 +151,17 @@ def test_smollm2_tp3_greedy_tokens_equal_tp1_in_every_mode(smollm):
         "The speed of light is",
     ]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    for mode in ("paged", "kv", "naive"):  # ~10 s each to start 2 workers on 2 busy cores; then seconds
-        ref = tokens(LLM(smollm, mode=mode), prompts, params)
-        with LLM(smollm, mode=mode, tensor_parallel_size=3) as llm:
-            assert llm.model.config.num_heads == 3 and llm.model.config.num_kv_heads == 1
-            assert tokens(llm, prompts, params) == ref, mode
-        assert_workers_gone(llm)
+    modes = ("paged", "kv", "naive")
+    tp = {m: LLM(smollm, mode=m, tensor_parallel_size=3) for m in modes}  # one set of ranks, shared by the 3 LLMs
+    try:
+        assert len({id(llm.model) for llm in tp.values()}) == 1
+        assert tp["paged"].model.config.num_heads == 3 and tp["paged"].model.config.num_kv_heads == 1
+        for mode in modes:
+            assert tokens(tp[mode], prompts, params) == tokens(LLM(smollm, mode=mode), prompts, params), mode
+    finally:
+        for llm in tp.values():
+            llm.shutdown()
+    assert_workers_gone(tp["paged"])
 
 
 # ---- failure: one clear error, every rank gone, in bounded time ----

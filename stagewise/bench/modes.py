@@ -236,7 +236,8 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
                     "tbt_ms": [round(1000 * g, 4) for g in m.tbt],
                 }
             )
-    cached = [m for m in settings.modes if m != "naive"]
+    # one device only: a tensor-parallel step's trace holds every rank's stages (they would add up twice)
+    cached = [name for name, (mode, tp) in engine_systems(settings).items() if mode != "naive" and tp == 1]
     streaming = weight_streaming(llms[cached[0]]) if cached else None
     short = BenchRequest(prompt, settings.prompt_tokens, min(64, max(lengths))).params()
     overhead = {m: stage_breakdown(llms[m], prompt, short) for m in cached}

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from stagewise.config import ModelConfig, ParallelConfig
 from stagewise.errors import StagewiseError
+from stagewise.models.llama import LlamaModel
 from stagewise.models.registry import LoadedModel
 from stagewise.parallel import launch
 from stagewise.parallel.group import TensorParallelGroup
@@ -84,6 +85,7 @@ class TensorParallelModel:
         plans = [shard_plan(full, r, n) for r in range(n)]
         self.config = local_config(full, plans[0])  # rank 0's sizes: what the runners build caches for
         self.pcfg = pcfg
+        LlamaModel(loaded, ops).calibrate_cpu_gemm()  # once per process, on the whole model; the workers inherit it
         self._closed: str | None = None  # why no further step can run (None: running)
         self.users = 0  # LLMs sharing these ranks (tensor_parallel_model); the last one's shutdown ends them
         self._key = None

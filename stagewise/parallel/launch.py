@@ -27,6 +27,7 @@ from stagewise.config import ParallelConfig
 from stagewise.errors import StagewiseError
 from stagewise.parallel.shard import shard_weights
 from stagewise.parallel.worker import WorkerArgs, join_group, worker_main
+from stagewise.stages import gemm
 
 HOST = "127.0.0.1"  # the spawned ranks all live on this machine
 JOIN_S = 10.0  # how long an orderly shutdown waits for a worker before killing it
@@ -132,6 +133,7 @@ def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
                 dict(ops.backends),
                 writer,
                 os.getpid(),
+                gemm.CPU_FORMS,
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"stagewise-tp-rank{plan.rank}", daemon=True)
             proc.start()

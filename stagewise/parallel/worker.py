@@ -35,6 +35,7 @@ from stagewise.models.weights import LlamaWeights
 from stagewise.parallel.group import TensorParallelGroup
 from stagewise.parallel.messages import Shutdown, StepMessage, build_cache, to_device, with_cache
 from stagewise.parallel.shard import ShardPlan, local_config
+from stagewise.stages import gemm
 from stagewise.trace.tracer import Tracer
 
 CONTROL_TIMEOUT = timedelta(days=7)  # workers wait for rank 0's next step for as long as the user is idle
@@ -109,6 +110,7 @@ class WorkerArgs:
     backends: dict  # stage -> naive|triton, as on rank 0
     errors: object  # the write end of a pipe to rank 0: a failure's one-line reason
     parent_pid: int  # rank 0's process: the watchdog ends this worker when it is gone
+    cpu_forms: object  # rank 0's measured CPU GEMM forms (stages/gemm.py): same machine, same BLAS, no re-measure
 
 
 def worker_main(args: WorkerArgs) -> None:
@@ -116,6 +118,7 @@ def worker_main(args: WorkerArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 shuts the others down
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.pcfg.tensor_parallel_size))
+    gemm.CPU_FORMS.chosen, gemm.CPU_FORMS.measured_ms = args.cpu_forms.chosen, args.cpu_forms.measured_ms
     try:
         device = torch.device(args.device)
         if device.type == "cuda":
