@@ -88,6 +88,7 @@ class TensorParallelModel:
         LlamaModel(loaded, ops).calibrate_cpu_gemm()  # once per process, on the whole model; the workers inherit it
         self._closed: str | None = None  # why no further step can run (None: running)
         self.users = 0  # LLMs sharing these ranks (tensor_parallel_model); the last one's shutdown ends them
+        self._source = loaded.weights  # held, so its id (the sharing key) cannot be reused by other weights
         self._key = None
         self.ranks = launch.start(loaded, ops, pcfg, self.backend, plans)  # the worker processes (if spawned)
         try:
