@@ -71,6 +71,9 @@ def generate(
     device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 on CPU)"),
     stats: bool = typer.Option(False, "--stats", help="print TTFT, TBT and tokens/s per request"),
+    tensor_parallel_size: int = typer.Option(
+        1, "--tensor-parallel-size", "--tp", help="split the model over N ranks (processes; gloo on CPU, NCCL on GPUs)"
+    ),
 ):
     """Generate text, streaming it as it is produced."""
     from stagewise import LLM, SamplingParams
@@ -94,7 +97,13 @@ def generate(
         dtype=parse_dtype(dtype),
         stage_backends=parse_stage_backends(stage_backend),
         special_tokens=special_tokens,
+        tensor_parallel_size=tensor_parallel_size,
     )
+    with llm:  # under tensor parallelism: the workers end with the command, however it ends
+        _stream_to_stdout(llm, prompts, params, chat, stats)
+
+
+def _stream_to_stdout(llm, prompts: list[str], params, chat: bool, stats: bool) -> None:
     texts = [""] * len(prompts)
     outputs_done = []
     for event in llm.stream(prompts, params, chat=chat):

@@ -329,3 +329,29 @@ class EngineConfig:
 
     def with_updates(self, **kwargs) -> "EngineConfig":
         return replace(self, **kwargs)
+
+
+TP_BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How a model is split across ranks (tensor parallelism, `stagewise/parallel/`)."""
+
+    tensor_parallel_size: int = 1  # ranks that each hold 1/N of every matrix; 1 = one process, no collectives
+    backend: str | None = None  # torch.distributed backend: gloo (CPU) or nccl (CUDA); None = by device
+    timeout_s: float = 60.0  # a collective that waits longer than this fails: a dead or stuck rank ends the run
+    start_timeout_s: float = 120.0  # the most time the worker processes may take to start and load their shards
+
+    def __post_init__(self) -> None:
+        n = self.tensor_parallel_size
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise StagewiseError(f"tensor_parallel_size must be an int >= 1, got {n!r}")
+        if self.backend is not None and self.backend not in TP_BACKENDS:
+            raise StagewiseError(
+                f"unknown tensor-parallel backend {self.backend!r}; use one of {', '.join(TP_BACKENDS)}"
+            )
+        for name in ("timeout_s", "start_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise StagewiseError(f"{name} must be a number of seconds > 0, got {value!r}")

@@ -28,6 +28,7 @@ EXPECTED = [
     "10_continuous_batching",
     "11_roofline",
     "12_triton_kernels",
+    "13_tensor_parallel",
 ]
 FORBIDDEN = [
     (r"@triton\.jit", "defines a Triton kernel"),

@@ -178,10 +178,11 @@ def modes(
     modes: str = typer.Option("naive,kv,paged", help="comma-separated modes to compare"),
     repeats: int | None = typer.Option(None, help="timed runs per mode and length (default 3; quick 1)"),
     compare: list[str] = typer.Option([], help="add a system: transformers (HF generate on the same prompt)"),
+    tp: str = typer.Option("1", "--tp", "--tensor-parallel-size", help="comma-separated TP sizes, e.g. 1,2"),
     overwrite: bool = OVERWRITE,
 ):
     """Naive recompute vs KV cache vs paged KV: same prompt, same tokens, growing outputs."""
-    from stagewise.bench.modes import ModesSettings, check_settings, modes_table, plot_modes, run_modes
+    from stagewise.bench.modes import ModesSettings, check_settings, modes_table, plot_modes, run_modes, settings_dict
 
     console, out_dir = setup(threads, out, quick)
     settings = ModesSettings(
@@ -196,9 +197,10 @@ def modes(
         repeats=positive(repeats, "--repeats", 1 if quick else 3),
         modes=split_names(modes, "--modes"),
         compare=tuple(c.strip() for item in compare for c in item.split(",") if c.strip()),
+        tp=parse_ints(tp, "--tp"),
     )
     check_settings(settings)
-    check_result_files(out_dir, "modes", asdict(settings), overwrite)
+    check_result_files(out_dir, "modes", settings_dict(settings), overwrite)
     with progress_bar(console) as progress:
         result = run_modes(settings, progress=progress)
     finish(console, result, modes_table(result), plot_modes, out_dir, "modes")

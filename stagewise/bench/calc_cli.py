@@ -4,6 +4,7 @@
     stagewise calc --model llama-3-8b --context 8192 --batch 32 --explain
     stagewise calc --hardware h100-seeds --seeds        # the seeds' worked numbers next to ours
     stagewise calc --model smollm2-135m --hardware probe --dtype fp32 --plot plots/
+    stagewise calc --tp 8 --hardware h200 --interconnect nvlink4   # 405B split over 8 GPUs: per device
 
 The command only formats: every number comes from `stagewise.bench.calc`.
 Run this module directly (`python -m stagewise.bench.calc_cli`) for the same
@@ -128,7 +129,7 @@ def _print_analysis(console: Console, a: Analysis, explain: bool) -> None:
     ]
     console.print(_quantity_table("The model, per token", rows, explain))
     console.print(_steps_table(a, explain))
-    fits = "" if cap.free_for_kv.value > 0 else " (the weights alone do not fit: try --devices or fp8)"
+    fits = "" if cap.free_for_kv.value > 0 else " (the weights alone do not fit: try --tp, --devices or fp8)"
     rows = [
         (f"TTFT, {a.batch} prompt(s) of {a.context:,} tokens", a.prefill.time),
         ("time per output token (decode)", a.decode.time),
@@ -140,6 +141,34 @@ def _print_analysis(console: Console, a: Analysis, explain: bool) -> None:
         ("  as MHA", cap.max_batch_mha),
     ]
     console.print(_quantity_table("Speed of light and capacity", rows, explain))
+
+
+def _print_tp(console: Console, t, hw, context: int, explain: bool) -> None:
+    """The per-device view of `calc --tp N` (`bench/calc_tp.py`)."""
+    cap = t.capacity
+    fits = "" if cap.free_for_kv.value > 0 else " (the shards alone do not fit: more devices or fp8)"
+    loc = t.local
+    verdict = "latency-bound" if t.decode_latency_share.value > 0.5 else "bandwidth-bound"
+    rows = [
+        (
+            f"weights per device ({loc.num_heads} heads, inter {loc.intermediate_size}, vocab {loc.vocab_size})",
+            t.weights_per_device,
+        ),
+        (f"KV per token per device ({loc.num_kv_heads} KV heads)", t.kv_per_token_per_device),
+        ("memory left for the KV cache per device" + fits, cap.free_for_kv),
+        (f"largest batch at N={context:,} (each device holds its KV heads)", cap.max_batch),
+        ("all-reduces per forward step", t.all_reduces_per_step),
+        ("all-reduce bytes per token per layer", t.all_reduce_bytes_per_token_per_layer),
+        ("one decode all-reduce: message", t.decode_message),
+        (f"one decode all-reduce: ring time ({verdict})", t.decode_all_reduce),
+        ("all-reduces of one decode step", t.decode_comm),
+        ("decode step of one shard (speed of light)", t.decode_shard.time),
+        ("time per output token, shard + all-reduces", t.decode_time),
+        ("all-reduces of one prefill", t.prefill_comm),
+        ("TTFT, shard + all-reduces", t.prefill_time),
+    ]
+    title = f"Tensor parallelism: {t.tp} x {hw.name} over {t.link.name}, per device"
+    console.print(_quantity_table(title, rows, explain))
 
 
 def _print_seeds(console: Console, explain: bool) -> None:
@@ -163,6 +192,10 @@ def calc(
     batch: int = typer.Option(1, help="B: sequences processed together"),
     dtype: str = typer.Option("bf16", help="weights and KV cache dtype: bf16, fp16, fp32 or fp8"),
     devices: int = typer.Option(1, help="this many identical devices as one (ideal tensor parallelism)"),
+    tp: int = typer.Option(
+        1, "--tp", "--tensor-parallel-size", help="split the model over N devices: per-device memory, all-reduce cost"
+    ),
+    interconnect: str = typer.Option("nvlink4", help="link between the --tp devices: nvlink4, nvlink3, pcie5, pcie4"),
     explain: bool = typer.Option(False, "--explain", help="show the formula next to each number"),
     seeds: bool = typer.Option(False, "--seeds", help="print the seeds' worked examples next to ours"),
     plot: str | None = typer.Option(None, help="write roofline.png and kv_memory.png into this directory"),
@@ -178,11 +211,23 @@ def calc(
         check_writable_folder(folder, "--plot")
     if json_out is not None:
         check_writable(json_out, "--json-out")
+    from stagewise.bench.calc_tp import analyze_tp, get_interconnect
+
+    if tp < 1:
+        raise StagewiseError(f"--tp must be >= 1, got {tp}")
+    if tp > 1 and devices > 1:
+        raise StagewiseError("give --tp (N devices with all-reduces) or --devices (N ideal devices as one), not both")
+    link = get_interconnect(interconnect)
     config = load_model_config(model)
     hw = load_hardware(hardware).scaled(devices)
     result = analyze(config, hw, context=context, batch=batch, dtype=dtype)
+    tp_result = None
+    if tp > 1:
+        tp_result = analyze_tp(config, hw, tp, result.dtype, result.dtype_bytes, context, batch, link)
     console = Console()
     _print_analysis(console, result, explain)
+    if tp_result is not None:
+        _print_tp(console, tp_result, hw, context, explain)
     if seeds:
         _print_seeds(console, explain)
     if plot is not None:
@@ -198,6 +243,8 @@ def calc(
         console.print(f"wrote {out / 'roofline.png'} and {out / 'kv_memory.png'}")
     if json_out is not None:
         data = {"analysis": asdict(result), "ridge_point": hw.ridge_point(result.dtype)}
+        if tp_result is not None:
+            data["tensor_parallel"] = asdict(tp_result)
         if seeds:
             data["seeds"] = seeds_table()
         try:

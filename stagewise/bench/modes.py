@@ -20,6 +20,13 @@ are drawn over the measurements. Before any number is reported, the token ids
 of every run are compared with the first run of that output length: a mode
 that produced different tokens did different work, and its timing means
 nothing (StagewiseError).
+
+`--tp 1,2` runs every mode at each tensor-parallel size too ("paged tp2":
+the same engine over 2 ranks, gloo on a CPU). On a CPU with few cores this
+measures what TP costs rather than what it saves: the ranks share the same
+cores and memory bandwidth (no extra hardware is added, unlike N GPUs), and
+every step adds 2 all-reduces per block and a broadcast of the batch through
+the loopback network stack, each tens of microseconds.
 """
 
 import statistics
@@ -57,6 +64,24 @@ class ModesSettings:
     modes: tuple[str, ...] = MODES  # which modes to compare
     compare: tuple[str, ...] = ()  # other systems on the same prompt: "transformers" (HF generate, KV-cached)
     seed: int = 0  # prompt seed
+    tp: tuple[int, ...] = (1,)  # tensor-parallel sizes to run each mode at ("paged tp2", ...)
+
+
+def settings_dict(settings: ModesSettings) -> dict:
+    """The settings as a result file records them (without `tp` at its default: older results still match)."""
+    out = asdict(settings)
+    if settings.tp == (1,):
+        del out["tp"]
+    return out
+
+
+def system_name(mode: str, tp: int) -> str:
+    return mode if tp == 1 else f"{mode} tp{tp}"
+
+
+def engine_systems(settings: ModesSettings) -> dict[str, tuple[str, int]]:
+    """Every (mode, tensor-parallel size) measured, by its name in tables and plots."""
+    return {system_name(m, n): (m, n) for n in settings.tp for m in settings.modes}
 
 
 def check_identical(tokens: dict[str, list[int]], what: str) -> None:
@@ -143,6 +168,8 @@ def check_settings(settings: ModesSettings) -> None:
         raise StagewiseError(f"repeats must be >= 1, got {settings.repeats}")
     if settings.prompt_tokens < 1:
         raise StagewiseError(f"prompt_tokens must be >= 1, got {settings.prompt_tokens}")
+    if not settings.tp or min(settings.tp) < 1:
+        raise StagewiseError(f"tensor-parallel sizes must be >= 1, got {settings.tp}")
 
 
 def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
@@ -154,7 +181,18 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     prompt = single_prompt(loaded.tokenizer, settings.prompt_tokens, settings.seed)
     lengths = sorted(set(settings.output_lengths))
     ecfg = EngineConfig(max_num_seqs=1, max_model_len=settings.prompt_tokens + max(lengths) + 1)
-    llms = {m: LLM(loaded, backend=settings.backend, mode=m, engine_config=ecfg) for m in settings.modes}
+    engines = engine_systems(settings)
+    llms = {}
+    try:
+        for name, (mode, tp) in engines.items():
+            llms[name] = LLM(loaded, backend=settings.backend, mode=mode, engine_config=ecfg, tensor_parallel_size=tp)
+        return _measure(settings, loaded, prompt, lengths, llms, progress)
+    finally:
+        for llm in llms.values():
+            llm.shutdown()  # tensor-parallel workers end with the benchmark
+
+
+def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths: list[int], llms, progress) -> dict:
     warm = BenchRequest(prompt, settings.prompt_tokens, settings.warmup_tokens).params()
     for llm in llms.values():
         stream_timed(llm, [prompt], [warm])
@@ -166,7 +204,7 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
         prompt_ids = loaded.tokenizer.encode(prompt)
         pad_id = loaded.tokenizer.pad_id if loaded.tokenizer.pad_id is not None else 0
         hf.run([prompt_ids], [settings.warmup_tokens], 1, pad_id)
-    systems = [*settings.modes, *settings.compare]
+    systems = [*llms, *settings.compare]
 
     total = sum(lengths) * len(systems) * settings.repeats
     task = progress.add_task("modes", total=total) if progress is not None else None
@@ -198,15 +236,18 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
                     "tbt_ms": [round(1000 * g, 4) for g in m.tbt],
                 }
             )
-    cached = [m for m in settings.modes if m != "naive"]
+    # one device only: a tensor-parallel step's trace holds every rank's stages (they would add up twice)
+    cached = [name for name, (mode, tp) in engine_systems(settings).items() if mode != "naive" and tp == 1]
     streaming = weight_streaming(llms[cached[0]]) if cached else None
     short = BenchRequest(prompt, settings.prompt_tokens, min(64, max(lengths))).params()
     overhead = {m: stage_breakdown(llms[m], prompt, short) for m in cached}
     result = {
         "benchmark": "modes",
         "machine": machine_info(),
-        "settings": asdict(settings),
-        "model": {k: v for k, v in next(iter(llms.values())).describe().items() if k != "mode"},
+        "settings": settings_dict(settings),
+        "model": {
+            k: v for k, v in next(iter(llms.values())).describe().items() if k not in ("mode", "tensor_parallel_size")
+        },
         "prompt": prompt,
         "prompt_tokens": settings.prompt_tokens,
         "outputs_identical": True,
@@ -226,7 +267,7 @@ def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
     summary: dict[str, dict] = {}
     curves, fits = {}, {}
     longest = max(r["output_tokens"] for r in runs)
-    for mode in [*settings.modes, *settings.compare]:
+    for mode in [*engine_systems(settings), *settings.compare]:
         summary[mode] = {}
         for length in sorted({r["output_tokens"] for r in runs}):
             rs = [r for r in runs if r["mode"] == mode and r["output_tokens"] == length]
@@ -240,8 +281,9 @@ def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
         ms = [statistics.median(col) for col in zip(*gaps)]  # per position, the median over repeats
         context = [settings.prompt_tokens + i + 1 for i in range(len(ms))]  # the step that made token i+1
         curves[mode] = {"context_len": context, "ms_per_token": ms}
-        if len(ms) >= len(FIT_POWERS[mode]):
-            fits[mode] = fit_cost(context, ms, FIT_POWERS[mode])
+        powers = FIT_POWERS[mode.split(" ")[0]]  # "paged tp2" fits like "paged"
+        if len(ms) >= len(powers):
+            fits[mode] = fit_cost(context, ms, powers)
     return {"summary": summary, "time_per_token": curves, "fits": fits}
 
 

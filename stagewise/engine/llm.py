@@ -28,6 +28,13 @@ the step. A stream closed early (`break`, an exception, Ctrl-C, the iterator
 dropped) aborts its unfinished requests and frees their blocks; a step whose
 forward pass raised is undone (running requests recompute, blocks it named
 unnamed), so the `LLM` stays usable after any interruption.
+
+Tensor parallelism (`stagewise/parallel/`): `LLM(..., tensor_parallel_size=N)`
+splits every matrix over N ranks — this process is rank 0 (it schedules and
+samples), ranks 1..N-1 are worker processes started here (gloo on a CPU, NCCL
+on GPUs) or by torchrun. Every mode runs under it; `shutdown()` (or a `with`
+block) ends the workers. An interrupted or failed tensor-parallel step shuts
+every rank down: that `LLM` then refuses further steps.
 """
 
 import itertools
@@ -37,7 +44,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig
+from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig, ParallelConfig
 from stagewise.engine.checks import check_engine_memory, check_llm_arguments
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_runner import PagedRunner
@@ -67,8 +74,13 @@ class LLM:
         stage_backends: dict[str, str] | None = None,
         engine_config: EngineConfig | None = None,
         special_tokens: bool = False,
+        tensor_parallel_size: int = 1,
+        parallel_config: ParallelConfig | None = None,
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
+        pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
+        if parallel_config is not None and tensor_parallel_size not in (1, pcfg.tensor_parallel_size):
+            raise StagewiseError("give tensor_parallel_size or parallel_config, not two different sizes")
         if not isinstance(special_tokens, bool):
             raise StagewiseError(f"special_tokens must be True or False, got {special_tokens!r}")
         self.special_tokens = special_tokens  # True: prompts may hold control tokens (trusted input only)
@@ -77,9 +89,9 @@ class LLM:
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
         self.config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
-        self.model = LlamaModel(self.loaded, self.ops)
-        self.model.calibrate_cpu_gemm()  # CPU only, once per process: the faster way to ask this BLAS
         self.engine_config = engine_config or EngineConfig()
+        self.tensor_parallel_size = pcfg.tensor_parallel_size
+        self.model = self._build_model(pcfg)
         limit = self.config.max_position_embeddings
         asked = self.engine_config.max_model_len
         if asked is not None and asked > limit:
@@ -95,6 +107,40 @@ class LLM:
         self._inbox: dict[str, deque[TokenEvent]] = {HAND: deque()}  # owner key -> events not yet handed out
         self._streams = itertools.count()
         self._num_stepped = 0  # requests added with add_request so far (their event index)
+
+    def _build_model(self, pcfg: ParallelConfig):
+        """One device: the LlamaModel. N ranks: rank 0's TensorParallelModel (the workers start here)."""
+        if pcfg.tensor_parallel_size == 1:
+            model = LlamaModel(self.loaded, self.ops)
+            model.calibrate_cpu_gemm()  # CPU only, once per process: the faster way to ask this BLAS
+            return model
+        from stagewise.parallel.driver import serve_torchrun_worker, tensor_parallel_model
+        from stagewise.parallel.launch import torchrun_rank
+
+        if self.engine_config.cuda_graphs:
+            raise StagewiseError("cuda_graphs does not run under tensor parallelism; turn one of them off")
+        rank = torchrun_rank()
+        if rank:  # torchrun, a rank other than 0: serve rank 0's steps, then end this process
+            serve_torchrun_worker(self.loaded, self.ops, pcfg, rank)
+            raise SystemExit(0)
+        return tensor_parallel_model(self.loaded, self.ops, pcfg)  # shared with other LLMs of the same model
+
+    def shutdown(self) -> None:
+        """End the tensor-parallel workers (a no-op on one device). Also on `with LLM(...) as llm:` exit.
+
+        LLMs of other modes over the same LoadedModel and N share one set of ranks (one process group
+        per process); the last of them to shut down ends the workers."""
+        if hasattr(self.model, "release") and not self._released:
+            self._released = True
+            self.model.release()
+
+    _released = False
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def _paged_engine(self) -> PagedRunner:
         check_engine_memory(self.loaded, self.engine_config, self.max_model_len)
@@ -280,6 +326,7 @@ class LLM:
             "backend": self.ops.describe(),
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "device": str(self.loaded.device),
+            "tensor_parallel_size": self.tensor_parallel_size,
         }
 
     def generate(

@@ -17,12 +17,19 @@ The batch is a flattened token batch across all scheduled sequences, never
 [batch, seq, hidden] with padding. Every stage is called through `ops`, which
 picks naive or Triton per stage and lets the tracer watch. How K/V are kept
 (nowhere, a contiguous cache, a paged cache) is the `kv` argument's business.
+
+Tensor parallelism (`stagewise/parallel/`) changes three lines, through `tp`
+(`models/parallel.py`): the embedding becomes a masked lookup + all-reduce,
+o_proj and ffn end with an all-reduce, and the LM head's vocabulary slices
+are gathered. With one device `tp` is `SINGLE_DEVICE` and all three are the
+plain computation.
 """
 
 import torch
 
 from stagewise.models.forward_batch import ForwardBatch, KVAccess
 from stagewise.models.ops import StageOps
+from stagewise.models.parallel import SINGLE_DEVICE
 from stagewise.models.registry import LoadedModel
 from stagewise.stages import gemm, rope
 from stagewise.stages.qkv_proj import split_qkv
@@ -30,12 +37,13 @@ from stagewise.stages.rope import build_cos_sin_cache
 
 
 class LlamaModel:
-    def __init__(self, model: LoadedModel, ops: StageOps):
+    def __init__(self, model: LoadedModel, ops: StageOps, tp=SINGLE_DEVICE):
         self.config = model.config
         self.weights = model.weights
         self.device = model.device
         self.dtype = model.dtype
         self.ops = ops
+        self.tp = tp  # this rank's group (models/parallel.py); SINGLE_DEVICE: no collectives
         # Batch metadata (ids, positions, cu_seqlens, slot_mapping, ...) lives with the weights, except for
         # shape-only models on the meta device: there it stays on the CPU, where the stages can read it.
         self.batch_device = torch.device("cpu") if self.device.type == "meta" else self.device
@@ -59,9 +67,9 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVAccess) -> torch.Tensor:
         """-> logits [num_seqs, vocab] for the last token of each sequence."""
-        cfg, w, ops = self.config, self.weights, self.ops
+        cfg, w, ops, tp = self.config, self.weights, self.ops, self.tp
         num_tokens = batch.num_tokens
-        h = ops("embedding", ids=batch.input_ids, weight=w.embed)  # [T] -> [T, hidden]
+        h = tp.embed(ops, batch.input_ids, w.embed)  # [T] -> [T, hidden] (TP: masked lookup + all-reduce)
         residual = None
         angles = None  # the PyTorch RoPE's cos/sin rows for this step's positions: gathered once, used by all layers
         if ops.backends["rope"] == "naive":
@@ -75,9 +83,12 @@ class LlamaModel:
             )
             attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
             h = ops("o_proj", layer=i, x=attn.reshape(num_tokens, cfg.q_size), w_o=lw.w_o)  # -> [T, hidden]
+            h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial o_proj outputs
             x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual)
             h = ops("ffn", layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
+            h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial down outputs
         x, _ = ops("rmsnorm", x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
         if batch.last_token_index.numel() == 0:  # a step of prefill chunks only: nothing to predict yet
             return x.new_empty(0, cfg.vocab_size)
-        return ops("lm_head", hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head)  # [B, vocab]
+        logits = ops("lm_head", hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head)  # [B, vocab]
+        return tp.gather_vocab(logits)  # TP: [B, vocab/N] per rank -> [B, vocab] on rank 0

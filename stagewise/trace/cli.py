@@ -47,12 +47,15 @@ def trace(
     device: str | None = typer.Option(None, help="cpu, cuda or meta (shape only: no memory, no values)"),
     width: int | None = typer.Option(None, help=f"terminal width, >= {MIN_WIDTH} (default: auto)"),
     timing: bool = typer.Option(True, "--timing/--no-timing", help="show wall time per stage"),
+    tensor_parallel_size: int = typer.Option(
+        1, "--tensor-parallel-size", "--tp", help="split the model over N ranks; the trace shows every rank"
+    ),
 ):
     """Print every tensor shape through a run, step by step."""
     from stagewise import LLM, SamplingParams
     from stagewise.stages import STAGES
     from stagewise.trace.select import check_ranges, parse_ranges
-    from stagewise.trace.tracer import Tracer
+    from stagewise.trace.tracer import COLLECTIVES, Tracer
 
     # Every option is checked before the model loads; the ranges once the sizes are known.
     if fmt not in FORMATS:
@@ -62,20 +65,28 @@ def trace(
     if width is not None and width < MIN_WIDTH:
         raise StagewiseError(f"--width must be >= {MIN_WIDTH}, got {width}")
     for name in stage:
-        if name not in STAGES:
-            raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
+        if name not in STAGES and name not in COLLECTIVES:
+            raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join([*STAGES, *COLLECTIVES])}")
     layer_ranges = None if layers in (None, "first", "all") else parse_ranges(layers, "layers")
     step_ranges = None if steps is None else parse_ranges(steps, "steps")
     if out is not None:
         check_writable(out)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
-    llm = LLM(model, backend=backend, mode=mode, device=device, engine_config=ecfg, special_tokens=special_tokens)
+    llm = LLM(
+        model,
+        backend=backend,
+        mode=mode,
+        device=device,
+        engine_config=ecfg,
+        special_tokens=special_tokens,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     if layer_ranges is not None:
         layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", llm.describe()["name"])
     else:
         layer_sel = layers or ("all" if fmt in ("json", "chrome") else "first")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    with Tracer(timing=timing) as tracer:
+    with llm, Tracer(timing=timing) as tracer:
         llm.generate(prompts, params, chat=chat)
     step_sel = None if step_ranges is None else check_ranges(step_ranges, len(tracer.steps), "steps", "this run")
     text = render(tracer, fmt, layer_sel, step_sel, set(stage), timing, llm.tokenizer.decode, width, to_file=bool(out))

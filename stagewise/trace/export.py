@@ -12,13 +12,17 @@ JSON (`to_json`, schema `TRACE_SCHEMA`, version 1) — what notebooks and tests 
                    start_us, dur_us}],
       "summary": {requests, prompt_tokens, output_tokens, steps, ttft_ms, tbt_ms, ...}
     }
-    stage = {stage, layer, backend, inputs: [tensor], outputs: [tensor], scalars, start_us, dur_us}
+    stage = {stage, layer, backend, inputs: [tensor], outputs: [tensor], scalars, start_us, dur_us, rank, kind}
+            (kind "collective": stage is all_reduce or gather, backend gloo or nccl, scalars {bytes, world_size})
     tensor = {name, shape: [int], dtype, axes: [str] | null}
 
 Chrome trace (`to_chrome`): the Trace Event Format that Perfetto and
 chrome://tracing open — one complete event ("X", `ts`/`dur` in microseconds)
 per engine step and per stage call (stages nested inside their step), counter
 events ("C") for KV blocks in use, and metadata events ("M") naming the tracks.
+Under tensor parallelism each rank is a process track of its own ("rank 0",
+"rank 1", ...: pid = rank + 1), its stages and its collectives on two threads,
+so Perfetto shows the ranks side by side, all-reduce against all-reduce.
 """
 
 from stagewise.trace.tracer import Tracer
@@ -38,11 +42,13 @@ _TENSOR = {
 }
 _STAGE = {
     "type": "object",
-    "required": ["stage", "layer", "backend", "inputs", "outputs", "scalars", "start_us", "dur_us"],
+    "required": ["stage", "layer", "backend", "inputs", "outputs", "scalars", "start_us", "dur_us", "rank", "kind"],
     "properties": {
         "stage": {"type": "string"},
         "layer": {"type": ["integer", "null"]},
-        "backend": {"enum": ["naive", "triton"]},
+        "backend": {"enum": ["naive", "triton", "gloo", "nccl"]},
+        "rank": {"type": "integer", "minimum": 0},
+        "kind": {"enum": ["stage", "collective"]},
         "inputs": {"type": "array", "items": _TENSOR},
         "outputs": {"type": "array", "items": _TENSOR},
         "scalars": {"type": "object"},
@@ -78,9 +84,10 @@ TRACE_SCHEMA = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["index", "mode", "requests", "batch", "scheduler", "stages", "sampled", "text"],
+                "required": ["index", "mode", "requests", "batch", "scheduler", "stages", "sampled", "text", "rank"],
                 "properties": {
                     "index": {"type": "integer", "minimum": 0},
+                    "rank": {"const": 0},
                     "mode": {"enum": ["naive", "kv", "paged"]},
                     "requests": {"type": "array", "items": _REQUEST},
                     "batch": {"type": "object"},
@@ -111,32 +118,48 @@ def _shape_args(rec) -> dict:
     args = {t.name: t.label() for t in rec.inputs if not t.name.startswith("sampling.")}
     args.update({f"-> {t.name}": t.label() for t in rec.outputs})
     args["backend"] = rec.backend
+    if rec.kind == "collective":
+        args["bytes"] = rec.scalars.get("bytes")
+        args["world_size"] = rec.scalars.get("world_size")
     return args
 
 
-def _stage_event(rec, pid: int) -> dict:
-    """One stage call as a complete event on the "stages" track (tid 2)."""
+def _stage_event(rec) -> dict:
+    """One stage call as a complete event on its rank's "stages" track (tid 2), a collective on tid 3."""
     return {
         "name": _stage_name(rec),
-        "cat": "stage",
+        "cat": rec.kind,
         "ph": "X",
         "ts": rec.start_us,
         "dur": rec.dur_us or 0.0,
-        "pid": pid,
-        "tid": 2,
+        "pid": rec.rank + 1,
+        "tid": 3 if rec.kind == "collective" else 2,
         "args": _shape_args(rec),
     }
 
 
+def _track_names(ranks: list[int]) -> list[dict]:
+    if ranks == [0]:
+        names = {1: "stagewise engine"}
+    else:
+        names = {r + 1: f"rank {r}" + (" (schedules, samples)" if r == 0 else "") for r in ranks}
+    events = []
+    for pid, name in names.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "stages"}})
+        if len(names) > 1:
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 3, "args": {"name": "collectives"}})
+    events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "engine steps"}})
+    return events
+
+
 def to_chrome(tracer: Tracer) -> dict:
-    """Trace Event Format: {"traceEvents": [...], "displayTimeUnit": "ms"}."""
-    pid = 1
-    events = [
-        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "stagewise engine"}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "engine steps"}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "stages"}},
-    ]
-    events += [_stage_event(rec, pid) for rec in tracer.prelude]
+    """Trace Event Format: {"traceEvents": [...], "displayTimeUnit": "ms"}; one process per rank."""
+    pid = 1  # rank 0: steps, counters, and its own stages
+    ranks = sorted({0} | {rec.rank for step in tracer.steps for rec in step.stages})
+    events = _track_names(ranks)
+    events += [_stage_event(rec) for rec in tracer.prelude]
     for step in tracer.steps:
         requests = {r["request_id"]: f"{r['phase']} +{r['num_scheduled']}" for r in step.requests}
         events.append(
@@ -151,7 +174,7 @@ def to_chrome(tracer: Tracer) -> dict:
                 "args": requests,
             }
         )
-        events += [_stage_event(rec, pid) for rec in step.stages]
+        events += [_stage_event(rec) for rec in step.stages]
         in_use = step.scheduler.get("kv_blocks_in_use")
         if isinstance(in_use, int):
             events.append(

@@ -36,19 +36,26 @@ def _ms(rec: StageRecord) -> str:
     return "" if rec.dur_us is None else f"{rec.dur_us / 1000:.2f}"
 
 
-def _cells(step_label: str, layer_label: str, rec: StageRecord) -> list[str]:
-    """One row: step, layer, stage, backend, inputs, outputs, ms."""
+def _cells(step_label: str, layer_label: str, rec: StageRecord, ranks: bool = False) -> list[str]:
+    """One row: step, layer, [rank,] stage, backend, inputs, outputs, ms."""
     outputs = _tensors(rec.outputs) or "(in place)"
-    return [step_label, layer_label, rec.stage, rec.backend, _tensors(rec.inputs), outputs, _ms(rec)]
+    rank = [str(rec.rank)] if ranks else []
+    return [step_label, layer_label, *rank, rec.stage, rec.backend, _tensors(rec.inputs), outputs, _ms(rec)]
+
+
+def _has_ranks(tracer: Tracer) -> bool:
+    """True for a tensor-parallel trace: then every row says which rank ran it."""
+    return any(rec.rank for step in tracer.steps for rec in step.stages)
 
 
 def render_table(tracer: Tracer, layers="first", steps=None, stages=None) -> Table:
     layer_sel = [0] if layers == "first" else layers
     table = Table(title=f"stagewise trace · {tracer.model.get('name')} · mode {tracer.model.get('mode')}")
-    for col in ("step", "layer", "stage", "backend", "inputs", "outputs", "ms"):
+    ranks = _has_ranks(tracer)
+    for col in ("step", "layer", *(["rank"] if ranks else []), "stage", "backend", "inputs", "outputs", "ms"):
         table.add_column(col, overflow="fold")
     for step_label, layer_label, rec in _rows(tracer, layer_sel, steps, stages):
-        cells = _cells(step_label, layer_label, rec)
+        cells = _cells(step_label, layer_label, rec, ranks)
         table.add_row(*(Text(c) for c in cells))  # Text: shapes like [num_tokens=5] are not markup
     return table
 
@@ -63,11 +70,12 @@ def render_markdown(tracer: Tracer, layers="first", steps=None, stages=None) -> 
         f"{m.get('num_kv_heads')} KV heads, head_dim {m.get('head_dim')}, vocab {m.get('vocab_size')}; "
         f"mode {m.get('mode')}, backend {m.get('backend')}",
         "",
-        "| step | layer | stage | backend | inputs | outputs | ms |",
-        "|---|---|---|---|---|---|---|",
     ]
+    ranks = _has_ranks(tracer)
+    cols = ["step", "layer", *(["rank"] if ranks else []), "stage", "backend", "inputs", "outputs", "ms"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for step_label, layer_label, rec in _rows(tracer, layer_sel, steps, stages):
-        cells = _cells(step_label, layer_label, rec)
+        cells = _cells(step_label, layer_label, rec, ranks)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if tracer.summary:
         lines += ["", "**summary:** " + ", ".join(f"{k} {v}" for k, v in tracer.summary.items())]

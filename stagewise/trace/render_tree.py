@@ -25,6 +25,8 @@ def short_list(values, limit: int = MAX_LIST) -> str:
 
 
 def stage_line(rec: StageRecord, with_time: bool) -> Text:
+    if rec.kind == "collective":
+        return collective_line(rec, with_time)
     line = Text()
     line.append(f"{rec.stage:<10}", style="bold cyan")
     line.append(f" {rec.backend:<6}", style="dim")
@@ -35,6 +37,19 @@ def stage_line(rec: StageRecord, with_time: bool) -> Text:
     line.append(f" {ins}")
     line.append(" -> ", style="bold")
     line.append(outs or "(in place)", style="green")
+    if with_time and rec.dur_us is not None:
+        line.append(f"  {rec.dur_us / 1000:.2f} ms", style="dim")
+    return line
+
+
+def collective_line(rec: StageRecord, with_time: bool) -> Text:
+    """'all_reduce gloo  x [num_tokens=1, hidden=576] · 2.3 KB over 3 ranks  0.21 ms'."""
+    line = Text()
+    line.append(f"{rec.stage:<10}", style="bold red")
+    line.append(f" {rec.backend:<6}", style="dim")
+    tensor = rec.inputs[0]
+    kib = rec.scalars.get("bytes", 0) / 1024
+    line.append(f" {tensor.name} {tensor.label()} · {kib:.1f} KiB across {rec.scalars.get('world_size')} ranks")
     if with_time and rec.dur_us is not None:
         line.append(f"  {rec.dur_us / 1000:.2f} ms", style="dim")
     return line
@@ -65,6 +80,7 @@ def model_header(model: dict) -> Text:
         f"head_dim {m.get('head_dim')}, inter {m.get('intermediate_size')}, vocab {m.get('vocab_size')} "
         f"· RoPE {m.get('rope', 'plain')} "
         f"· mode [bold]{m.get('mode')}[/] · backend [bold]{m.get('backend')}[/] · {m.get('dtype')} on {m.get('device')}"
+        + (f" · [bold]tensor parallel x{m['tensor_parallel_size']}[/]" if m.get("tensor_parallel_size", 1) > 1 else "")
     )
 
 
@@ -104,9 +120,26 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
             meta.add(escape(f"{key} {short_list(value) if isinstance(value, list) else value}"))
     num_layers = 1 + max((s.layer for s in step.stages if s.layer is not None), default=-1)
     shown = set(range(num_layers)) if layers == "all" else {i for i in layers if i < num_layers}
+    ranks = sorted({rec.rank for rec in step.stages})
+    if len(ranks) <= 1:
+        _add_records(node, step.stages, shown, num_layers, stages, with_time)
+    else:  # tensor parallelism: each rank's shards and collectives, layer by layer
+        for rank in ranks:
+            role = "schedules, samples" if rank == 0 else "worker"
+            sub = node.add(f"[bold blue]rank {rank}[/] [dim]({role})[/]")
+            records = [rec for rec in step.stages if rec.rank == rank]
+            _add_records(sub, records, shown, num_layers, stages, with_time)
+    for rid, tok in step.sampled.items():
+        piece = repr(decode([tok])) if decode else ""
+        text = escape(f"sampled token {tok} {piece} · text so far: {step.text.get(rid, '')!r}")
+        node.add(f"[bold green]{escape(rid)}[/] {text}")
+
+
+def _add_records(node: Tree, records, shown: set, num_layers: int, stages, with_time: bool) -> None:
+    """Stage and collective lines under `node`: the shown layers in full, the others summarised once."""
     layer_nodes: dict[int, Tree] = {}
     summarised = False
-    for rec in step.stages:
+    for rec in records:
         if stages and rec.stage not in stages:
             continue
         if rec.layer is None:
@@ -123,10 +156,6 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
             hidden = num_layers - len(shown)
             node.add(f"[dim]x{hidden} more layers, same shapes (--layers all to expand)[/]")
             summarised = True
-    for rid, tok in step.sampled.items():
-        piece = repr(decode([tok])) if decode else ""
-        text = escape(f"sampled token {tok} {piece} · text so far: {step.text.get(rid, '')!r}")
-        node.add(f"[bold green]{escape(rid)}[/] {text}")
 
 
 def render_tree(

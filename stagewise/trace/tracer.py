@@ -11,6 +11,12 @@ dtype and the meaning of each axis (from the stage's `axes`), and optionally
 the wall time. Runners open a step with the scheduler's decision and the batch
 metadata (positions, slot_mapping, cu_seqlens, block_table rows...).
 
+Under tensor parallelism (`stagewise/parallel/`) every record carries the
+`rank` that made it: each worker traces its own forward on its shards and
+sends the records to rank 0 at the end of the step, and every collective
+(all-reduce, gather) is a record of kind "collective" with its tensor, its
+bytes and its wall time, among the stages of its layer.
+
 Inactive, it costs one `if` per stage call (`active_tracer()` is None).
 """
 
@@ -47,6 +53,8 @@ class StageRecord:
     scalars: dict  # non-tensor arguments worth showing (eps, scale, ...)
     start_us: float  # microseconds since the tracer started
     dur_us: float | None  # wall time when timing is on
+    rank: int = 0  # tensor-parallel rank that ran it (0 without tensor parallelism)
+    kind: str = "stage"  # "stage", or "collective" (all_reduce, gather: backend is gloo or nccl)
 
 
 @dataclass
@@ -61,10 +69,15 @@ class StepRecord:
     scheduler: dict = field(default_factory=dict)  # blocks allocated/freed, preemptions, cache hits, ...
     start_us: float = 0.0
     dur_us: float = 0.0
+    rank: int = 0  # the rank that scheduled and sampled it: always 0
 
     @property
     def num_tokens(self) -> int:
         return sum(r["num_scheduled"] for r in self.requests)
+
+
+COLLECTIVES = ("all_reduce", "gather")  # what tensor parallelism records besides the stages
+COLLECTIVE_AXES = {"all_reduce": ["num_tokens", "hidden"], "gather": ["num_seqs", "vocab/N"]}
 
 
 class Tracer:
@@ -74,7 +87,8 @@ class Tracer:
         self.steps: list[StepRecord] = []
         self.summary: dict = {}  # filled by the runner at the end: tokens, KV blocks, TTFT, TBT, ...
         self.model: dict = {}  # config of the traced model (sizes), filled by the LLM
-        self._t0 = time.perf_counter()
+        self.rank = 0  # tensor-parallel rank of this process (a worker's tracer sets its own)
+        self._t0 = time.perf_counter()  # time origin; a worker's tracer takes rank 0's (one clock per machine)
         self._current: StepRecord | None = None
 
     def __enter__(self) -> "Tracer":
@@ -124,9 +138,32 @@ class Tracer:
         outputs = []
         for name, value in zip(spec.outputs, outs):
             outputs += _tensor_records(name, value, spec.axes)
-        record = StageRecord(stage, layer, backend, inputs, outputs, scalars, start, dur)
-        (self._current.stages if self._current is not None else self.prelude).append(record)
+        record = StageRecord(stage, layer, backend, inputs, outputs, scalars, start, dur, rank=self.rank)
+        self.add_records([record])
         return result
+
+    # ---- called by the tensor-parallel group and its driver ----
+
+    def record_collective(
+        self, op: str, layer: int | None, backend: str, tensor: torch.Tensor, world_size: int, dur_s: float, rank: int
+    ) -> None:
+        """One collective: op ("all_reduce", "gather"), its tensor, payload bytes, wall time."""
+        axes = COLLECTIVE_AXES.get(op)
+        rec = TensorRecord("x", list(tensor.shape), str(tensor.dtype).removeprefix("torch."), axes)
+        nbytes = tensor.numel() * tensor.element_size()
+        dur_us = dur_s * 1e6
+        scalars = {"bytes": nbytes, "world_size": world_size}
+        record = StageRecord(
+            op, layer, backend, [rec], [rec], scalars, self._now_us() - dur_us, dur_us, rank=rank, kind="collective"
+        )
+        self.add_records([record])
+
+    def add_records(self, records: list[StageRecord]) -> None:
+        """Append records to the open step (or the prelude): this rank's, or the ones a worker sent."""
+        (self._current.stages if self._current is not None else self.prelude).extend(records)
+
+    def current_step_records(self) -> list[StageRecord]:
+        return self._current.stages if self._current is not None else self.prelude
 
     def to_dict(self) -> dict:
         return {

@@ -1,0 +1,279 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 13 · Tensor parallelism: one model, N devices
+#
+# Llama 3 405B does not fit on one GPU. Every serious engine (vLLM,
+# nano-vllm, TensorRT-LLM) answers with **tensor parallelism**: split every
+# weight matrix over N devices, let each compute its slice of every layer,
+# and add the slices up with an **all-reduce** twice per block.
+#
+# This notebook: why one device is not enough (the seeds' 405B numbers) ->
+# how each matrix splits (a picture) -> why the split is exact (a check, no
+# processes) -> a real TP=2 run on this CPU with torch.distributed (gloo),
+# traced rank by rank -> what the calculator says for 405B on 8 GPUs.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the traced run generates 2
+# tokens instead of 4. Nothing else changes.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import Rectangle
+
+from stagewise import LLM, SamplingParams
+from stagewise.bench.calc import analyze
+from stagewise.bench.calc_cli import human
+from stagewise.bench.calc_tp import INTERCONNECTS, analyze_tp
+from stagewise.bench.hardware import HARDWARE
+from stagewise.config import PRESETS
+from stagewise.models.registry import load_model
+from stagewise.parallel.shard import shard_plan, shard_weights, valid_tp_sizes
+from stagewise.trace import Tracer
+
+# %matplotlib inline
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+
+# %% [markdown]
+# ## 1. Why one device is not enough
+#
+# The seeds' model: Llama 3.1 405B, 126 layers, hidden 16384, 128 query heads,
+# 8 KV heads. In bf16 its weights alone weigh ~810 GB. An H100 holds 80 GB,
+# an H200 141 GB:
+
+# %%
+l405 = PRESETS["llama-3-405b"]
+for hw in (HARDWARE["h100"], HARDWARE["h200"]):
+    a = analyze(l405, hw, context=8192, batch=1, dtype="bf16")
+    print(f"{hw.name:>10}: weights {human(a.weight_bytes):>10} vs memory {hw.memory_bytes / 1e9:.0f} GB "
+          f"-> memory left for the KV cache: {human(a.capacity.free_for_kv)}")  # fmt: skip
+
+# %% [markdown]
+# Ten H100s' worth of weights. Even if they fitted, one decode step reads all
+# of them: 810 GB / 3.35 TB/s = 0.24 s per token. Splitting the matrices over
+# N devices divides both the memory per device *and* the bytes each device
+# streams per token by N — if the N devices talk fast enough.
+#
+# ## 2. How each matrix splits (Megatron-style)
+#
+# `stagewise.parallel.shard` cuts the weights the way vLLM does:
+#
+# | weight | shape | split | then |
+# |---|---|---|---|
+# | `w_qkv` | `[hidden, (H+2Hkv)d]` | columns by head: H/N query, Hkv/N KV heads | local attention |
+# | `w_o` | `[Hd, hidden]` | rows (the rank's heads) | partial sums -> **all-reduce** |
+# | `w_gate_up` | `[hidden, 2 inter]` | columns: a slice of gate, same slice of up | local `silu(gate) * up` |
+# | `w_down` | `[inter, hidden]` | rows (the same slice) | partial sums -> **all-reduce** |
+# | `embed` | `[V, hidden]` | vocabulary rows | masked lookup + **all-reduce** |
+# | `lm_head` | `[hidden, V]` | vocabulary columns | logits gathered on rank 0 |
+# | norms | `[hidden]` | replicated | |
+#
+# Column-parallel then row-parallel is the trick: the column split's output is
+# exactly the row split's input slice, so the only communication per pair is
+# one all-reduce at the end. The picture, for SmolLM2 (9 heads, 3 KV heads) on
+# 3 ranks — each colour is one rank's part:
+
+# %%
+smol = PRESETS["smollm2-135m"]
+N = 3
+plans = [shard_plan(smol, r, N) for r in range(N)]
+colors = ["tab:blue", "tab:orange", "tab:green"]
+d, hid, inter = smol.head_dim, smol.hidden_size, smol.intermediate_size
+fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
+
+
+def draw(ax, title, width, height, spans, by_columns):
+    for start, stop, rank in spans:
+        if by_columns:
+            ax.add_patch(Rectangle((start, 0), stop - start, height, color=colors[rank], alpha=0.8, ec="white"))
+        else:
+            ax.add_patch(Rectangle((0, height - stop), width, stop - start, color=colors[rank], alpha=0.8, ec="white"))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+q_spans = [(p.q_heads.start * d, p.q_heads.stop * d, p.rank) for p in plans]
+k_spans = [(smol.q_size + p.kv_heads.start * d, smol.q_size + p.kv_heads.stop * d, p.rank) for p in plans]
+v_spans = [(a + smol.kv_size, b + smol.kv_size, r) for a, b, r in k_spans]
+draw(axes[0], "w_qkv [576, 960]: columns by head\n(Q | K | V)", smol.qkv_size, hid, q_spans + k_spans + v_spans, True)
+draw(axes[1], "w_o [576, 576]: rows by head", hid, smol.q_size, q_spans, False)
+gu = [(p.inter.start, p.inter.stop, p.rank) for p in plans]
+gate_up_spans = gu + [(a + inter, b + inter, r) for a, b, r in gu]
+draw(axes[2], "w_gate_up [576, 3072]: columns\n(gate | up)", 2 * inter, hid, gate_up_spans, True)
+draw(axes[3], "w_down [1536, 576]: rows", hid, inter, gu, False)
+for r, c in enumerate(colors):
+    axes[3].plot([], [], color=c, lw=8, label=f"rank {r}")
+axes[3].legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
+fig.suptitle(f"SmolLM2-135M over {N} ranks: each holds 3 query heads, 1 KV head, 512 FFN columns")
+plt.tight_layout()
+plt.show()
+print("valid N for SmolLM2:", valid_tp_sizes(smol), "· for Llama 3 405B:", valid_tp_sizes(l405))
+
+# %% [markdown]
+# Not every N works: the heads must divide evenly, and the KV heads must
+# either divide by N or be replicated on N/Hkv ranks each (vLLM's rule). With
+# 8 KV heads and N = 8, every rank holds exactly one; with N = 16 each KV head
+# would live on two ranks.
+#
+# ## 3. Why the split is exact: the all-reduce
+#
+# Row-parallel `x @ w_o` with `x = [x_0 | x_1 | x_2]` (the ranks' heads side by
+# side) and `w_o` cut into the matching rows is a sum of N partial products:
+#
+#     x @ w_o = x_0 @ w_o_0 + x_1 @ w_o_1 + x_2 @ w_o_2
+#
+# Each rank computes one term; the all-reduce adds them and hands every rank
+# the sum. Checked on the real SmolLM2 weights, in this one process:
+
+# %%
+model = load_model("smollm2-135m")
+shards = [shard_weights(model.weights, smol, p, torch.device("cpu"), torch.float32) for p in plans]
+x = torch.randn(5, smol.q_size, generator=torch.Generator().manual_seed(0))  # 5 tokens' attention outputs
+full = x @ model.weights.layers[0].w_o  # [5, 576] @ [576, 576]
+partial = [x[:, p.q_heads.start * d : p.q_heads.stop * d] @ s.layers[0].w_o for p, s in zip(plans, shards)]
+print("shard shapes:", [tuple(s.layers[0].w_o.shape) for s in shards], "-> partials", [tuple(t.shape) for t in partial])
+print("max |sum of partials - full| =", (sum(partial) - full).abs().max().item())  # float32 rounding only
+
+# %% [markdown]
+# A ring all-reduce over N ranks sends and receives 2(N-1)/N of the message
+# per rank (a reduce-scatter then an all-gather). The message is the
+# activations `[T, hidden]`: in decode, T = the batch, so it is *small* — one
+# 405B token in bf16 is 16384 x 2 B = 32 KB.
+#
+# ## 4. A real run: TP=2 on this CPU, traced rank by rank
+#
+# `LLM(..., tensor_parallel_size=2)` starts one worker process (rank 1) with
+# torch.multiprocessing; this process is rank 0. They meet in a gloo process
+# group. Rank 0 schedules, broadcasts each step's batch metadata (input ids,
+# positions, slot mapping, block table rows), runs its half, and samples;
+# rank 1 runs the same forward on its half. `tiny` has 6 heads and 2 KV heads:
+# 3 and 1 per rank.
+
+# %%
+prompts = ["The capital of France is", "Tensor parallel"]
+params = SamplingParams(max_tokens=2 if QUICK else 4, temperature=0.0, ignore_eos=True)
+reference = [o.token_ids for o in LLM("tiny").generate(prompts, params)]
+with LLM("tiny", tensor_parallel_size=2) as llm, Tracer() as tracer:
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+print("TP=1:", reference, "\nTP=2:", got, "\nsame greedy tokens:", got == reference)
+
+# %% [markdown]
+# The last step's layer 0, as each rank saw it: the same stages, half the
+# heads, half the FFN, and the two all-reduces (plus the embedding's one and
+# the LM head's gather outside the blocks):
+
+# %%
+step = tracer.steps[-1]
+print(f"{'rank':>4} {'stage':<16} {'weight / tensor':<28} {'out':<16} {'ms':>6}")
+for rec in step.stages:
+    if rec.layer not in (0, None) or rec.stage in ("sampling", "rmsnorm"):
+        continue
+    weight = next((t for t in rec.inputs if t.name.startswith("w") or t.name == "x"), rec.inputs[0])
+    out = rec.outputs[0].shape if rec.outputs else "(in place)"
+    print(f"{rec.rank:>4} {rec.stage:<16} {weight.name + ' ' + str(weight.shape):<28} {str(out):<16} "
+          f"{(rec.dur_us or 0) / 1000:>6.2f}")  # fmt: skip
+
+# %% [markdown]
+# Where the time goes, per rank (one bar per stage kind, summed over the
+# step). On two CPU cores shared by two processes, the all-reduces are not
+# free: each is a round trip through the loopback network stack, tens of
+# microseconds or more — comparable to a whole tiny GEMM. That is why TP on a
+# CPU *costs* time (`stagewise bench modes --tp 1,2` measures it): it adds no
+# hardware, only communication. On GPUs it adds memory bandwidth N-fold.
+
+# %%
+kinds = sorted({r.stage for r in step.stages})
+fig, ax = plt.subplots(figsize=(10, 3.5))
+for rank, color in zip((0, 1), colors):
+    ms = [sum((r.dur_us or 0) for r in step.stages if r.rank == rank and r.stage == k) / 1000 for k in kinds]
+    ax.barh([i + 0.4 * rank for i in range(len(kinds))], ms, height=0.4, color=color, label=f"rank {rank}")
+ax.set_yticks([i + 0.2 for i in range(len(kinds))], kinds)
+ax.set_xlabel("ms in the last step")
+ax.legend()
+ax.set_title("tiny, TP=2 on gloo: each rank's stages and collectives")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# `stagewise trace "Hello" --model tiny --tp 2 --format chrome --out tp.json`
+# writes the same run for Perfetto (ui.perfetto.dev): one process track per
+# rank, all-reduces facing each other.
+#
+# ## 5. What the calculator says: 405B on 8 GPUs
+#
+# `stagewise calc --tp 8` (`stagewise.bench.calc_tp`) applies the same split
+# to the shape-only 405B: weights and KV per device, and the all-reduces as a
+# ring with a per-collective latency term.
+
+# %%
+rows = []
+for hw_name in ("h100", "h200"):
+    for link in ("nvlink4", "pcie4"):
+        t = analyze_tp(l405, HARDWARE[hw_name], 8, "bf16", 2, 8192, 1, INTERCONNECTS[link])
+        rows.append((f"8x {hw_name} {link}", t))
+        print(f"8x {hw_name} over {link}: weights/device {human(t.weights_per_device)}, KV left "
+              f"{human(t.capacity.free_for_kv)}, decode all-reduce {human(t.decode_message)} in "
+              f"{t.decode_all_reduce.value * 1e6:.1f} µs, per token {human(t.decode_time)}")  # fmt: skip
+fig, ax = plt.subplots(figsize=(9, 3))
+names = [n for n, _ in rows]
+shard = [t.decode_shard.time.value * 1e3 for _, t in rows]
+comm = [t.decode_comm.value * 1e3 for _, t in rows]
+ax.barh(names, shard, label="one shard's decode (speed of light)")
+ax.barh(names, comm, left=shard, label="253 all-reduces (ring + latency)")
+ax.set_xlabel("ms per output token, batch 1, N = 8192")
+ax.legend(loc="lower right")
+ax.set_title("Llama 3 405B, bf16, TP = 8")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# 101 GB per device: it does not fit an 80 GB H100 (vLLM serves 405B on 8
+# H100s in fp8, or on 16), and fits a 141 GB H200 with ~40 GB left for the KV
+# cache. Each decode all-reduce moves 32 KB: at 450 GB/s that is 0.13 µs of
+# bandwidth against ~10 µs of latency — **latency-bound**, 253 times per token.
+# Over PCIe the latency triples and TP's communication grows to a quarter of
+# the step.
+#
+# ## Takeaways
+#
+# * Tensor parallelism splits every matrix: QKV and gate|up by columns, o_proj
+#   and down by rows, the vocabulary by rows; norms are replicated.
+# * Column-then-row needs one all-reduce per pair: 2 per block (+1 for the
+#   embedding, + a gather of the logits). Attention needs none: heads are local.
+# * Each rank's KV cache holds its KV heads only, under the one block table;
+#   with N > Hkv a KV head is replicated (KV per device stops shrinking).
+# * TP divides memory and weight traffic by N, and adds (2L+1) small
+#   all-reduces per step that are latency-bound in decode. On a CPU it adds no
+#   hardware, so it only costs.
+#
+# ## Exercises
+#
+# 1. Llama 3 70B (80 layers, hidden 8192, 8 KV heads) at TP = 4 on H100s over
+#    NVLink, batch 16: how many bytes does one decode all-reduce move, and how
+#    many all-reduces does one step make? Compute them by hand, then check.
+# 2. Which N are valid for `tiny` (6 heads, 2 KV heads, FFN 256)? Why not 3?
+
+# %%
+l70 = PRESETS["llama-3-70b"]
+t70 = analyze_tp(l70, HARDWARE["h100"], 4, "bf16", 2, context=8192, batch=16, link=INTERCONNECTS["nvlink4"])
+my_bytes = 16 * 8192 * 2  # your answer to 1: batch * hidden * bytes
+my_count = 2 * 80 + 1  # 2 per block + the embedding's
+assert t70.decode_message.value == my_bytes and t70.all_reduces_per_step.value == my_count
+assert valid_tp_sizes(PRESETS["tiny"]) == [1, 2]  # 3 divides the 6 heads, but 2 KV heads cannot split over 3 ranks
+print("checks passed:", human(t70.decode_message), "per all-reduce,", int(my_count), "per step")

@@ -1,0 +1,180 @@
+"""Starting and stopping the ranks: torch.multiprocessing on one machine, or torchrun on many.
+
+One machine (`LLM(..., tensor_parallel_size=N)` in any Python process):
+
+    rank 0 (this process) opens a TCPStore on a free port
+    spawns ranks 1..N-1 (torch.multiprocessing, "spawn"), each handed its shard
+        (CPU tensors travel as shared memory, not through the pipe)
+    waits until every worker says "ready", watching for one that died first
+    init_process_group(gloo | nccl, store) on every rank, then a gloo control group
+
+Many machines: torchrun starts one process per rank on every node and sets
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the same script runs
+everywhere, `init_process_group(init_method="env://")` joins them, and
+`LLM(...)` on a rank other than 0 serves rank 0 until it is done (README).
+"""
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from stagewise.config import ParallelConfig
+from stagewise.errors import StagewiseError
+from stagewise.parallel.shard import shard_weights
+from stagewise.parallel.worker import WorkerArgs, join_group, worker_main
+from stagewise.stages import gemm
+
+HOST = "127.0.0.1"  # the spawned ranks all live on this machine
+JOIN_S = 10.0  # how long an orderly shutdown waits for a worker before killing it
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun (or any env:// launcher) started it, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+@dataclass
+class Ranks:
+    """The other ranks as rank 0 sees them: processes (when spawned here), their error pipes, the groups."""
+
+    processes: dict[int, object] = field(default_factory=dict)  # rank -> multiprocessing Process
+    errors: dict[int, object] = field(default_factory=dict)  # rank -> read end of its error pipe
+    store: object = None  # the TCPStore every rank met at (spawned ranks)
+    control_group: object = None  # set once the groups exist
+    world_size: int = 1
+
+    def reasons(self, wait_s: float = 2.0) -> list[str]:
+        """What failed workers reported ("rank 1: RuntimeError: ..."), or how they ended."""
+        deadline = time.monotonic() + wait_s
+        out = []
+        for rank, conn in self.errors.items():
+            proc = self.processes[rank]
+            while proc.is_alive() and not conn.poll(0) and time.monotonic() < deadline:
+                time.sleep(0.02)  # a failing worker writes its reason, then exits
+            said = _read(conn)
+            if said is not None:
+                out.append(f"rank {rank}: {said}")
+                continue
+            proc.join(max(0.0, deadline - time.monotonic()))  # its sockets close a moment before it is reaped
+            if not proc.is_alive():
+                out.append(f"rank {rank} exited with code {proc.exitcode}")
+        return out
+
+    def stop(self, orderly: bool = False) -> None:
+        """End every worker (orderly: give them JOIN_S to leave their loop; then terminate, then kill)."""
+        deadline = time.monotonic() + (JOIN_S if orderly else 0.0)
+        for proc in self.processes.values():
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.processes.values():
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        if self.control_group is not None and dist.is_initialized():
+            dist.destroy_process_group()
+        self.control_group = None
+
+
+def _read(conn) -> str | None:
+    """A worker's last words, if it wrote any (EOF: it ended without a word)."""
+    try:
+        return conn.recv() if conn.poll(0) else None
+    except (EOFError, OSError):
+        return None
+
+
+def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
+    """Spawn ranks 1..N-1 with their shards (nothing under torchrun: it started them)."""
+    n = pcfg.tensor_parallel_size
+    ranks = Ranks(world_size=n)
+    if torchrun_rank() is not None:
+        return ranks
+    if dist.is_initialized():
+        raise StagewiseError(
+            "a tensor-parallel LLM is already running in this process (one process group at a time); "
+            "call .shutdown() on it first"
+        )
+    if backend == "nccl" and torch.cuda.device_count() < n:
+        raise StagewiseError(
+            f"NCCL puts one rank per GPU: tensor_parallel_size={n} needs {n} GPUs, this machine has "
+            f"{torch.cuda.device_count()}"
+        )
+    ranks.store = dist.TCPStore(
+        HOST, 0, n, is_master=True, timeout=timedelta(seconds=pcfg.start_timeout_s), wait_for_workers=False
+    )  # port 0: the OS picks a free one
+    ctx = mp.get_context("spawn")
+    try:
+        for plan in plans[1:]:
+            device = torch.device(f"cuda:{plan.rank}") if backend == "nccl" else loaded.device
+            shard = shard_weights(loaded.weights, loaded.config, plan, loaded.device, loaded.dtype)
+            if shard.embed.device.type == "cpu":
+                shard = _shared(shard)
+            reader, writer = ctx.Pipe(duplex=False)
+            args = WorkerArgs(
+                plan.rank,
+                pcfg,
+                backend,
+                HOST,
+                ranks.store.port,
+                loaded.config,
+                plan,
+                shard,
+                str(device),
+                loaded.dtype,
+                dict(ops.backends),
+                writer,
+                os.getpid(),
+                gemm.CPU_FORMS,
+            )
+            proc = ctx.Process(target=worker_main, args=(args,), name=f"stagewise-tp-rank{plan.rank}", daemon=True)
+            proc.start()
+            writer.close()  # the worker holds the write end now
+            ranks.processes[plan.rank], ranks.errors[plan.rank] = proc, reader
+    except BaseException:
+        ranks.stop()
+        raise
+    return ranks
+
+
+def _shared(weights):
+    """Move every tensor into shared memory, so spawning a worker passes a handle, not the bytes."""
+    for t in [weights.embed, weights.final_norm, *(v for lw in weights.layers for v in vars(lw).values())]:
+        t.share_memory_()
+    return weights
+
+
+def join_as_rank0(ranks: Ranks, pcfg: ParallelConfig, backend: str):
+    """Wait for the spawned workers to be ready (or fail), then form the groups as rank 0."""
+    if ranks.store is None:  # torchrun
+        ranks.control_group = join_torchrun(0, pcfg, backend)
+        return ranks.control_group
+    deadline = time.monotonic() + pcfg.start_timeout_s
+    for rank in ranks.processes:
+        while not ranks.store.check([f"ready/{rank}"]):
+            dead = [r for r, p in ranks.processes.items() if not p.is_alive()]
+            if dead:
+                why = "; ".join(ranks.reasons()) or f"rank {dead[0]} exited"
+                raise StagewiseError(f"a tensor-parallel worker failed to start ({why})")
+            if time.monotonic() > deadline:
+                raise StagewiseError(f"tensor-parallel rank {rank} did not start within {pcfg.start_timeout_s:.0f} s")
+            time.sleep(0.02)
+    ranks.control_group = join_group(0, pcfg, backend, ranks.store)
+    return ranks.control_group
+
+
+def join_torchrun(rank: int, pcfg: ParallelConfig, backend: str):
+    world = int(os.environ["WORLD_SIZE"])
+    if world != pcfg.tensor_parallel_size:
+        raise StagewiseError(f"torchrun started {world} processes but tensor_parallel_size={pcfg.tensor_parallel_size}")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    return join_group(rank, pcfg, backend)
