@@ -281,7 +281,7 @@ def get_preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-# On a CPU a prompt token costs ~1/100 of a decode step of 8 requests: 64 keep TBT p99 near 2x p50 (measured in
+# On a CPU a prompt token costs ~1/80 of a decode step of 8 requests: 64 keep TBT p99 near 2x p50 (measured in
 # benchmarks/README.md: 512 gave 6.4x, with no more throughput)
 CPU_PREFILL_BESIDE_DECODES = 64
 
