@@ -264,16 +264,43 @@ plt.show()
 #
 # ## Exercises
 #
-# 1. Llama 3 70B (80 layers, hidden 8192, 8 KV heads) at TP = 4 on H100s over
-#    NVLink, batch 16: how many bytes does one decode all-reduce move, and how
-#    many all-reduces does one step make? Compute them by hand, then check.
-# 2. Which N are valid for `tiny` (6 heads, 2 KV heads, FFN 256)? Why not 3?
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the package's own reference on fresh inputs and prints **PASS**,
+# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
+# Solutions: `notebooks/solutions/nb13.py`.
+#
+# **1. What a decode step sends.** A decode step of `batch` sequences runs
+# every block's two all-reduces (after `o_proj` and after `down`) plus the
+# embedding's. Each one adds up the ranks' partial `[T, hidden]` activations,
+# `dtype_bytes` per number. Return `(bytes of one all-reduce's message,
+# all-reduces per step)` for the model `cfg`. Notice that N, the number of
+# ranks, is not an argument: the check tries two N per model and compares with
+# `calc_tp.analyze_tp`. Then evaluate it for Llama 3 70B at batch 16 in bf16.
 
 # %%
-l70 = PRESETS["llama-3-70b"]
-t70 = analyze_tp(l70, HARDWARE["h100"], 4, "bf16", 2, context=8192, batch=16, link=INTERCONNECTS["nvlink4"])
-my_bytes = 16 * 8192 * 2  # your answer to 1: batch * hidden * bytes
-my_count = 2 * 80 + 1  # 2 per block + the embedding's
-assert t70.decode_message.value == my_bytes and t70.all_reduces_per_step.value == my_count
-assert valid_tp_sizes(PRESETS["tiny"]) == [1, 2]  # 3 divides the 6 heads, but 2 KV heads cannot split over 3 ranks
-print("checks passed:", human(t70.decode_message), "per all-reduce,", int(my_count), "per step")
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_decode_allreduces(cfg, batch: int, dtype_bytes: int) -> tuple[int, int]:
+    raise NotImplementedError
+
+
+# %%
+check("13.decode_allreduces", my_decode_allreduces)
+
+# %% [markdown]
+# **2. Which N split a model?** Return every N, in ascending order, for which
+# the query heads and the FFN columns divide by N and the KV heads either
+# divide by N or are replicated (N a multiple of `num_kv_heads`). The check
+# compares with `parallel.shard.valid_tp_sizes` on every preset. Why is N = 3
+# not valid for `tiny` (6 heads, 2 KV heads, FFN 256), though 3 divides its 6
+# query heads?
+
+
+# %%
+def my_valid_tp_sizes(cfg) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("13.valid_tp_sizes", my_valid_tp_sizes)

@@ -1,8 +1,9 @@
-"""Checks for the exercises of notebooks 08-12: the cache, the scheduler, the roofline, the kernels' maths.
+"""Checks for the exercises of notebooks 08-13: the cache, the scheduler, the roofline, the kernels' maths, TP.
 
-References: the calculator (`stagewise.bench.calc*`), the block manager, the
-kv_store and paged-attention stages, and the engine itself, run on the `tiny`
-model (random weights, 2 layers: a whole generate call takes milliseconds).
+References: the calculator (`stagewise.bench.calc*`, `calc_tp`), the block
+manager, the kv_store and paged-attention stages, the tensor-parallel shard
+plan, and the engine itself, run on the `tiny` model (random weights, 2
+layers: a whole generate call takes milliseconds).
 """
 
 import functools
@@ -12,10 +13,12 @@ import torch
 from stagewise.bench.calc import analyze
 from stagewise.bench.calc_counts import Quantity, kv_bytes, kv_bytes_per_token, weight_bytes_streamed
 from stagewise.bench.calc_steps import roofline
+from stagewise.bench.calc_tp import INTERCONNECTS, analyze_tp
 from stagewise.bench.hardware import HARDWARE
 from stagewise.config import PRESETS, EngineConfig
 from stagewise.engine.block_manager import BlockManager
 from stagewise.exercises.core import call, close, equal, near
+from stagewise.parallel.shard import valid_tp_sizes
 from stagewise.stages import STAGES
 from stagewise.stages.paged_attention import gather_kv
 
@@ -197,6 +200,31 @@ def check_softmax_exp2(fn) -> str:
     return "softmax via exp2(x * log2(e)) equals torch.softmax"
 
 
+# ---------------------------------------------------------------- 13 tensor parallelism
+
+
+def check_decode_allreduces(fn) -> str:
+    """my_decode_allreduces(cfg, batch, dtype_bytes) -> (bytes of one decode all-reduce, all-reduces per step)."""
+    cases = 0
+    for name in MODELS + ["llama-3-70b"]:
+        cfg = PRESETS[name]
+        for batch, dtype_bytes in [(1, 2), (16, 2), (7, 4)]:
+            got = tuple(call(fn, cfg, batch, dtype_bytes))
+            for n in valid_tp_sizes(cfg)[1:3]:  # the answer must not depend on N: try two of them
+                t = analyze_tp(cfg, HARDWARE["h100"], n, "bf16", dtype_bytes, 1024, batch, INTERCONNECTS["nvlink4"])
+                want = (t.decode_message.value, t.all_reduces_per_step.value)
+                equal(got, want, f"{name}, B = {batch}, {dtype_bytes} B per number, N = {n}")
+                cases += 1
+    return f"{cases} cases agree with calc_tp.analyze_tp (message bytes and all-reduces per decode step)"
+
+
+def check_valid_tp_sizes(fn) -> str:
+    """my_valid_tp_sizes(cfg) -> every N (ascending) over which the model's heads, KV heads and FFN split."""
+    for name, cfg in PRESETS.items():
+        equal(list(call(fn, cfg)), valid_tp_sizes(cfg), name)
+    return f"{len(PRESETS)} models agree with parallel.shard.valid_tp_sizes"
+
+
 CHECKS = {
     "08.kv_cache_bytes": check_kv_cache_bytes,
     "08.naive_step_flops": check_naive_step_flops,
@@ -209,4 +237,6 @@ CHECKS = {
     "11.decode_intensity": check_decode_intensity,
     "12.merge_splits": check_merge_splits,
     "12.softmax_exp2": check_softmax_exp2,
+    "13.decode_allreduces": check_decode_allreduces,
+    "13.valid_tp_sizes": check_valid_tp_sizes,
 }
