@@ -14,28 +14,30 @@
 # # 00 · The whole pipeline in one screen: text in, text out
 #
 # A Llama-style model answers a question through a fixed chain of stages,
-# each with a clear change of tensor shape. The seeds walk through it as **six
-# steps** (article 000, section 4), then treat the FFN, the LM head and
-# sampling in sections of their own:
+# each with a clear change of tensor shape. The seeds (article 000, summary)
+# name **six stages**:
 #
-# | | step | what it does | shape (T = tokens in the batch) |
-# |---|---|---|---|
-# | 1 | tokenize | text -> token ids (BPE) | text -> `[T]` |
-# | 2 | embedding lookup | one table row per id | `[T] -> [T, hidden]` |
-# | 3 | RMSNorm | rescale each row (before attention and before the FFN) | `[T, hidden] -> [T, hidden]` |
-# | 4 | fused QKV projection | one GEMM for q, k and v | `[T, hidden] -> [T, (H + 2 Hkv) d]` |
-# | 5 | RoPE | rotate q and k by their positions | q `[T, H, d]`, k `[T, Hkv, d]` |
-# | 6 | attention | softmax(q k^T) v over the cached K/V (GQA) | `[T, H, d] -> [T, H, d]` |
-# | | FFN (seeds section 7) | fused gate/up GEMM, `silu(gate) * up`, down GEMM | `[T, hidden] -> [T, hidden]` |
-# | | LM head (section 8) | last token of each sequence only | `[num_seqs, hidden] -> [num_seqs, vocab]` |
-# | | sampling (section 10) | logits -> one id per sequence | `[num_seqs, vocab] -> [num_seqs]` |
+# | | stage | what it does | shape (T = tokens in the batch) | notebook |
+# |---|---|---|---|---|
+# | 1 | Tokenize | text -> token ids (byte-level BPE) | text -> `[T]` | 01 |
+# | 2 | Embedding | one table row per id | `[T] -> [T, hidden]` | 02 |
+# | 3 | Transformer block | RMSNorm, fused QKV, RoPE, attention over the cached K/V (GQA), `o_proj` | `[T, hidden] -> [T, hidden]` | 02-05, 08-09 |
+# | 4 | FFN | RMSNorm, fused gate/up GEMM, `silu(gate) * up`, down GEMM | `[T, hidden] -> [T, hidden]` | 06 |
+# | 5 | LM head | final RMSNorm, last token of each sequence only, GEMM with the vocabulary | `[num_seqs, hidden] -> [num_seqs, vocab]` | 07 |
+# | 6 | Sampling | logits -> one id per sequence (penalty, temperature, min_p, top-k/p) | `[num_seqs, vocab] -> [num_seqs]` | 07 |
 #
-# Steps 3-6, the attention output projection `o_proj`, a second RMSNorm and
-# the FFN form one **transformer block**, repeated for every layer (30 for
-# SmolLM2); a final RMSNorm sits before the LM head, and the sampled ids are
-# detokenized back into text as they stream out.
+# Stages 3 and 4 together (attention half and FFN half, each with a residual
+# add) make one **decoder layer**, repeated for every layer (30 for SmolLM2);
+# the sampled ids are detokenized back into text as they stream out.
 #
-# and it does it twice over: one **prefill** step that pushes the whole
+# The seeds' section 4 then zooms in and walks the same path as **six steps
+# of its own**, from the text to the attention output: 1 tokenize (notebook
+# 01), 2 embedding lookup and 3 RMSNorm (02), 4 fused QKV projection (03, with
+# GQA), 5 RoPE (04), 6 attention (05: the naive formula and FlashAttention;
+# 08-09: reading K/V from the cache and from pages). Sections 7, 8 and 10 of
+# the article come back to the FFN (06), the LM head and sampling (07).
+#
+# A model does all this twice over: one **prefill** step that pushes the whole
 # prompt through all layers at once (many tokens: big matrix-matrix products),
 # then one **decode** step per generated token (one token: matrix-vector
 # products that must still read every weight). The notebooks that follow open
