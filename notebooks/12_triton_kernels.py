@@ -42,15 +42,18 @@
 # on a GPU its last section also measures.
 #
 # Path: motivation -> the registry (naive vs optimized, side by side) ->
-# optimized: what each kernel changes -> check (every stage, two dtypes,
+# optimized: what each kernel changes -> four kernels read line by line
+# (program ids, pointers and strides, masks, the tile grid, split-K), each
+# checked against its naive stage -> check (every stage, two dtypes,
 # irregular sizes; the whole model) -> measure (GPU only) -> picture.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the whole-model check
 # generates 4 tokens instead of 8 and the interpreter timing table (CPU only)
-# covers the decode shape only. The per-stage check is the same (it takes a
-# few seconds even in the interpreter, on the tiny config's shapes).
+# covers the decode shape only. The kernel checks are the same (tiny shapes:
+# a few seconds even in the interpreter).
 
 # %%
+import inspect
 import json
 import os
 from pathlib import Path
@@ -63,8 +66,15 @@ import stagewise.kernels  # first: decides GPU or interpreter before any kernel 
 from stagewise import LLM, SamplingParams
 from stagewise.bench.stage_bench import StagesSettings, run_stages
 from stagewise.config import PRESETS, EngineConfig
+from stagewise.kernels import attention_common, split_k
+from stagewise.kernels import flash_attention as flash_kernels
+from stagewise.kernels import matmul as matmul_kernels
+from stagewise.kernels import paged_attention as paged_kernels
+from stagewise.kernels import rmsnorm as rmsnorm_kernels
 from stagewise.kernels.attention_common import online_softmax_reference
 from stagewise.kernels.sampling import sample_with_mask
+from stagewise.kernels.split_k import choose_num_splits, num_sms
+from stagewise.kernels.targets import gpu_target, launch_target
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.stages import STAGES
 from stagewise.stages.sampling import processed_probs
@@ -152,8 +162,459 @@ for block_n in (1, 7, 16, 64, 100):
 # rounding. In the kernel a tile of scores lives only in registers; the
 # `[N, N]` matrices never reach memory, only Q, K, V (re-read once per query
 # tile) and out.
+
+# %% [markdown]
+# ## 3. Reading the kernels
 #
-# ## 3. Check: naive vs Triton for every stage
+# A Triton kernel is a Python function that describes what **one program
+# instance** does; the launcher starts a grid of them. Four ideas are enough
+# to read every kernel in `stagewise/kernels/`:
+#
+# * **program ids** — `tl.program_id(axis)` says which instance this is along
+#   each axis of the launch grid, `kernel[grid](...)`. The kernel turns it
+#   into the piece of the output it owns: a row, a tile of `c`, a tile of
+#   queries of one sequence and one KV head.
+# * **pointers and strides** — a tensor arrives as a pointer to its first
+#   element (`x_ptr`) plus, for each dimension, a **stride**: how many
+#   elements to step to move one index along it. Element `[i, j]` of `x` is at
+#   `x_ptr + i * stride_0 + j * stride_1`. With strides a kernel reads a
+#   column slice or a transposed view in place, without a copy.
+# * **blocks** — `tl.arange(0, BLOCK)` is a vector of offsets; adding it to a
+#   pointer gives a vector (or, with `[:, None]` and `[None, :]`, a 2-D tile) of
+#   addresses, and one `tl.load` fetches them all. Block sizes are
+#   `tl.constexpr`: fixed when the kernel is compiled, powers of two.
+# * **masks** — the last block of a row or a matrix runs past the end. `mask=`
+#   switches those lanes off (`other=` is what a masked load returns), so any
+#   size works with power-of-two blocks. Nothing checks bounds for you.
+#
+# Below, four kernels read from their files (printed with
+# `inspect.getsource`, never copied into this notebook), each followed by
+# what to look at, a check against the naive stage on small irregular shapes
+# (the interpreter runs every program instance in Python: tiny shapes only)
+# and, when the project's GPU results are committed, what the kernel measured
+# there.
+
+# %%
+ROOT = Path(stagewise.__file__).resolve().parents[1]
+config = PRESETS["tiny"]  # the small shapes the interpreter runs in seconds
+CHECK_FILES = sorted(ROOT.glob("benchmarks/results/*/device_check.json"))  # committed GPU results, if any
+DEVICE_RUNS = {p.parent.name: json.loads(p.read_text()) for p in CHECK_FILES}
+
+
+def show(fn, start: str | None = None, stop: str | None = None) -> None:
+    """Print a kernel's source from its file, optionally only from the line holding `start` to the one with `stop`."""
+    fn = getattr(fn, "fn", fn)  # a Triton kernel object keeps the Python function it was made from in .fn
+    lines, first = inspect.getsourcelines(fn)
+    i = next(n for n, line in enumerate(lines) if start in line) if start else 0
+    j = next(n for n, line in enumerate(lines) if n > i and stop in line) + 1 if stop else len(lines)
+    print(f"# {Path(inspect.getsourcefile(fn)).relative_to(ROOT)}, lines {first + i}-{first + j - 1}")
+    for n, line in enumerate(lines[i:j], start=first + i):
+        print(f"{n:4d} {line}", end="")
+
+
+def on_gpu(kernel: str) -> None:
+    """What the committed device checks measured for this kernel family (nothing when none is committed)."""
+    for name, run in DEVICE_RUNS.items():
+        gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
+        for row in run["sections"].get("kernels", {}).get("rows", []):
+            if not row["kernel"].startswith(kernel) or "error" in row:
+                continue
+            if "share_of_copy" in row:
+                share = row["share_of_copy"]
+                what = f"{row['triton_value']:,.0f} {row['metric']} = {share:.0%} of the copy bandwidth"
+            else:
+                ratio = row["ratio_vs_stock"]
+                what = f"{row['triton_ms']:.3f} ms vs {row['stock']} {row['stock_ms']:.3f} ms ({ratio:.2f}x its speed)"
+            print(f"{gpu}, {row['dtype']}, {row['shape']}: {what}")
+    if not DEVICE_RUNS:
+        print("no device check committed: on this machine the kernel can be checked, not timed")
+
+
+# %% [markdown]
+# ### 3.1 RMSNorm: one program per row
+#
+# The simplest shape of kernel: the grid is `(T,)`, one program per token row,
+# and the whole row fits in one block.
+
+# %%
+show(rmsnorm_kernels._rmsnorm_kernel)
+
+# %% [markdown]
+# What to look at:
+#
+# * `row = tl.program_id(0)`: the grid has one axis of `T` programs; program
+#   `row` owns row `row`. It is cast to int64 because `row * stride` can pass
+#   2^31 on large batches.
+# * `x_ptr + row * x_row_stride + cols`: the row's `BLOCK_SIZE` addresses. The
+#   row stride is passed, not assumed, so `x` may be a view whose rows are
+#   further apart than `hidden`; the last dimension must be contiguous (the
+#   launcher checks it), which is why `cols` is added with stride 1.
+# * `mask = cols < hidden`: `BLOCK_SIZE` is the next power of two of `hidden`.
+#   The masked lanes load 0 (`other=0.0`) and so add nothing to the sum of
+#   squares; they are not stored.
+# * `HAS_RESIDUAL` is a `tl.constexpr`: the kernel is compiled twice, and the
+#   version without the residual has no trace of that branch.
+#
+# The launcher's plan for this model's row and for the tiny config's:
+
+# %%
+smol = PRESETS["smollm2-135m"]
+here = launch_target(DEVICE)
+for hidden in (smol.hidden_size, config.hidden_size):
+    plan = rmsnorm_kernels.rmsnorm_plan(hidden, True, torch.float32, here).launch_options()
+    idle = 1 - hidden / plan["BLOCK_SIZE"]
+    print(f"hidden {hidden}: BLOCK_SIZE {plan['BLOCK_SIZE']} ({idle:.0%} of the lanes masked), "
+          f"num_warps {plan['num_warps']} (on {here.name})")  # fmt: skip
+
+g = torch.Generator().manual_seed(1)
+for rows, hidden in ((1, 48), (5, 96), (3, 100)):  # widths that are no power of two
+    x, res = (torch.randn(rows, hidden, generator=g).to(DEVICE) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(DEVICE)
+    ref_out, ref_res = STAGES["rmsnorm"].naive(x=x, weight=w, eps=1e-5, residual=res)
+    out, new_res = rmsnorm_kernels.rmsnorm(x, w, 1e-5, res)
+    err = max(float((out - ref_out).abs().max()), float((new_res - ref_res).abs().max()))
+    print(f"T={rows}, hidden={hidden}: {rows} programs, max |kernel - naive| = {err:.1e}")
+on_gpu("rmsnorm")
+
+# %% [markdown]
+# ### 3.2 The tiled GEMM: a tile of `c` per program
+#
+# `c = a @ b` with `a [M, K]`, `b [K, N]`. Each program owns one
+# `[BLOCK_M, BLOCK_N]` tile of `c` and walks `K` in steps of `BLOCK_K`,
+# accumulating `tl.dot`s of an `a` tile and a `b` tile in fp32. The grid is
+# one axis of `tiles_m * tiles_n` programs; the first lines turn the program
+# id into a tile position.
+
+# %%
+show(matmul_kernels._matmul_kernel, start="pid = tl.program_id(0)")
+
+# %% [markdown]
+# What to look at:
+#
+# * **program id -> tile**: not row-major. Programs are handed out `GROUP_M`
+#   tile-rows at a time: `pid` walks *down* a column of `GROUP_M` tiles, then
+#   moves one tile-column right (the picture below).
+# * `a_ptrs`, `b_ptrs` are 2-D tiles of addresses built from the four strides:
+#   `rows[:, None] * stride_am + offs_k[None, :] * stride_ak`. The LM head
+#   passes `b = weight.t()`, a transposed view: its strides are swapped and
+#   the kernel reads the embedding matrix in place. With `GATHER`, the rows of
+#   `a` come through `row_index` (the last token of each sequence).
+# * the loop advances both pointer tiles by `BLOCK_K` along K; the masks
+#   `offs_k < k_left` switch off the part of the last step past K, and
+#   `mask_m`, `mask_n` the rows and columns past the edge of `c`.
+# * `acc` stays in registers for the whole loop; `c` is written once.
+#
+# Check on shapes that are multiples of nothing (M above 16, so this kernel
+# and not the decode kernel runs), including the transposed view and the
+# gathered rows:
+
+# %%
+for m, k, n in ((37, 19, 33), (70, 40, 150)):
+    a, bt = torch.randn(m, k, generator=g).to(DEVICE), torch.randn(n, k, generator=g).to(DEVICE)
+    plan = matmul_kernels.gemm_plan(m, a.dtype, here).configs[0].kwargs
+    grid = -(-m // plan["BLOCK_M"]) * -(-n // plan["BLOCK_N"])
+    rows = torch.randint(0, m, (29,), generator=g).to(DEVICE)
+    err = max(
+        float((matmul_kernels.matmul(a, bt.t()) - a @ bt.t()).abs().max()),  # b is a transposed view: no copy
+        float((matmul_kernels.matmul(a, bt.t(), row_index=rows) - a[rows] @ bt.t()).abs().max()),
+    )
+    print(f"[{m}, {k}] @ [{k}, {n}] with tiles {plan}: {grid} programs; max |kernel - torch| = {err:.1e}")
+on_gpu("matmul")
+
+# %% [markdown]
+# The picture: which program computes which tile of `c`, for a prefill of
+# this model's fused gate/up projection (`[T, hidden] @ [hidden, 2 inter]`),
+# with the tiles the launcher plans on an sm_90 GPU (H100/H200; the first of
+# the candidates its autotuner tries). Numbers are program ids; the outlined
+# tiles are the first wave of programs, the ones running at the same time.
+# Left: plain row-major order; right: the kernel's grouped order. The first
+# wave of the grouped order needs fewer distinct tiles of `a` and `b`, so
+# more of what it loads is shared through L2.
+
+# %%
+M_pic, N_pic = 2048, 2 * smol.intermediate_size
+gpu_tile = matmul_kernels.gemm_plan(M_pic, torch.bfloat16, gpu_target(90)).configs[0].kwargs
+tiles_m, tiles_n = -(-M_pic // gpu_tile["BLOCK_M"]), -(-N_pic // gpu_tile["BLOCK_N"])
+wave = 4 * gpu_tile["GROUP_M"]  # the first programs, running side by side
+
+
+def tile_of(pid: int, group_m: int) -> tuple[int, int]:
+    """The kernel's first lines (program id -> tile-row, tile-column), in plain Python for the picture."""
+    per_group = group_m * tiles_n
+    first = (pid // per_group) * group_m
+    rows_in_group = min(tiles_m - first, group_m)
+    return first + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
+
+
+fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
+for ax, group_m, title in ((axes[0], 1, "row-major (GROUP_M = 1)"), (axes[1], gpu_tile["GROUP_M"], "grouped")):
+    order = np.zeros((tiles_m, tiles_n), dtype=int)
+    for pid in range(tiles_m * tiles_n):
+        order[tile_of(pid, group_m)] = pid
+    ax.imshow(order, cmap="viridis", aspect="auto")
+    first_wave = [tile_of(p, group_m) for p in range(wave)]
+    for r, c in first_wave:
+        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec="white", lw=2))
+    for r in range(tiles_m):
+        for c in range(tiles_n):
+            ax.text(c, r, order[r, c], ha="center", va="center", fontsize=6, color="white")
+    a_tiles, b_tiles = len({r for r, _ in first_wave}), len({c for _, c in first_wave})
+    ax.set_title(f"{title}: first {wave} programs read {a_tiles} tile-rows of a and {b_tiles} tile-columns of b")
+    ax.set_xlabel(f"tile-column of c ({gpu_tile['BLOCK_N']} columns each)")
+    ax.set_ylabel(f"tile-row of c ({gpu_tile['BLOCK_M']} rows each)")
+fig.suptitle(f"c [{M_pic}, {N_pic}] = a [{M_pic}, {smol.hidden_size}] @ b: the program id of every tile, "
+             f"sm_90 plan {gpu_tile}")  # fmt: skip
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ### 3.3 FlashAttention: the inner loop
+#
+# The grid is `(row tiles, sequences, KV heads x splits)`. A program owns one
+# KV head of one sequence and `BLOCK_M` rows, where a row is a (query, query
+# head) pair of that KV head's GQA group: row `r` is query `r // G`, head
+# `kv_head * G + r % G`. It loads its Q tile once and then walks the keys.
+# The step it repeats for every K/V tile lives in `attention_common.py`:
+
+# %%
+show(attention_common.attend_tile)
+
+# %% [markdown]
+# `s` is the `[BLOCK_M, BLOCK_N]` tile of scores, in registers only; `m_i`,
+# `l_i` and `acc` are the running max, sum and output of the online softmax
+# (section 2), in base 2 (`qk_scale` already holds `log2(e)`). The kernel
+# around it decides which key tiles to visit:
+
+# %%
+show(flash_kernels._flash_attention_kernel, start="last_query =", stop="attend_tile(acc, m_i, l_i, q, k, v, visible")
+
+# %% [markdown]
+# What to look at:
+#
+# * `hi`: keys past the tile's last query (plus `shift`, the bottom-right
+#   alignment when there are more keys than queries) are seen by no row of the
+#   tile: the loops stop there, and those K/V tiles are **never loaded**.
+# * `full`: keys before the tile's *first* query are seen by every row: those
+#   tiles run with `MASKED=False`, no mask work at all. Only the diagonal band
+#   `[mid, hi)` builds the `visible` mask.
+# * the pointers: `k_base + keys[:, None] * stride_k_token` is a `[BLOCK_N, d]`
+#   tile of addresses, the token stride and the head stride passed in. The
+#   queries are a strided view into the fused QKV output (a token stride of
+#   `(H + 2 Hkv) d`), read in place.
+# * `tl.load(..., mask=col_ok[:, None], other=0.0)` in the band: the last tile
+#   runs past the sequence's keys.
+#
+# The picture, from the launcher's own plan: one prefill of this model's
+# shapes (G = 3 query heads per KV head), every (row tile, key tile) pair a
+# program could meet, coloured by what the kernel does with it. Left: the
+# tiles this machine's launch uses; right: the first tile shape the launcher
+# offers an sm_90 GPU's autotuner in bf16.
+
+# %%
+G = smol.num_heads // smol.num_kv_heads
+L = 512  # prompt tokens: queries = keys, causal
+
+
+def tile_kinds(block_m: int, block_n: int, q_len: int, k_len: int, group: int) -> np.ndarray:
+    """0 = skipped, 1 = loaded with the causal mask, 2 = loaded whole: the kernel's bounds full / hi per row tile."""
+    shift = k_len - q_len
+    kinds = np.zeros((-(-q_len * group // block_m), -(-k_len // block_n)), dtype=int)
+    for t in range(kinds.shape[0]):
+        f0 = t * block_m
+        last_query = (min(f0 + block_m, q_len * group) - 1) // group
+        hi = max(min(k_len, last_query + shift + 1), 0)
+        full = max(min(k_len, f0 // group + shift + 1), 0) // block_n * block_n
+        kinds[t, : -(-hi // block_n)] = 1
+        kinds[t, : full // block_n] = 2
+    return kinds
+
+
+plans = {
+    f"this machine ({here.name})": flash_kernels.flash_attention_plan(L, G, smol.head_dim, torch.float32, here),
+    "sm_90, bf16 (first autotune candidate)": flash_kernels.flash_attention_plan(
+        L, G, smol.head_dim, torch.bfloat16, gpu_target(90)
+    ),
+}
+fig, axes = plt.subplots(1, 2, figsize=(14, 6))
+cmap = plt.matplotlib.colors.ListedColormap(["whitesmoke", "tab:orange", "tab:blue"])
+for ax, (name, plan) in zip(axes, plans.items()):
+    bm, bn = plan.configs[0].kwargs["BLOCK_M"], plan.configs[0].kwargs["BLOCK_N"]
+    kinds = tile_kinds(bm, bn, L, L, G)
+    ax.imshow(kinds, cmap=cmap, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+    loaded = (kinds > 0).sum()
+    ax.set_title(f"{name}: BLOCK_M {bm}, BLOCK_N {bn}\n{loaded} of {kinds.size} K/V tiles loaded "
+                 f"({loaded / kinds.size:.0%}), {(kinds == 1).sum()} of them masked")  # fmt: skip
+    ax.set_xlabel(f"key tile ({bn} keys)")
+    ax.set_ylabel(f"row tile ({bm} rows = {bm / G:.3g} queries x {G} heads)")
+for color, what in zip(cmap.colors, ("skipped: never loaded", "diagonal: loaded, masked", "below: loaded, no mask")):
+    axes[1].plot([], [], "s", color=color, ms=10, label=what)
+axes[1].legend(loc="upper right")
+fig.suptitle(f"causal FlashAttention, one KV head of a {L}-token prompt (SmolLM2 shapes): grid "
+             f"(row tiles, sequences, KV heads) = ({kinds.shape[0]}, 1, {smol.num_kv_heads}) on the right")  # fmt: skip
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# About half the tiles are never loaded (the causal triangle), and only a thin
+# band pays for a mask. Check: the kernel against the attention stage on two
+# sequences packed together (a prompt of 19 and a chunk of 5 queries on 12
+# keys) and a decode row, tiny config (G = 3):
+
+# %%
+H, Hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+q_lens, k_lens = [19, 5, 1], [19, 12, 40]
+q = torch.randn(sum(q_lens), H, d, generator=g).to(DEVICE)
+k, v = (torch.randn(sum(k_lens), Hkv, d, generator=g).to(DEVICE) for _ in range(2))
+cu_q = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device=DEVICE)
+cu_k = torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32, device=DEVICE)
+ref = STAGES["attention"].naive(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=d**-0.5)
+out = flash_kernels.flash_attention(q, k, v, cu_q, cu_k, d**-0.5, max_q_len=max(q_lens))
+print(f"queries {q_lens} on keys {k_lens}: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")
+on_gpu("flash_attention")
+
+# %% [markdown]
+# ### 3.4 Paged attention: the same loop, K/V through the block table
+#
+# Paged attention runs the same online softmax; what changes is where a key
+# lives. The cache is a pool of blocks `[num_blocks, block_size, Hkv, d]`, and
+# a sequence's keys are scattered over it in the order its block-table row
+# says. Every K/V tile is loaded through this helper:
+
+# %%
+show(paged_kernels._load_kv_tile)
+
+# %% [markdown]
+# * `block_table_row_ptr + positions // BLOCK_SIZE`: one block id per key of
+#   the tile (a gather from the sequence's block-table row); then
+#   `slot = block_id * BLOCK_SIZE + positions % BLOCK_SIZE`, the seeds'
+#   address formula, and `slot * stride_slot + kv_head * stride_head + dims`
+#   the address of every element of the `[BLOCK_N, d]` tile.
+# * a tile may span several cache blocks or part of one: the block size and
+#   the tile size are independent.
+# * `MASKED` loads only the positions inside the sequence (`in_seq`); the
+#   kernel's loops are FlashAttention's, with `seq_lens` in place of the key
+#   offsets.
+#
+# The picture: the first sequence of the stage's example inputs (a decode on
+# a cached prefix), its keys coloured by the physical block they live in, the
+# kernel's key tiles on top.
+
+# %%
+pin = STAGES["paged_attention"].example_inputs(config, 9, DEVICE, torch.float32, block_size=8)
+pa_plan = paged_kernels.paged_attention_plan(pin["max_q_len"], H // Hkv, d, torch.float32, here).launch_options()
+n0, bs = pin["seq_lens_host"][0], pin["k_cache"].shape[1]
+row = pin["block_table"][0].tolist()
+fig, ax = plt.subplots(figsize=(13, 2.6))
+for pos in range(n0):
+    block = row[pos // bs]
+    ax.add_patch(plt.Rectangle((pos, 0), 1, 1, color=plt.cm.tab10(block % 10), ec="white"))
+    ax.text(pos + 0.5, 0.5, block * bs + pos % bs, ha="center", va="center", fontsize=6, color="white")
+for b in range(-(-n0 // bs)):
+    ax.text(b * bs + bs / 2, 1.15, f"block_table[0][{b}] = {row[b]}", ha="center", fontsize=8)
+for t0 in range(0, n0, pa_plan["BLOCK_N"]):
+    ax.add_patch(plt.Rectangle((t0, -0.35), min(pa_plan["BLOCK_N"], n0 - t0), 0.25, color="tab:gray"))
+    ax.text(t0 + 0.5, -0.5, f"key tile at {t0} ({pa_plan['BLOCK_N']} keys)", fontsize=8, va="top")
+ax.set_xlim(0, n0)
+ax.set_ylim(-1, 1.5)
+ax.set_yticks([])
+ax.set_xlabel("key position in the sequence (the number in each cell: its slot in the pool)")
+ax.set_title(f"{n0} keys in blocks of {bs}, scattered over a pool of {pin['k_cache'].shape[0]} blocks")
+plt.tight_layout()
+plt.show()
+
+args = {key: pin[key] for key in ("q", "k_cache", "v_cache", "block_table", "seq_lens", "cu_seqlens_q", "scale")}
+ref = STAGES["paged_attention"].naive(**pin)
+out = paged_kernels.paged_attention(**args, max_q_len=pin["max_q_len"], max_seq_len=pin["max_seq_len"])
+print(f"queries {np.diff(pin['cu_seqlens_q_host']).tolist()} on cached lengths {pin['seq_lens_host']}, "
+      f"blocks shuffled: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")  # fmt: skip
+on_gpu("paged_attention")
+
+# %% [markdown]
+# ### 3.5 Split-K (flash decoding) and its reduction
+#
+# A decode step gives one program per (sequence, KV head): with a few long
+# sequences that is far fewer programs than a GPU has streaming
+# multiprocessors (SMs), and most of the chip idles while they walk thousands
+# of keys. Split-K cuts each sequence's keys into `NUM_SPLITS` ranges, one
+# program each (the kernel's `lo`/`hi` lines above). A program then ends not
+# with an output but with the online-softmax **state** of its range:
+#
+#     m_s = max score,   l_s = sum 2^(x - m_s),   acc_s = sum 2^(x - m_s) v
+#
+# and a second small kernel merges the states exactly:
+
+# %%
+show(split_k._split_k_reduce_kernel, start="token = tl.program_id(0)")
+
+# %% [markdown]
+# One program per (token, head): it loads the `S` partial states side by
+# side, takes the common max `M`, rescales each split by `w_s = 2^(m_s - M)`
+# and returns `sum_s w_s acc_s / sum_s w_s l_s`. Padding lanes (S rounded up
+# to a power of two) load `m = -inf`, so their weight is 0.
+#
+# When does the launcher split? `choose_num_splits` asks for about two
+# programs per SM and at least 256 keys per split; here are its choices for
+# decodes of 8 KV heads (Llama 3 8B) on a GPU of the committed device check's
+# SM count, and on this machine:
+
+# %%
+sms = next((r["sections"]["env"]["gpu"]["sms"] for r in DEVICE_RUNS.values()), 132)
+for batch, keys in ((1, 4096), (2, 32768), (8, 4096), (64, 4096), (2, 300)):
+    programs = batch * 8
+    print(f"B={batch:>2}, {keys:>5} keys: {programs:>3} programs -> {choose_num_splits(programs, keys, sms):>2} splits "
+          f"on {sms} SMs, {choose_num_splits(programs, keys, num_sms(DEVICE))} here")  # fmt: skip
+
+# %% [markdown]
+# The interpreter runs programs one after the other, so it never splits on
+# its own. We split by hand instead: the state of every range of one decode
+# query, computed in PyTorch (base 2, as in the kernels), merged by the real
+# reduction kernel, against the attention stage; and the paged kernel forced
+# to split against itself unsplit.
+
+# %%
+n_keys, S = 300, 4
+qd = torch.randn(1, H, d, generator=g)
+kd, vd = torch.randn(n_keys, Hkv, d, generator=g), torch.randn(n_keys, Hkv, d, generator=g)
+x = torch.einsum("hd,nhd->hn", qd[0], kd.repeat_interleave(H // Hkv, dim=1)) * d**-0.5 * attention_common.LOG2E
+ranges = torch.tensor_split(torch.arange(n_keys), S)
+m_part = torch.stack([x[:, r].max(dim=1).values for r in ranges], dim=1)  # [H, S]
+p = [torch.exp2(x[:, r] - m_part[:, s, None]) for s, r in enumerate(ranges)]  # [H, keys of split s]
+l_part = torch.stack([ps.sum(dim=1) for ps in p], dim=1)  # [H, S]
+v_heads = vd.repeat_interleave(H // Hkv, dim=1)  # [n, H, d], only to write the partials out here
+acc_part = torch.stack([torch.einsum("hn,nhd->hd", ps, v_heads[r]) for ps, r in zip(p, ranges)], dim=1)  # [H, S, d]
+merged = torch.empty(1, H, d, device=DEVICE)
+split_k.split_k_reduce(acc_part[None].to(DEVICE), m_part[None].to(DEVICE), l_part[None].to(DEVICE), merged)
+cu_q1, cu_k1 = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, n_keys], dtype=torch.int32)
+want = STAGES["attention"].naive(q=qd, k=kd, v=vd, cu_seqlens_q=cu_q1, cu_seqlens_k=cu_k1, scale=d**-0.5)  # [1, H, d]
+err = float((merged.cpu() - want).abs().max())
+print(f"{S} partial states merged by split_k_reduce: max |merged - attention| = {err:.1e}")
+one, split4 = (paged_kernels.paged_attention(**args, max_q_len=pin["max_q_len"], num_splits=s) for s in (1, 4))
+print(f"paged_attention with 4 splits vs unsplit: max difference {float((one - split4).abs().max()):.1e}")
+
+# %% [markdown]
+# The picture of the merge for head 0: each split's max (in base-2 units), the
+# weight `w_s = 2^(m_s - M)` it gets, and its rescaled share `w_s l_s` of the
+# softmax denominator. The split holding the largest score has weight 1; the
+# others are scaled down by how far their max sits below it.
+
+# %%
+w = torch.exp2(m_part[0] - m_part[0].max())
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
+splits = [f"keys {int(r[0])}-{int(r[-1])}" for r in ranges]
+for ax, values, title in (
+    (axes[0], m_part[0], "m_s: the split's max score (base 2)"),
+    (axes[1], w, "w_s = 2^(m_s - M)"),
+    (axes[2], w * l_part[0] / (w * l_part[0]).sum(), "w_s l_s / sum: share of the denominator"),
+):
+    ax.bar(splits, values.tolist(), color="tab:purple")
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+fig.suptitle(f"split-K: one decode query (head 0) over {n_keys} keys in {S} splits")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 4. Check: naive vs Triton for every stage
 #
 # Each stage's `example_inputs(config, num_tokens, device, dtype)` builds the
 # same keyword arguments for both paths (seeded, so two calls give identical
@@ -290,7 +751,7 @@ assert tokens["naive"] == tokens["triton"]
 print("paged engine, 3 requests: naive and Triton backends generate the same tokens")
 
 # %% [markdown]
-# ## 4. Measure: naive vs Triton speed
+# ## 5. Measure: naive vs Triton speed
 #
 # `stagewise.bench.stage_bench.run_stages` times both paths of every stage at
 # a prefill shape and a decode shape, alternating them after a warm-up,
@@ -350,7 +811,7 @@ else:
     print("no GPU: skipping the speed picture (interpreter timings are not speed measurements)")
 
 # %% [markdown]
-# ## 5. Measured on a real GPU: the committed device check
+# ## 6. Measured on a real GPU: the committed device check
 #
 # A GPU is not always at hand, so the project keeps the results of its device
 # check (`bash benchmarks/gpu/run.sh`, see `benchmarks/gpu/README.md`) in
@@ -420,6 +881,14 @@ if measured:
 #   silu_and_mul, the sampler), tiling (GEMMs), the online softmax
 #   (FlashAttention, paged attention), indirection (block table, slot mapping)
 #   and a sort replaced by counting.
+# * Reading a kernel: the program ids say which piece of the output a program
+#   owns; pointers plus strides address any view in place; blocks are
+#   power-of-two vectors and masks switch off what lies past the edge.
+# * FlashAttention and paged attention share one loop; the causal bounds skip
+#   about half of the K/V tiles and mask only the diagonal band; paged
+#   attention differs only in how a key's address is found (block table ->
+#   slot). Split-K cuts the keys across programs and merges their
+#   (max, sum, acc) states exactly.
 # * The interpreter makes the kernels checkable anywhere; only a GPU makes
 #   them measurable (`stagewise bench stages` there, or this notebook's last
 #   section).
