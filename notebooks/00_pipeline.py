@@ -17,14 +17,14 @@
 # each with a clear change of tensor shape. The seeds (article 000, summary)
 # name **six stages**:
 #
-# | | stage | what it does | shape (T = tokens in the batch) | notebook |
+# | | stage | what it does | output shape (T = tokens in the batch) | notebook |
 # |---|---|---|---|---|
-# | 1 | Tokenize | text -> token ids (byte-level BPE) | text -> `[T]` | 01 |
-# | 2 | Embedding | one table row per id | `[T] -> [T, hidden]` | 02 |
-# | 3 | Transformer block | RMSNorm, fused QKV, RoPE, attention over the cached K/V (GQA), `o_proj` | `[T, hidden] -> [T, hidden]` | 02-05, 08-09 |
-# | 4 | FFN | RMSNorm, fused gate/up GEMM, `silu(gate) * up`, down GEMM | `[T, hidden] -> [T, hidden]` | 06 |
-# | 5 | LM head | final RMSNorm, last token of each sequence only, GEMM with the vocabulary | `[num_seqs, hidden] -> [num_seqs, vocab]` | 07 |
-# | 6 | Sampling | logits -> one id per sequence (penalty, temperature, min_p, top-k/p) | `[num_seqs, vocab] -> [num_seqs]` | 07 |
+# | 1 | Tokenize | text -> token ids (byte-level BPE) | `[T]` | 01 |
+# | 2 | Embedding | one table row per id | `[T, hidden]` | 02 |
+# | 3 | Transformer block | RMSNorm, fused QKV, RoPE, attention on cached K/V, `o_proj` | `[T, hidden]` | 02-05, 08 |
+# | 4 | FFN | RMSNorm, fused gate/up GEMM, `silu(gate) * up`, down GEMM | `[T, hidden]` | 06 |
+# | 5 | LM head | final RMSNorm; last token of each sequence; GEMM | `[num_seqs, vocab]` | 07 |
+# | 6 | Sampling | logits -> one id per sequence (penalty, temperature, min_p, top-k/p) | `[num_seqs]` | 07 |
 #
 # Stages 3 and 4 together (attention half and FFN half, each with a residual
 # add) make one **decoder layer**, repeated for every layer (30 for SmolLM2);
