@@ -170,6 +170,58 @@ for p, d in zip(layer0(prefill), layer0(decode)):
     print(f"{p['stage']:16} prefill: {p_out:38} decode: {d_out}")
 
 # %% [markdown]
+# ### The board picture: one decoder layer
+#
+# The drawing a teacher puts on the board, generated from the trace of the
+# prefill step above: layer 0's stage calls in the order the model made
+# them, each box with the weight it reads, each arrow with the shape that
+# flows out of it. The residual stream runs down the left: the first
+# RMSNorm of a layer (layer 0: the embedding output) starts it, the second
+# one adds the attention half's output to it (the residual add is fused into
+# RMSNorm), and the FFN's output is added by the next layer's first RMSNorm.
+
+# %%
+def weight_of(rec: dict) -> str:
+    w = [t for t in rec["inputs"] if t["name"].startswith("w") or t["name"] == "weight"]
+    return " ".join(f"{t['name']} {t['shape']}" for t in w)
+
+
+def flows_out(rec: dict) -> str:
+    out = [t for t in rec["outputs"] if t["name"] not in ("k_cache", "v_cache")]
+    if not out:  # written in place: kv_store fills the cache
+        return "K, V -> cache slots"
+    return ", ".join(f"{t['name']} {t['shape']}" for t in out[:2])
+
+
+recs = layer0(prefill)
+T = prefill["requests"][0]["num_scheduled"]
+fig, ax = plt.subplots(figsize=(12, 0.95 * len(recs) + 1.8))
+top = len(recs) + 0.6
+ax.text(2.5, top + 0.35, f"h: [{T}, {llm.loaded.config.hidden_size}]  (embedding output, T = {T} prompt tokens)",
+        ha="center", fontsize=10)  # fmt: skip
+for i, rec in enumerate(recs):
+    y = len(recs) - i - 0.5
+    add = any(t["name"] == "residual" for t in rec["inputs"])
+    color = {"rmsnorm": "#c6dbef", "ffn": "#c7e9c0", "kv_store": "#fdd0a2"}.get(rec["stage"], "#dadaeb")
+    ax.add_patch(plt.Rectangle((1, y), 3, 0.6, color=color, ec="black"))
+    ax.text(2.5, y + 0.3, rec["stage"] + ("  (+ residual)" if add else ""), ha="center", va="center", fontsize=10)
+    ax.text(4.2, y + 0.3, weight_of(rec), va="center", fontsize=8, color="dimgray")
+    ax.annotate("", xy=(2.5, y + 0.6), xytext=(2.5, y + 1.0), arrowprops=dict(arrowstyle="->"))
+    ax.text(2.6, y - 0.2, flows_out(rec), fontsize=8, va="center")
+    if add:  # the residual stream joins here
+        ax.annotate("", xy=(1, y + 0.3), xytext=(0.2, y + 0.3), arrowprops=dict(arrowstyle="->", color="tab:red"))
+ax.plot([0.2, 0.2], [len(recs) - 0.2, -0.6], color="tab:red", lw=2)
+ax.text(0.1, len(recs) / 2, "residual stream [T, hidden]", rotation=90, ha="right", va="center", color="tab:red")
+ax.text(2.5, -0.7, "-> layer 1 (its first RMSNorm adds this FFN output to the residual stream)", ha="center")
+ax.set_xlim(-0.5, 9.5)
+ax.set_ylim(-1, top + 0.8)
+ax.axis("off")
+ax.set_title(f"one decoder layer of {llm.loaded.config.name}, prefill step, as traced (layer 0 of "
+             f"{llm.loaded.config.num_layers})")  # fmt: skip
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## By hand: one forward pass
 #
 # Under the engine, one step is: pack the tokens into a flat batch (no

@@ -201,6 +201,59 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### The board picture: block-table rows pointing into the pool
+#
+# The indirection drawn the way a teacher draws it, from a live engine: the
+# same four requests replayed on a fresh engine up to the step that held the
+# most blocks, then stopped, and its state read directly: each running
+# request's row of `cache.block_table` (checked against the block manager's
+# own list), its `num_computed_tokens`, and the pool. Left: logical block
+# `i` of each request holds the physical block id written in it; right: the
+# pool of physical blocks, each filled as far as it holds tokens. Every arrow
+# is one step of `slot = block_table[row][pos // 16] * 16 + pos % 16`.
+
+# %%
+stop = max(range(len(trace["steps"])), key=lambda i: sum(len(r["blocks"]) for r in trace["steps"][i]["requests"]))
+board = LLM(loaded, mode="paged", engine_config=ecfg)
+board_names = {}
+for step in range(stop + 1):
+    for name, (_, _, at) in plan.items():
+        if at == step:
+            board_names[board.add_request(prompts[name], params[name])] = name
+    board.step()
+engine = board.engine
+running = list(engine.scheduler.running)
+
+fig, ax = plt.subplots(figsize=(12, 6.5))
+pool_x, pool_w = 8.0, 3.0
+for b in range(NUM_BLOCKS):
+    ax.add_patch(plt.Rectangle((pool_x, NUM_BLOCKS - 1 - b), pool_w, 0.85, fill=False, ec="gray"))
+    ax.text(pool_x + pool_w + 0.1, NUM_BLOCKS - 1 - b + 0.42, f"block {b}", va="center", fontsize=8)
+for req, y in zip(running, np.linspace(NUM_BLOCKS - 2, 1, len(running))):
+    name = board_names[req.request_id]
+    color = colors[order.index(name) + 1]
+    ids = engine.block_manager.block_ids(req)
+    row = engine.cache.row(req.request_id)
+    table = engine.cache.block_table[row, : len(ids)].tolist()
+    assert table == ids, "the block table the kernels read is the block manager's list"
+    ax.text(-0.2, y + 0.42, f"{name}: block_table[{row}]\n{req.num_computed_tokens} tokens cached",
+            ha="right", va="center", fontsize=9)  # fmt: skip
+    for i, b in enumerate(table):
+        ax.add_patch(plt.Rectangle((i, y), 0.9, 0.85, color=color))
+        ax.text(i + 0.45, y + 0.42, str(b), ha="center", va="center", color="white", fontsize=10)
+        held = max(0, min(BLOCK, req.num_computed_tokens - i * BLOCK))
+        ax.add_patch(plt.Rectangle((pool_x, NUM_BLOCKS - 1 - b), pool_w * held / BLOCK, 0.85, color=color, alpha=0.8))
+        ax.annotate("", xy=(pool_x, NUM_BLOCKS - 1 - b + 0.42), xytext=(i + 0.9, y + 0.42),
+                    arrowprops=dict(arrowstyle="->", color=color, lw=1.2))  # fmt: skip
+ax.set_xlim(-3, pool_x + pool_w + 1.2)
+ax.set_ylim(-0.5, NUM_BLOCKS + 0.5)
+ax.axis("off")
+ax.set_title(f"after engine step {stop}: block-table rows (left) -> physical blocks of the pool (right), "
+             f"{engine.block_manager.num_used_blocks()} of {NUM_BLOCKS} in use")  # fmt: skip
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## 3. Check: the slot of every token, and the tokens themselves
 #
 # The attention kernels never see "request A, position 37"; they see a slot.

@@ -552,13 +552,15 @@ show(split_k._split_k_reduce_kernel, start="token = tl.program_id(0)")
 # and returns `sum_s w_s acc_s / sum_s w_s l_s`. Padding lanes (S rounded up
 # to a power of two) load `m = -inf`, so their weight is 0.
 #
-# When does the launcher split? `choose_num_splits` asks for about two
-# programs per SM and at least 256 keys per split; here are its choices for
+# When does the launcher split? `choose_num_splits` aims at a few programs
+# per SM and enough keys per split to pay for the merge; here are its choices for
 # decodes of 8 KV heads (Llama 3 8B) on a GPU of the committed device check's
 # SM count, and on this machine:
 
 # %%
-sms = next((r["sections"]["env"]["gpu"]["sms"] for r in DEVICE_RUNS.values()), 132)
+sms = next((r["sections"]["env"]["gpu"]["sms"] for r in DEVICE_RUNS.values()), 132)  # else an H100 SXM's count
+print(f"aim: {split_k.PROGRAMS_PER_SM} programs per SM, at least {split_k.MIN_KEYS_PER_SPLIT} keys per split, "
+      f"at most {split_k.MAX_SPLITS} splits")  # fmt: skip
 for batch, keys in ((1, 4096), (2, 32768), (8, 4096), (64, 4096), (2, 300)):
     programs = batch * 8
     print(f"B={batch:>2}, {keys:>5} keys: {programs:>3} programs -> {choose_num_splits(programs, keys, sms):>2} splits "
