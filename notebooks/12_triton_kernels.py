@@ -61,6 +61,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.colors import ListedColormap
 
 import stagewise.kernels  # first: decides GPU or interpreter before any kernel is defined
 from stagewise import LLM, SamplingParams
@@ -252,8 +253,8 @@ show(rmsnorm_kernels._rmsnorm_kernel)
 # * `mask = cols < hidden`: `BLOCK_SIZE` is the next power of two of `hidden`.
 #   The masked lanes load 0 (`other=0.0`) and so add nothing to the sum of
 #   squares; they are not stored.
-# * `HAS_RESIDUAL` is a `tl.constexpr`: the kernel is compiled twice, and the
-#   version without the residual has no trace of that branch.
+# * `HAS_RESIDUAL` is a `tl.constexpr`: the kernel is compiled once per value,
+#   and the version without the residual has no trace of that branch.
 #
 # The launcher's plan for this model's row and for the tiny config's:
 
@@ -436,7 +437,7 @@ plans = {
     ),
 }
 fig, axes = plt.subplots(1, 2, figsize=(14, 6))
-cmap = plt.matplotlib.colors.ListedColormap(["whitesmoke", "tab:orange", "tab:blue"])
+cmap = ListedColormap(["whitesmoke", "tab:orange", "tab:blue"])
 for ax, (name, plan) in zip(axes, plans.items()):
     bm, bn = plan.configs[0].kwargs["BLOCK_M"], plan.configs[0].kwargs["BLOCK_N"]
     kinds = tile_kinds(bm, bn, L, L, G)
