@@ -320,6 +320,7 @@ for m, k, n in ((37, 19, 33), (70, 40, 150)):
         float((matmul_kernels.matmul(a, bt.t(), row_index=rows) - a[rows] @ bt.t()).abs().max()),
     )
     print(f"[{m}, {k}] @ [{k}, {n}] with tiles {plan}: {grid} programs; max |kernel - torch| = {err:.1e}")
+print(f"(on a GPU, M = 1 .. {matmul_kernels.DECODE_MAX_M} rows go to the split-K decode kernel, matmul_decode.py)")
 on_gpu("matmul")
 
 # %% [markdown]
@@ -512,9 +513,10 @@ for pos in range(n0):
     ax.text(pos + 0.5, 0.5, block * bs + pos % bs, ha="center", va="center", fontsize=6, color="white")
 for b in range(-(-n0 // bs)):
     ax.text(b * bs + bs / 2, 1.15, f"block_table[0][{b}] = {row[b]}", ha="center", fontsize=8)
-for t0 in range(0, n0, pa_plan["BLOCK_N"]):
-    ax.add_patch(plt.Rectangle((t0, -0.35), min(pa_plan["BLOCK_N"], n0 - t0), 0.25, color="tab:gray"))
-    ax.text(t0 + 0.5, -0.5, f"key tile at {t0} ({pa_plan['BLOCK_N']} keys)", fontsize=8, va="top")
+for t, t0 in enumerate(range(0, n0, pa_plan["BLOCK_N"])):
+    width = min(pa_plan["BLOCK_N"], n0 - t0)
+    ax.add_patch(plt.Rectangle((t0 + 0.1, -0.35), width - 0.2, 0.25, color=("dimgray", "darkgray")[t % 2]))
+    ax.text(t0 + 0.5, -0.5, f"key tile {t}: positions {t0}-{t0 + width - 1}", fontsize=8, va="top")
 ax.set_xlim(0, n0)
 ax.set_ylim(-1, 1.5)
 ax.set_yticks([])
