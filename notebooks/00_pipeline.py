@@ -175,10 +175,11 @@ for p, d in zip(layer0(prefill), layer0(decode)):
 # The drawing a teacher puts on the board, generated from the trace of the
 # prefill step above: layer 0's stage calls in the order the model made
 # them, each box with the weight it reads, each arrow with the shape that
-# flows out of it. The residual stream runs down the left: the first
-# RMSNorm of a layer (layer 0: the embedding output) starts it, the second
-# one adds the attention half's output to it (the residual add is fused into
-# RMSNorm), and the FFN's output is added by the next layer's first RMSNorm.
+# flows out of it. The residual stream runs down the left (red): layer 0's
+# first RMSNorm starts it with the embedding output (`residual_out`), the
+# second one adds the attention half's output to it and passes the sum on
+# (the residual add is fused into RMSNorm), and the FFN's output is added by
+# the next layer's first RMSNorm.
 
 # %%
 def weight_of(rec: dict) -> str:
@@ -208,8 +209,9 @@ for i, rec in enumerate(recs):
     ax.text(4.2, y + 0.3, weight_of(rec), va="center", fontsize=8, color="dimgray")
     ax.annotate("", xy=(2.5, y + 0.6), xytext=(2.5, y + 1.0), arrowprops=dict(arrowstyle="->"))
     ax.text(2.6, y - 0.2, flows_out(rec), fontsize=8, va="center")
-    if add:  # the residual stream joins here
-        ax.annotate("", xy=(1, y + 0.3), xytext=(0.2, y + 0.3), arrowprops=dict(arrowstyle="->", color="tab:red"))
+    if rec["stage"] == "rmsnorm":  # the residual stream: read and added here (<->), or started here (<-)
+        style = "<->" if add else "<-"
+        ax.annotate("", xy=(1, y + 0.3), xytext=(0.2, y + 0.3), arrowprops=dict(arrowstyle=style, color="tab:red"))
 ax.plot([0.2, 0.2], [len(recs) - 0.2, -0.6], color="tab:red", lw=2)
 ax.text(0.1, len(recs) / 2, "residual stream [T, hidden]", rotation=90, ha="right", va="center", color="tab:red")
 ax.text(2.5, -0.7, "-> layer 1 (its first RMSNorm adds this FFN output to the residual stream)", ha="center")
