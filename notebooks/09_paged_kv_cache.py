@@ -204,8 +204,9 @@ plt.show()
 # ### The board picture: block-table rows pointing into the pool
 #
 # The indirection drawn the way a teacher draws it, from a live engine: the
-# same four requests replayed on a fresh engine up to the step that held the
-# most blocks, then stopped, and its state read directly: each running
+# same four requests replayed on a fresh engine up to the step after which the
+# most requests were still running (most blocks among ties), then stopped,
+# and its state read directly: each running
 # request's row of `cache.block_table` (checked against the block manager's
 # own list), its `num_computed_tokens`, and the pool. Left: logical block
 # `i` of each request holds the physical block id written in it; right: the
@@ -213,7 +214,20 @@ plt.show()
 # is one step of `slot = block_table[row][pos // 16] * 16 + pos % 16`.
 
 # %%
-stop = max(range(len(trace["steps"])), key=lambda i: sum(len(r["blocks"]) for r in trace["steps"][i]["requests"]))
+steps = trace["steps"]
+
+
+def still_running(i: int) -> list[dict]:
+    """The requests of step i that are scheduled again in step i + 1 (so still running after step i)."""
+    before = {r["request_id"] for r in steps[i]["requests"]}
+    return [r for r in steps[i + 1]["requests"] if r["request_id"] in before]
+
+
+def fullness(i: int) -> tuple[int, int]:
+    return len(still_running(i)), sum(len(r["blocks"]) for r in still_running(i))
+
+
+stop = max(range(len(steps) - 1), key=fullness)
 board = LLM(loaded, mode="paged", engine_config=ecfg)
 board_names = {}
 for step in range(stop + 1):
@@ -239,17 +253,17 @@ for req, y in zip(running, np.linspace(NUM_BLOCKS - 2, 1, len(running))):
     ax.text(-0.2, y + 0.42, f"{name}: block_table[{row}]\n{req.num_computed_tokens} tokens cached",
             ha="right", va="center", fontsize=9)  # fmt: skip
     for i, b in enumerate(table):
-        ax.add_patch(plt.Rectangle((i, y), 0.9, 0.85, color=color))
-        ax.text(i + 0.45, y + 0.42, str(b), ha="center", va="center", color="white", fontsize=10)
+        ax.add_patch(plt.Rectangle((i, y), 0.9, 0.85, color=color, zorder=2))
+        ax.text(i + 0.45, y + 0.42, str(b), ha="center", va="center", color="white", fontsize=10, zorder=3)
         held = max(0, min(BLOCK, req.num_computed_tokens - i * BLOCK))
         ax.add_patch(plt.Rectangle((pool_x, NUM_BLOCKS - 1 - b), pool_w * held / BLOCK, 0.85, color=color, alpha=0.8))
-        ax.annotate("", xy=(pool_x, NUM_BLOCKS - 1 - b + 0.42), xytext=(i + 0.9, y + 0.42),
-                    arrowprops=dict(arrowstyle="->", color=color, lw=1.2))  # fmt: skip
+        ax.annotate("", xy=(pool_x, NUM_BLOCKS - 1 - b + 0.42), xytext=(i + 0.45, y + 0.42), zorder=1,
+                    arrowprops=dict(arrowstyle="->", color=color, lw=1.2, connectionstyle="arc3,rad=-0.1"))  # fmt: skip
 ax.set_xlim(-3, pool_x + pool_w + 1.2)
 ax.set_ylim(-0.5, NUM_BLOCKS + 0.5)
 ax.axis("off")
 ax.set_title(f"after engine step {stop}: block-table rows (left) -> physical blocks of the pool (right), "
-             f"{engine.block_manager.num_used_blocks()} of {NUM_BLOCKS} in use")  # fmt: skip
+             f"{engine.block_manager.num_used_blocks} of {NUM_BLOCKS} in use")  # fmt: skip
 plt.tight_layout()
 plt.show()
 
