@@ -51,8 +51,8 @@ QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 # ## 1. Why one device is not enough
 #
 # The seeds' model: Llama 3.1 405B, 126 layers, hidden 16384, 128 query heads,
-# 8 KV heads. In bf16 its weights alone weigh ~810 GB. An H100 holds 80 GB,
-# an H200 141 GB:
+# 8 KV heads. In bf16 its weights alone outweigh any one GPU; here they are
+# against an H100 and an H200:
 
 # %%
 l405 = PRESETS["llama-3-405b"]
@@ -62,8 +62,17 @@ for hw in (HARDWARE["h100"], HARDWARE["h200"]):
           f"-> memory left for the KV cache: {human(a.capacity.free_for_kv)}")  # fmt: skip
 
 # %% [markdown]
-# Ten H100s' worth of weights. Even if they fitted, one decode step reads all
-# of them: 810 GB / 3.35 TB/s = 0.24 s per token. Splitting the matrices over
+# Even if they fitted, one decode step reads all of them once:
+
+# %%
+h100 = HARDWARE["h100"]
+w405 = analyze(l405, h100, context=8192, batch=1, dtype="bf16").weight_bytes
+print(f"{w405.value / h100.memory_bytes:.1f} H100s' worth of weights; one decode token streams them: "
+      f"{w405.value / 1e9:.0f} GB / {h100.memory_bandwidth / 1e12:.2f} TB/s = "
+      f"{w405.value / h100.memory_bandwidth:.2f} s per token")  # fmt: skip
+
+# %% [markdown]
+# Splitting the matrices over
 # N devices divides both the memory per device *and* the bytes each device
 # streams per token by N — if the N devices talk fast enough.
 #
@@ -153,9 +162,12 @@ print("max |sum of partials - full| =", (sum(partial) - full).abs().max().item()
 # %% [markdown]
 # A ring all-reduce over N ranks sends and receives 2(N-1)/N of the message
 # per rank (a reduce-scatter then an all-gather). The message is the
-# activations `[T, hidden]`: in decode, T = the batch, so it is *small* — one
-# 405B token in bf16 is 16384 x 2 B = 32 KB.
-#
+# activations `[T, hidden]`: in decode, T = the batch, so it is *small*:
+
+# %%
+print(f"one 405B token in bf16: {l405.hidden_size} x 2 B = {l405.hidden_size * 2 / 1024:.0f} KiB per all-reduce")
+
+# %% [markdown]
 # ## 4. A real run: TP=2 on this CPU, traced rank by rank
 #
 # `LLM(..., tensor_parallel_size=2)` starts one worker process (rank 1) with
@@ -235,20 +247,31 @@ names = [n for n, _ in rows]
 shard = [t.decode_shard.time.value * 1e3 for _, t in rows]
 comm = [t.decode_comm.value * 1e3 for _, t in rows]
 ax.barh(names, shard, label="one shard's decode (speed of light)")
-ax.barh(names, comm, left=shard, label="253 all-reduces (ring + latency)")
+ax.barh(names, comm, left=shard, label=f"{rows[0][1].all_reduces_per_step.value:.0f} all-reduces (ring + latency)")
 ax.set_xlabel("ms per output token, batch 1, N = 8192")
 ax.legend(loc="lower right")
 ax.set_title("Llama 3 405B, bf16, TP = 8")
 plt.tight_layout()
 plt.show()
 
+# %%
+h200_nvlink = dict(rows)["8x h200 nvlink4"]
+link = INTERCONNECTS["nvlink4"]
+per_device = h200_nvlink.weights_per_device.value
+print(f"weights per device: {per_device / 1e9:.1f} GB (H100 holds {HARDWARE['h100'].memory_bytes / 1e9:.0f} GB, "
+      f"H200 {HARDWARE['h200'].memory_bytes / 1e9:.0f} GB)")  # fmt: skip
+message = h200_nvlink.decode_message.value
+print(f"one decode all-reduce: {message / 1024:.0f} KiB, {message / link.bandwidth * 1e6:.2f} µs of bandwidth "
+      f"against {link.latency * 1e6:.0f} µs of latency; "
+      f"{h200_nvlink.all_reduces_per_step.value:.0f} of them per token")  # fmt: skip
+
 # %% [markdown]
-# 101 GB per device: it does not fit an 80 GB H100 (vLLM serves 405B on 8
-# H100s in fp8, or on 16), and fits a 141 GB H200 with ~40 GB left for the KV
-# cache. Each decode all-reduce moves 32 KB: at 450 GB/s that is 0.13 µs of
-# bandwidth against ~10 µs of latency — **latency-bound**, 253 times per token.
-# Over PCIe the latency triples and TP's communication grows to a quarter of
-# the step.
+# The weights per device do not fit an 80 GB H100 (vLLM serves 405B on 8
+# H100s in fp8, or on 16) and fit a 141 GB H200 with room left for the KV
+# cache. Each decode all-reduce is a few KiB: its bandwidth time is tiny next
+# to the link's fixed latency — **latency-bound**, once per all-reduce, twice
+# per block. Over PCIe the latency is higher and TP's share of the step grows
+# (the bars above).
 #
 # ## Takeaways
 #
