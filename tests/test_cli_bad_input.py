@@ -92,6 +92,9 @@ CASES = [
     (["generate", "hi", "--model", "hf-zero"], "num_attention_heads must be an int >= 1, got 0"),
     (["generate", "hi", *TINY, "--max-tokens", "x"], "Invalid value for '--max-tokens'"),
     (["generate", "hi", *TINY, "--bogus"], "No such option: --bogus"),
+    (["generate", "hi", *TINY, "--tp", "0"], "tensor_parallel_size must be an int >= 1, got 0"),
+    (["generate", "hi", *TINY, "--tp", "4"], "cannot split tiny: .* only for N in 1, 2"),
+    (["trace", "hi", *TINY, "--tp", "0"], "tensor_parallel_size must be an int >= 1, got 0"),
     # bench: 0 is an error, not "the default"; outputs checked before running
     (["bench", "modes", *Q, "--prompt-tokens", "0"], "--prompt-tokens must be >= 1, got 0"),
     (["bench", "modes", *Q, "--repeats", "0"], "--repeats must be >= 1, got 0"),
@@ -107,6 +110,9 @@ CASES = [
     (["bench", "batching", *Q, "--continuous-seats", "0"], "--continuous-seats must be >= 1, got 0"),
     (["bench", "batching", *Q, "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "batching", *Q, "--prompt-tokens", "0-4"], "LOW-HIGH"),
+    (["bench", "batching", *Q, "--prefill-beside-decodes", "0"], "--prefill-beside-decodes must be >= 1, got 0"),
+    (["bench", "modes", *Q, "--tp", "0"], "--tp must be positive integers, got '0'"),
+    (["bench", "modes", *Q, "--tp", "1,x"], "--tp must be comma-separated integers"),
     (["bench", "stages", "--out", "results", "--repeats", "-1"], "--repeats must be >= 1, got -1"),
     (["bench", "stages", "--out", "results", "--prefill-tokens", "0"], "--prefill-tokens must be >= 1"),
     (["bench", "stages", "--out", "results", "--stages", ","], "--stages needs at least one name"),
@@ -126,6 +132,8 @@ CASES = [
     (["calc", "--model", "config-zero-heads.json"], "num_attention_heads must be an int >= 1, got 0"),
     (["calc", "--context", "0"], "context must be > 0"),
     (["calc", "--devices", "0"], "devices must be >= 1"),
+    (["calc", "--tp", "0"], "--tp must be >= 1, got 0"),
+    (["calc", "--tp", "5"], "cannot split llama-3-405b: .* only for N in 1, 2, 4, 8"),
 ]
 
 

@@ -66,6 +66,9 @@ def test_rope_matches_hf_rotary_embedding():
     q_ref, k_ref = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     assert_close(q_out, q_ref[0].transpose(0, 1), ATOL, RTOL, "rope q")
     assert_close(k_out, k_ref[0].transpose(0, 1), ATOL, RTOL, "rope k")
+    # the model gathers the angles once per step and passes them in: the same rotation, bit for bit
+    q_pre, k_pre = rope.naive(positions, q, k, cache, angles=rope.angles_at(positions, cache))
+    assert torch.equal(q_pre, q_out) and torch.equal(k_pre, k_out)
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(6, 2, 16), (4, 4, 32), (8, 2, 16), (9, 3, 64)])

@@ -13,12 +13,10 @@ huge L3 a small buffer would be served from cache and flatter the machine);
 `stage_breakdown` runs a traced decode and splits a step's time per stage.
 """
 
-import statistics
-import time
 
 import torch
 
-from stagewise.bench.hardware import last_level_cache_bytes
+from stagewise.bench.hardware import last_level_cache_bytes, median_seconds
 from stagewise.bench.timing import synchronize
 from stagewise.trace import Tracer
 
@@ -30,16 +28,9 @@ def plain_read_bandwidth(device: torch.device | str = "cpu", seconds: float = 1.
     device = torch.device(device)
     nbytes = max(2**30, 4 * last_level_cache_bytes()) if device.type == "cpu" else 2 * 2**30
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    buffer.sum()  # touch every page once before timing
-    times = []
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < seconds and len(times) < 20):
-        synchronize(device)
-        t0 = time.perf_counter()
-        buffer.sum()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return {"buffer_bytes": nbytes, "bytes_per_s": nbytes / statistics.median(times)}
+    sync = (lambda: synchronize(device)) if device.type == "cuda" else (lambda: None)
+    seconds_per_read = median_seconds(buffer.sum, seconds, sync, max_repeats=20)  # warm-up read first
+    return {"buffer_bytes": nbytes, "bytes_per_s": nbytes / seconds_per_read}
 
 
 def weight_streaming(llm, seconds: float = 1.0) -> dict:

@@ -153,7 +153,7 @@ def get_hardware(name: str) -> Hardware:
 # ---------------------------------------------------------------- the probe
 
 
-def _median_seconds(fn: Callable[[], object], budget_s: float, sync: Callable[[], None], max_repeats=50) -> float:
+def median_seconds(fn: Callable[[], object], budget_s: float, sync: Callable[[], None], max_repeats=50) -> float:
     """Warm up once, then repeat `fn` until the budget is spent (at least 3 times); the median."""
     fn()
     sync()
@@ -180,7 +180,7 @@ def _gemm_flops(dtype: torch.dtype, device: str, budget_s: float, sync, max_n: i
         if n >= max_n or time.perf_counter() - t0 > budget_s / 20:
             break  # big enough to time, or too slow to grow (the next size costs 8x)
         n *= 2
-    seconds = _median_seconds(lambda: a @ a, budget_s, sync)
+    seconds = median_seconds(lambda: a @ a, budget_s, sync)
     return 2 * n**3 / seconds  # [n, n] @ [n, n]: n^3 multiply-adds = 2 n^3 FLOPs
 
 
@@ -205,7 +205,7 @@ def _gemv_bandwidth(device: str, budget_s: float, sync, weight_bytes: int) -> di
         "read": lambda: w.sum(),
         "copy": lambda: out.copy_(w),  # reads W, writes out
     }
-    seconds = {name: _median_seconds(fn, budget_s / len(forms), sync) for name, fn in forms.items()}
+    seconds = {name: median_seconds(fn, budget_s / len(forms), sync) for name, fn in forms.items()}
     return {name: (2 if name == "copy" else 1) * nbytes / s for name, s in seconds.items()}
 
 

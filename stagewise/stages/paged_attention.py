@@ -61,6 +61,13 @@ def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> tor
     return blocks.flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d]
 
 
+def one_sequence(q: torch.Tensor, k_cache, v_cache, block_ids: torch.Tensor, seq_len: int, scale: float):
+    """One sequence's query rows q [Lq, H, d] over its first seq_len cached keys -> [Lq, H, d] (float32)."""
+    k = gather_kv(k_cache, block_ids, seq_len)  # [seq_len, Hkv, d]
+    v = gather_kv(v_cache, block_ids, seq_len)
+    return attention.causal_attention_one_sequence(q, k, v, scale)
+
+
 def one_by_one(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -86,11 +93,8 @@ def one_by_one(
     lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
     for b, seq_len in enumerate(lens):
         q_start, q_end = cu_q[b], cu_q[b + 1]
-        if q_end == q_start:
-            continue
-        k = gather_kv(k_cache, block_table[b], seq_len)  # [seq_len, Hkv, d]
-        v = gather_kv(v_cache, block_table[b], seq_len)
-        out[q_start:q_end] = attention.causal_attention_one_sequence(q[q_start:q_end], k, v, scale)
+        if q_end > q_start:
+            out[q_start:q_end] = one_sequence(q[q_start:q_end], k_cache, v_cache, block_table[b], seq_len, scale)
     return out
 
 
@@ -127,9 +131,7 @@ def naive(
     for b in range(len(lens)):
         q_start, q_end = cu_q[b], cu_q[b + 1]
         if q_end - q_start > 1:  # a prefill or a prefill chunk: the reference, one sequence
-            k = gather_kv(k_cache, block_table[b], lens[b])  # [seq_len, Hkv, d]
-            v = gather_kv(v_cache, block_table[b], lens[b])
-            out[q_start:q_end] = attention.causal_attention_one_sequence(q[q_start:q_end], k, v, scale)
+            out[q_start:q_end] = one_sequence(q[q_start:q_end], k_cache, v_cache, block_table[b], lens[b], scale)
     return out
 
 
