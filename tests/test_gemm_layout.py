@@ -57,19 +57,40 @@ def test_in_major_layout_when_not_on_cpu_meta_sized():
     assert not w.tied()
 
 
+@pytest.mark.parametrize("n", [24, 3 * gemm_module.BLOCK_N])  # not a whole number of blocks, and three blocks
 @pytest.mark.parametrize("m", [1, 2, 5, SMALL_M])
-def test_both_cpu_forms_are_the_same_product(m):
+def test_every_cpu_form_is_the_same_product(m, n):
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, 40, generator=gen)
-    w = out_major(torch.randn(40, 24, generator=gen))
+    w = out_major(torch.randn(40, n, generator=gen))
     expected = (x.double() @ w.double()).float()
-    for form in (gemm_module.gemm_plain, gemm_module.gemm_transposed):
+    for name, form in gemm_module.FORM_FNS.items():
         out = form(x, w)
-        assert out.shape == (m, 24) and out.is_contiguous()
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        assert out.shape == (m, n) and out.is_contiguous(), name
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(form(x[1:], w), expected[1:], rtol=1e-5, atol=1e-5, msg=name)  # a strided row view
 
 
-def test_calibration_measures_both_forms_and_gemm_follows_its_choice(monkeypatch):
+def test_the_blocked_form_multiplies_each_block_of_columns_by_itself():
+    """Column block j of the result comes from column block j of the weight, nowhere else."""
+    bn = gemm_module.BLOCK_N
+    x = torch.randn(3, 16)
+    w = torch.zeros(16, 4 * bn)
+    w[:, 2 * bn : 3 * bn] = torch.randn(16, bn)  # only block 2 is non-zero
+    out = gemm_module.gemm_blocked(x, out_major(w))
+    assert torch.count_nonzero(out[:, : 2 * bn]) == 0 and torch.count_nonzero(out[:, 3 * bn :]) == 0
+    torch.testing.assert_close(out[:, 2 * bn : 3 * bn], x @ w[:, 2 * bn : 3 * bn], rtol=1e-5, atol=1e-5)
+
+
+BUCKET_EDGES = [(1, "decode"), (3, "decode"), (4, "small batch"), (12, "small batch"), (13, "batch"), (64, "batch")]
+
+
+@pytest.mark.parametrize(("m", "name"), BUCKET_EDGES)
+def test_buckets(m, name):
+    assert gemm_module.bucket(m) == name
+
+
+def test_calibration_measures_every_form_and_gemm_follows_its_choice(monkeypatch):
     monkeypatch.setattr(gemm_module, "CPU_FORMS", gemm_module.CpuForms())
     weights = [out_major(torch.randn(64, 96)) for _ in range(4)] + [torch.randn(64, 96)]  # the last: not out-major
     forms = gemm_module.calibrate(weights, passes=1)
@@ -80,13 +101,16 @@ def test_calibration_measures_both_forms_and_gemm_follows_its_choice(monkeypatch
         assert forms.chosen[bucket] == min(times, key=times.get)  # the faster one
     assert "measured" in forms.describe()
     calls = []
-    monkeypatch.setattr(gemm_module, "gemm_transposed", lambda x, w: calls.append(x.shape[0]) or x @ w)
-    forms.chosen = {"decode": "transposed", "small batch": "plain"}
+    monkeypatch.setattr(gemm_module, "gemm_transposed", lambda x, w: calls.append(("t", x.shape[0])) or x @ w)
+    monkeypatch.setattr(gemm_module, "gemm_blocked", lambda x, w: calls.append(("b", x.shape[0])) or x @ w)
+    forms.chosen = {"decode": "transposed", "small batch": "blocked", "batch": "plain"}
     x, w = torch.randn(1, 64), weights[0]
     gemm(x, w)
     gemm(torch.randn(8, 64), w)
+    gemm(torch.randn(20, 64), w)
     gemm(x, weights[-1])  # a row-major [K, N] weight: always plain
-    assert calls == [1]
+    gemm(torch.randn(SMALL_M + 1, 64), w)  # beyond the small-M range: always plain
+    assert calls == [("t", 1), ("b", 8)]
 
 
 def test_a_big_cpu_model_calibrates_once_per_process(monkeypatch):
@@ -101,3 +125,28 @@ def test_a_big_cpu_model_calibrates_once_per_process(monkeypatch):
     first = gemm_module.CPU_FORMS.measured_ms
     llm.model.calibrate_cpu_gemm()
     assert gemm_module.CPU_FORMS.measured_ms is first  # once per process
+
+
+def test_every_form_gives_the_engine_the_same_greedy_tokens(tiny, monkeypatch):
+    """A paged run on `tiny` with each form chosen for every bucket: decode steps of 1 to 6 rows, same tokens.
+
+    `tiny`'s gate_up (512 columns) and LM head (512) are whole blocks of 64; its 160-, 96-column weights
+    take the blocked form's plain fallback.
+    """
+    from stagewise import LLM, SamplingParams
+
+    prompts = ["one", "two words", "three words here", "a b c d", "e f g h i", "so many words in this one"]
+    params = [SamplingParams(max_tokens=4 + 3 * i, temperature=0, ignore_eos=True) for i in range(len(prompts))]
+    tokens = {}
+    for form in gemm_module.FORMS:
+        forms = gemm_module.CpuForms(chosen=dict.fromkeys(gemm_module.BUCKET_M, form))
+        monkeypatch.setattr(gemm_module, "CPU_FORMS", forms)
+        calls: list[int] = []
+        real = gemm_module.FORM_FNS[form]
+        counted = lambda x, w, real=real, calls=calls: calls.append(x.shape[0]) or real(x, w)  # noqa: E731
+        monkeypatch.setattr(gemm_module, f"gemm_{form}", counted)
+        outs = LLM(tiny, mode="paged").generate(prompts, params)
+        tokens[form] = [o.token_ids for o in outs]
+        if form != "plain":  # plain is `x @ w` in `gemm` itself
+            assert {1, 6} <= set(calls), f"{form}: the decode steps' row counts {sorted(set(calls))}"
+    assert tokens["blocked"] == tokens["plain"] and tokens["transposed"] == tokens["plain"]

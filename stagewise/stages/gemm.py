@@ -6,8 +6,8 @@ Mathematically this is one line, `x @ w`, and on a GPU (or for large M) that
 is exactly what runs. On a CPU, decode makes M tiny (1 token per running
 request): every weight is read once to do 2 FLOPs per element, so a step's
 time is the time to *stream* the weights, and how the BLAS library is asked
-decides how close it gets to the memory's read bandwidth. Two ways to ask for
-the same product, both reading the weights stored "out-major" (`w_t` [N, K]
+decides how close it gets to the memory's read bandwidth. Three ways to ask
+for the same product, all reading the weights stored "out-major" (`w_t` [N, K]
 row-major, the layout of PyTorch's nn.Linear, GGUF and safetensors files,
 seen here as a [K, N] view; `models/weights.py` stores them so on the CPU):
 
@@ -15,22 +15,40 @@ seen here as a [K, N] view; `models/weights.py` stores them so on the CPU):
     transposed   (w_t @ x^T)^T      C^T = w_t @ x^T: a tall, skinny GEMM that walks
                                     each weight row once; one decode row is duplicated
                                     into two columns (extra arithmetic, no extra bytes)
+    blocked      x @ w[:, j:j+64]   for every block of 64 output columns, as one batched
+                 for all j at once  product: w_t viewed [N/64, 64, K] (no copy), x shared
+                                    by every block; the [N/64, M, 64] result is laid
+                                    back out as [M, N] (M*N numbers, a small copy)
 
 Which one wins is a property of the BLAS build *and* the CPU it runs on, not
 a law. Streaming all 538 MB of SmolLM2-135M's projection weights once, float32,
-2 threads, torch 2.13 / MKL:
+2 threads, torch 2.13 / MKL (the weight-streaming floor on the Intel machine
+is about 23 ms):
 
     M   2-core AMD EPYC               2-core Intel Xeon (480 MB L3)
-        plain    transposed           plain    transposed
-    1   30.8 ms  16.6 ms              23.0 ms  66.2 ms
-    8   82.8 ms  43.0 ms              54.2 ms  68.9 ms
+        plain    transposed           plain    transposed  blocked
+    1   30.8 ms  16.6 ms              26.3 ms  73.4 ms     30.5 ms
+    3                                 30.8 ms  70.9 ms     37.1 ms
+    8   82.8 ms  43.0 ms              59.8 ms  73.0 ms     47.0 ms
+    12                                70.3 ms  73.6 ms     51.0 ms
+    32                                71.1 ms  83.5 ms     84.4 ms
 
-so the choice is measured, once per process, on the model's own weights:
+(the AMD machine was measured before the blocked form existed). On the Intel
+machine the plain product takes 2.6 weight-streaming times at M = 8 and the
+same call split into 64-column blocks takes 2.0 (blocks of 16 to 128 columns
+measure within 10% of each other): the likely reason is that for these M the
+BLAS first copies ("packs") each weight panel into a buffer and then
+multiplies, a second pass over the bytes, while a batch of small products is
+multiplied in place. From M of about 16 the packed GEMM's better arithmetic
+wins again.
+
+So the choice is measured, once per process, on the model's own weights:
 `calibrate(weights)` streams them with each form (alternating, best of a few
-passes) for a decode-sized M and a small-batch M, and `gemm` then asks the
-BLAS the faster way for each. Until then (and off the CPU, for other layouts,
-or for M > SMALL_M) it is plain `x @ w`. `LLM` calibrates when it loads a
-model big enough for the difference to matter; `CPU_FORMS` says what was chosen.
+passes) at one M per bucket (a lone decode row, a small batch, a batch), and
+`gemm` then asks the BLAS the fastest way for each. Until then (and off the
+CPU, for other layouts, or for M > SMALL_M) it is plain `x @ w`. `LLM`
+calibrates when it loads a model big enough for the difference to matter;
+`CPU_FORMS` says what was chosen.
 """
 
 import time
@@ -38,14 +56,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-SMALL_M = 64  # above this many rows both forms are compute-bound and `x @ w` is at least as fast
-FORMS = ("plain", "transposed")
-BUCKET_M = {"decode": 1, "small batch": 8}  # the M each bucket is measured at
+SMALL_M = 64  # above this many rows every form is compute-bound and `x @ w` is at least as fast
+FORMS = ("plain", "transposed", "blocked")
+BUCKET_M = {"decode": 1, "small batch": 8, "batch": 32}  # the M each bucket is measured at
+BLOCK_N = 64  # output columns per block of the blocked form ([K, 64] floats: 147 KB at K = 576)
 
 
 def bucket(m: int) -> str:
-    """Which measured choice covers M rows: a lone decode row (M <= 2) or a small batch."""
-    return "decode" if m <= 2 else "small batch"
+    """Which measured choice covers M rows: decode rows (M <= 3), a small batch (M <= 12), a batch (M <= SMALL_M).
+
+    The edges are where the Intel machine's table in the module docstring changes its winner.
+    """
+    return "decode" if m <= 3 else "small batch" if m <= 12 else "batch"
 
 
 @dataclass
@@ -85,26 +107,42 @@ def gemm_transposed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out_t[:, :m].t().contiguous()  # [N, M] -> [M, N]
 
 
+def gemm_blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The same product, one batched call over blocks of BLOCK_N output columns (w out-major)."""
+    (m, k), n = x.shape, w.shape[1]
+    if n % BLOCK_N:
+        return x @ w  # no whole number of blocks: the plain product
+    blocks = w.t().view(n // BLOCK_N, BLOCK_N, k)  # [N, K] -> [N/64, 64, K]: a view, no copy
+    shared = x.expand(n // BLOCK_N, m, k)  # [M, K] -> [N/64, M, K]: the same rows for every block, no copy
+    out = torch.bmm(shared, blocks.transpose(1, 2))  # [N/64, M, K] @ [N/64, K, 64] -> [N/64, M, 64]
+    return out.transpose(0, 1).reshape(m, n)  # [N/64, M, 64] -> [M, N/64, 64] -> [M, N] (copies)
+
+
+FORM_FNS = {"plain": gemm_plain, "transposed": gemm_transposed, "blocked": gemm_blocked}
+
+
 def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [K, N] -> [M, N], contiguous."""
     m = x.shape[0]
     if x.device.type != "cpu" or m == 0 or m > SMALL_M or not is_out_major(w):
         return x @ w  # [M, K] @ [K, N] -> [M, N]
-    if CPU_FORMS.chosen[bucket(m)] == "transposed":
+    form = CPU_FORMS.chosen[bucket(m)]
+    if form == "transposed":
         return gemm_transposed(x, w)
+    if form == "blocked":
+        return gemm_blocked(x, w)
     return x @ w
 
 
 def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
     """Time each form streaming `weights` (out-major [K, N] views, together far larger than the cache).
 
-    For each bucket's M, the forms alternate (plain, transposed, plain, ...) so a drift of the machine hits
-    both alike; a form's time is its fastest full pass over every matrix. Sets and returns `CPU_FORMS`.
+    For each bucket's M, the forms alternate (plain, transposed, blocked, plain, ...) so a drift of the
+    machine hits all alike; a form's time is its fastest full pass over every matrix. Sets and returns `CPU_FORMS`.
     """
     weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
     if not weights:
         return CPU_FORMS
-    fns = {"plain": gemm_plain, "transposed": gemm_transposed}
     measured: dict[str, dict[str, float]] = {}
     for name, m in BUCKET_M.items():
         xs = {w.shape[0]: torch.randn(m, w.shape[0], dtype=w.dtype) for w in weights}  # one input per K
@@ -113,7 +151,7 @@ def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
             for form in FORMS:
                 start = time.perf_counter()
                 for w in weights:
-                    fns[form](xs[w.shape[0]], w)
+                    FORM_FNS[form](xs[w.shape[0]], w)
                 best[form] = min(best[form], (time.perf_counter() - start) * 1e3)
         measured[name] = best
     CPU_FORMS.measured_ms = measured
