@@ -1,12 +1,14 @@
 """Measure the CPU formulations that sit beside the naive references, so their docstrings quote real numbers.
 
-    python -m stagewise.bench.cpu_forms [--threads 2] [--json cpu_forms.json]
+    python -m stagewise.bench.cpu_forms [--threads 2] [--only gemm|attention] [--json cpu_forms.json]
 
 - paged decode attention: the reference loop (`paged_attention.one_by_one`, one gather and one
   textbook attention per sequence) against the batched form (`paged_attention.naive`: one padded
   gather and one fused `scaled_dot_product_attention` per group), for D decoding sequences of about
   L keys, SmolLM2-135M's heads (9 query heads, 3 KV heads, head_dim 64), float32, blocks shuffled;
-- the projection GEMM forms of `stages/gemm.py`, streaming SmolLM2-135M-sized weights.
+- the projection GEMM forms of `stages/gemm.py`, streaming SmolLM2-135M-sized weights: what
+  `calibrate` measures (one M per bucket), and every form at M = 1, 3, 8, 12, 16, 32 (the table in
+  the docstring of `stages/gemm.py`).
 
 Variants alternate and each keeps its fastest of several rounds (the least disturbed by other work).
 """
@@ -14,6 +16,7 @@ Variants alternate and each keeps its fastest of several rounds (the least distu
 import argparse
 import json
 import random
+import time
 
 import torch
 
@@ -65,25 +68,42 @@ def decode_attention_forms(batch_sizes=(1, 2, 4, 8, 16, 32), lengths=(64, 256, 1
     return rows
 
 
-def gemm_forms() -> dict:
+def gemm_forms(rows_m=(1, 3, 8, 12, 16, 32), passes: int = 3) -> dict:
     """Each GEMM form streaming SmolLM2-135M-shaped weights (30 layers + LM head), out-major, float32."""
     hidden, inter, qkv, vocab = 576, 1536, 576 + 2 * 192, 49152
     shapes = [(hidden, qkv), (hidden, hidden), (hidden, 2 * inter), (inter, hidden)] * 30 + [(hidden, vocab)]
     weights = [torch.randn(n, k).t() for k, n in shapes]  # [K, N] views of row-major [N, K]
     forms = gemm.calibrate(weights)
     print(forms.describe())
-    return {"chosen": forms.chosen, "measured_ms": forms.measured_ms}
+    table = []
+    for m in rows_m:  # forms alternate within each pass; each keeps its fastest pass
+        xs = {k: torch.randn(m, k) for k in (hidden, inter)}
+        best = dict.fromkeys(gemm.FORMS, float("inf"))
+        for _ in range(passes):
+            for form in gemm.FORMS:
+                start = time.perf_counter()
+                for w in weights:
+                    gemm.FORM_FNS[form](xs[w.shape[0]], w)
+                best[form] = min(best[form], (time.perf_counter() - start) * 1e3)
+        table.append({"m": m, **{f"{form}_ms": ms for form, ms in best.items()}})
+        print(f"M={m:3d}  " + "  ".join(f"{form} {ms:6.1f} ms" for form, ms in best.items()))
+    return {"chosen": forms.chosen, "measured_ms": forms.measured_ms, "by_m": table}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--only", choices=("gemm", "attention"), default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    result = {"machine": machine_info()}
     with torch.inference_mode():
-        result = {"machine": machine_info(), "decode_attention": decode_attention_forms(), "gemm": gemm_forms()}
+        if args.only != "gemm":
+            result["decode_attention"] = decode_attention_forms()
+        if args.only != "attention":
+            result["gemm"] = gemm_forms()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -22,25 +22,26 @@ seen here as a [K, N] view; `models/weights.py` stores them so on the CPU):
 
 Which one wins is a property of the BLAS build *and* the CPU it runs on, not
 a law. Streaming all 538 MB of SmolLM2-135M's projection weights once, float32,
-2 threads, torch 2.13 / MKL (the weight-streaming floor on the Intel machine
-is about 23 ms):
+2 threads, torch 2.13 / MKL (Intel: `python -m stagewise.bench.cpu_forms
+--only gemm`, fastest of 3 alternating passes):
 
     M   2-core AMD EPYC               2-core Intel Xeon (480 MB L3)
         plain    transposed           plain    transposed  blocked
-    1   30.8 ms  16.6 ms              26.3 ms  73.4 ms     30.5 ms
-    3                                 30.8 ms  70.9 ms     37.1 ms
-    8   82.8 ms  43.0 ms              59.8 ms  73.0 ms     47.0 ms
-    12                                70.3 ms  73.6 ms     51.0 ms
-    32                                71.1 ms  83.5 ms     84.4 ms
+    1   30.8 ms  16.6 ms              19.4 ms  48.5 ms     20.9 ms
+    3                                 22.6 ms  53.2 ms     25.0 ms
+    8   82.8 ms  43.0 ms              46.8 ms  55.4 ms     31.2 ms
+    12                                56.9 ms  56.3 ms     34.9 ms
+    16                                46.8 ms  55.1 ms     49.9 ms
+    32                                56.1 ms  64.1 ms     66.6 ms
 
-(the AMD machine was measured before the blocked form existed). On the Intel
-machine the plain product takes 2.6 weight-streaming times at M = 8 and the
-same call split into 64-column blocks takes 2.0 (blocks of 16 to 128 columns
-measure within 10% of each other): the likely reason is that for these M the
-BLAS first copies ("packs") each weight panel into a buffer and then
-multiplies, a second pass over the bytes, while a batch of small products is
-multiplied in place. From M of about 16 the packed GEMM's better arithmetic
-wins again.
+(the AMD machine was measured before the blocked form existed; on a shared
+machine the digits drift by 20 % from hour to hour, the order does not). On
+the Intel machine 8 rows take the plain product 2.4x as long as one row, and
+the same call split into 64-column blocks 1.6x (blocks of 16 to 128 columns
+measure within 10 % of each other). The likely reason: for these M the BLAS
+first copies ("packs") each weight panel into a buffer and then multiplies, a
+second pass over the bytes, while a batch of small products is multiplied in
+place. From M of about 16 the packed GEMM's better arithmetic wins again.
 
 So the choice is measured, once per process, on the model's own weights:
 `calibrate(weights)` streams them with each form (alternating, best of a few
