@@ -286,6 +286,44 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # the model's prefill runs larger, longer matmuls. Measuring the machine is a
 # measurement too, with its own error bars.
 #
+# ### Eight decode rows for the price of one?
+#
+# On the slope a decode step's time is its bytes over the bandwidth, and
+# the bytes are the weights. Eight sequences decoding together read the same
+# weights as one, so the roofline says eight rows should cost about what one
+# row costs. Whether they do depends on how the BLAS library is asked for
+# the product. When `LLM` loaded the model above, `stagewise/stages/gemm.py`
+# timed three ways of asking for the same `x @ w` on these very weights, at a
+# few row counts M, and kept the fastest for each. Its docstring explains
+# the three forms: the plain call, a transposed tall-skinny product, and one
+# batched call over 64-column blocks of the weight.
+
+# %%
+from stagewise.stages.gemm import BUCKET_M, CPU_FORMS
+
+stream_ms = 1e3 * llm.model.weights.decode_bytes() / here.memory_bandwidth  # the slope's time for these weights
+print(f"reading the projection weights once at the probed bandwidth: {stream_ms:.1f} ms")
+if not CPU_FORMS.measured_ms:
+    print("(no calibration in this process: it runs for a CPU model of 64 MB or more with PyTorch projections)")
+for bucket, times in CPU_FORMS.measured_ms.items():
+    forms = ", ".join(f"{form} {ms:.1f} ms ({ms / stream_ms:.1f}x)" for form, ms in times.items())
+    print(f"M = {BUCKET_M[bucket]:2d} rows: {forms}  -> uses {CPU_FORMS.chosen[bucket]}")
+if {"decode", "small batch"} <= set(CPU_FORMS.measured_ms):
+    one, eight = CPU_FORMS.measured_ms["decode"], CPU_FORMS.measured_ms["small batch"]
+    print(f"8 rows cost {eight['plain'] / one['plain']:.1f}x one row with the plain call, "
+          f"{min(eight.values()) / min(one.values()):.1f}x with the fastest form")
+
+# %% [markdown]
+# Read the printed ratios against the slope. At M = 1 the best form should
+# sit close to 1x the streaming time: one row is pure weight streaming. At
+# M = 8 the FLOPs are eight times larger but still far below this machine's
+# ridge, so any cost beyond the single row's is the library, not physics.
+# A BLAS that first copies ("packs") each weight panel into a buffer and
+# then multiplies reads the bytes twice. Same FLOPs, same bytes, a different
+# number of passes over memory: that is why a serving engine measures its
+# matmuls on the machine in front of it instead of trusting one formulation
+# everywhere.
+#
 # ## 6. The KV cache's memory: MHA vs GQA
 #
 # Chapter 6's "TB-scale arithmetic": with full multi-head attention (as many
