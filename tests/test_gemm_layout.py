@@ -150,3 +150,20 @@ def test_every_form_gives_the_engine_the_same_greedy_tokens(tiny, monkeypatch):
         if form != "plain":  # plain is `x @ w` in `gemm` itself
             assert {1, 6} <= set(calls), f"{form}: the decode steps' row counts {sorted(set(calls))}"
     assert tokens["blocked"] == tokens["plain"] and tokens["transposed"] == tokens["plain"]
+
+
+def test_a_big_model_calibrates_on_its_first_layers(tiny, monkeypatch):
+    """Past CALIBRATE_SAMPLE_BYTES, calibration streams whole layers up to that size, not every weight."""
+    from stagewise import LLM
+    from stagewise.models.llama import LlamaModel
+
+    model = LLM(tiny).model
+    layers = model.weights.layers
+    first = [layers[0].w_qkv, layers[0].w_o, layers[0].w_gate_up, layers[0].w_down]
+    layer_bytes = sum(t.numel() * t.element_size() for t in first)
+    head_bytes = model.weights.lm_head.numel() * model.weights.lm_head.element_size()
+    monkeypatch.setattr(LlamaModel, "CALIBRATE_SAMPLE_BYTES", layer_bytes)  # one layer's worth: no room for the head
+    assert [t.data_ptr() for t in model.calibration_sample()] == [t.data_ptr() for t in first]
+    monkeypatch.setattr(LlamaModel, "CALIBRATE_SAMPLE_BYTES", len(layers) * layer_bytes + head_bytes)  # all of it
+    sample = model.calibration_sample()
+    assert len(sample) == 4 * len(layers) + 1 and sample[-1] is model.weights.lm_head

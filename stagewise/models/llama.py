@@ -55,14 +55,31 @@ class LlamaModel:
         self.scale = cfg.head_dim**-0.5
 
     CALIBRATE_BYTES = 64 * 2**20  # below this the weights sit in cache and the GEMM form hardly matters
+    CALIBRATE_SAMPLE_BYTES = 2 * 2**30  # far beyond any L3, so streamed from memory; bounds the load-time cost
 
     def calibrate_cpu_gemm(self) -> None:
-        """On a CPU, measure once per process how this BLAS streams these weights fastest (`stages/gemm.py`)."""
+        """On a CPU, measure once per process how this BLAS streams these weights fastest (`stages/gemm.py`).
+
+        A model up to CALIBRATE_SAMPLE_BYTES is measured whole; a bigger one on its first whole layers up
+        to that size (the same shapes repeat in every layer), so an 8B model does not stream 32 GB per pass.
+        """
         naive_projections = all(self.ops.backends[s] == "naive" for s in ("qkv_proj", "o_proj", "ffn", "lm_head"))
         big = self.device.type == "cpu" and self.weights.decode_bytes() >= self.CALIBRATE_BYTES
         if naive_projections and big and not gemm.CPU_FORMS.measured_ms:
-            w = self.weights
-            gemm.calibrate([t for lw in w.layers for t in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)] + [w.lm_head])
+            gemm.calibrate(self.calibration_sample())
+
+    def calibration_sample(self) -> list[torch.Tensor]:
+        """Whole layers' projection weights in order until CALIBRATE_SAMPLE_BYTES, and the LM head if it fits too."""
+        w, budget = self.weights, self.CALIBRATE_SAMPLE_BYTES
+        sample, size = [], 0
+        for lw in w.layers:
+            layer = [lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down]
+            sample += layer
+            size += sum(t.numel() * t.element_size() for t in layer)
+            if size >= budget:
+                break
+        head_bytes = w.lm_head.numel() * w.lm_head.element_size()
+        return sample + [w.lm_head] if size + head_bytes <= budget else sample
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVAccess) -> torch.Tensor:
