@@ -35,7 +35,7 @@ a law. Streaming all 538 MB of SmolLM2-135M's projection weights once, float32,
     32                                56.1 ms  64.1 ms     66.6 ms
 
 (the AMD machine was measured before the blocked form existed; on a shared
-machine the digits drift by 20 % from hour to hour, the order does not). On
+machine the digits drift by up to 35 % within a day, the order does not). On
 the Intel machine 8 rows take the plain product 2.4x as long as one row, and
 the same call split into 64-column blocks 1.6x (blocks of 16 to 128 columns
 measure within 10 % of each other). The likely reason: for these M the BLAS
