@@ -60,6 +60,7 @@ from stagewise.bench.timing import stream_timed
 from stagewise.bench.workloads import single_prompt
 from stagewise.config import PRESETS
 from stagewise.models.registry import load_model
+from stagewise.stages.gemm import BUCKET_M, CPU_FORMS
 
 # %matplotlib inline
 
@@ -299,8 +300,6 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # batched call over 64-column blocks of the weight.
 
 # %%
-from stagewise.stages.gemm import BUCKET_M, CPU_FORMS
-
 stream_ms = 1e3 * llm.model.weights.decode_bytes() / here.memory_bandwidth  # the slope's time for these weights
 print(f"reading the projection weights once at the probed bandwidth: {stream_ms:.1f} ms")
 if not CPU_FORMS.measured_ms:
