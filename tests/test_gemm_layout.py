@@ -167,3 +167,21 @@ def test_a_big_model_calibrates_on_its_first_layers(tiny, monkeypatch):
     monkeypatch.setattr(LlamaModel, "CALIBRATE_SAMPLE_BYTES", len(layers) * layer_bytes + head_bytes)  # all of it
     sample = model.calibration_sample()
     assert len(sample) == 4 * len(layers) + 1 and sample[-1] is model.weights.lm_head
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--only", "everything"], "invalid choice"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--threads", "two"], "invalid int value"),
+        (["--json", "no/such/folder/forms.json"], "does not exist"),
+    ],
+)
+def test_cpu_forms_bench_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    from stagewise.bench import cpu_forms
+
+    with pytest.raises(SystemExit) as exit_info:
+        cpu_forms.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err

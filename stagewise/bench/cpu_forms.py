@@ -16,12 +16,14 @@ Variants alternate and each keeps its fastest of several rounds (the least distu
 import argparse
 import json
 import random
-import time
+import sys
 
 import torch
 
 from stagewise.bench.machine import machine_info
 from stagewise.bench.timing import compare
+from stagewise.errors import StagewiseError
+from stagewise.files import check_writable, write_text_atomic
 from stagewise.stages import gemm, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -76,26 +78,32 @@ def gemm_forms(rows_m=(1, 3, 8, 12, 16, 32), passes: int = 3) -> dict:
     forms = gemm.calibrate(weights)
     print(forms.describe())
     table = []
-    for m in rows_m:  # forms alternate within each pass; each keeps its fastest pass
-        xs = {k: torch.randn(m, k) for k in (hidden, inter)}
-        best = dict.fromkeys(gemm.FORMS, float("inf"))
-        for _ in range(passes):
-            for form in gemm.FORMS:
-                start = time.perf_counter()
-                for w in weights:
-                    gemm.FORM_FNS[form](xs[w.shape[0]], w)
-                best[form] = min(best[form], (time.perf_counter() - start) * 1e3)
+    for m in rows_m:
+        best = gemm.time_forms(weights, m, passes)
         table.append({"m": m, **{f"{form}_ms": ms for form, ms in best.items()}})
         print(f"M={m:3d}  " + "  ".join(f"{form} {ms:6.1f} ms" for form, ms in best.items()))
     return {"chosen": forms.chosen, "measured_ms": forms.measured_ms, "by_m": table}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints its usage too; one line, exit 2, as the CLI does
+        print(f"cpu_forms: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--only", choices=("gemm", "attention"), default=None)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        if args.threads is not None and args.threads < 1:
+            raise StagewiseError(f"--threads must be >= 1, got {args.threads}")
+        if args.json:
+            check_writable(args.json, "--json")  # before minutes of measuring
+    except StagewiseError as e:
+        parser.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     result = {"machine": machine_info()}
@@ -105,8 +113,7 @@ def main() -> None:
         if args.only != "attention":
             result["gemm"] = gemm_forms()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_text_atomic(args.json, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

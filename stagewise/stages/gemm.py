@@ -135,26 +135,33 @@ def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w
 
 
+def time_forms(weights: list[torch.Tensor], m: int, passes: int = 3) -> dict[str, float]:
+    """ms for one pass of every form over `weights` (out-major [K, N] views) with M = m rows.
+
+    The forms alternate (plain, transposed, blocked, plain, ...) so a drift of the machine hits all
+    alike; a form's time is its fastest full pass over every matrix.
+    """
+    xs = {w.shape[0]: torch.randn(m, w.shape[0], dtype=w.dtype) for w in weights}  # one input per K
+    best = dict.fromkeys(FORMS, float("inf"))
+    for _ in range(passes):
+        for form in FORMS:
+            start = time.perf_counter()
+            for w in weights:
+                FORM_FNS[form](xs[w.shape[0]], w)
+            best[form] = min(best[form], (time.perf_counter() - start) * 1e3)
+    return best
+
+
 def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
     """Time each form streaming `weights` (out-major [K, N] views, together far larger than the cache).
 
-    For each bucket's M, the forms alternate (plain, transposed, blocked, plain, ...) so a drift of the
-    machine hits all alike; a form's time is its fastest full pass over every matrix. Sets and returns `CPU_FORMS`.
+    One `time_forms` per bucket, at the bucket's M; each bucket keeps its fastest form. Sets and returns
+    `CPU_FORMS`.
     """
     weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
     if not weights:
         return CPU_FORMS
-    measured: dict[str, dict[str, float]] = {}
-    for name, m in BUCKET_M.items():
-        xs = {w.shape[0]: torch.randn(m, w.shape[0], dtype=w.dtype) for w in weights}  # one input per K
-        best = dict.fromkeys(FORMS, float("inf"))
-        for _ in range(passes):
-            for form in FORMS:
-                start = time.perf_counter()
-                for w in weights:
-                    FORM_FNS[form](xs[w.shape[0]], w)
-                best[form] = min(best[form], (time.perf_counter() - start) * 1e3)
-        measured[name] = best
+    measured = {name: time_forms(weights, m, passes) for name, m in BUCKET_M.items()}
     CPU_FORMS.measured_ms = measured
     CPU_FORMS.chosen = {name: min(times, key=times.get) for name, times in measured.items()}
     return CPU_FORMS
