@@ -6,6 +6,8 @@ d = head_dim). Presets cover the default model, a tiny random model for tests,
 and shape-only Llama 3 / 3.1 / 3.2 models that run on the `meta` device.
 """
 
+import math
+import numbers
 from dataclasses import dataclass, replace
 
 from stagewise.errors import StagewiseError
@@ -37,8 +39,22 @@ class RopeScaling:
             raise StagewiseError(f"RoPE scaling '{self.kind}' is not supported; known: {', '.join(ROPE_SCALING_KINDS)}")
         if self.kind == "freq_factors" and not self.freq_factors:
             raise StagewiseError("RoPE scaling 'freq_factors' needs one factor per frequency")
+        numbers = {"factor": self.factor, "low_freq_factor": self.low_freq_factor,
+                   "high_freq_factor": self.high_freq_factor}
+        for name, value in {**numbers, **{f"freq_factors[{i}]": f for i, f in enumerate(self.freq_factors)}}.items():
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise StagewiseError(f"RoPE scaling '{self.kind}': {name} must be a finite number > 0, got {value!r}")
+        original = self.original_max_position_embeddings
+        if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+            raise StagewiseError(
+                f"RoPE scaling: original_max_position_embeddings must be an int >= 1, got {original!r}"
+            )
         if self.kind == "llama3" and not self.low_freq_factor < self.high_freq_factor:
             raise StagewiseError("llama3 RoPE scaling needs low_freq_factor < high_freq_factor")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's floats too
 
 
 # Llama 3.1 / 3.2 / 3.3's `rope_scaling` in config.json (all sizes use the same numbers).
@@ -72,9 +88,14 @@ class ModelConfig:
                 raise StagewiseError(f"{self.name}: {name} must be an int >= 1, got {value!r}")
         for name in ("rope_theta", "rms_norm_eps"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-                raise StagewiseError(f"{self.name}: {name} must be a number > 0, got {value!r}")
+            if not _is_number(value) or not math.isfinite(value) or not value > 0:
+                raise StagewiseError(f"{self.name}: {name} must be a finite number > 0, got {value!r}")
             object.__setattr__(self, name, float(value))  # frozen: a JSON int becomes the float it means
+        if self.max_position_embeddings > MAX_POSITIONS:
+            raise StagewiseError(
+                f"{self.name}: max_position_embeddings must be at most {MAX_POSITIONS:,} (2**24: float32 positions"
+                f" are exact up to there), got {self.max_position_embeddings:,}"
+            )
         if self.num_heads % self.num_kv_heads != 0:
             raise StagewiseError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -114,6 +135,8 @@ class ModelConfig:
         return embed + self.num_layers * per_layer + self.hidden_size + head
 
 
+MAX_POSITIONS = 2**24  # the cos/sin cache computes angles from float32 positions, exact integers up to 2**24
+
 SIZE_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -143,6 +166,9 @@ def config_from_hf_dict(
     heads = raw["num_attention_heads"]
     if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
         raise StagewiseError(f"{where}: num_attention_heads must be an int >= 1, got {heads!r}")
+    rope_params = raw.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta in here
+    if not isinstance(rope_params, dict):
+        raise StagewiseError(f"{where}: rope_parameters must be a JSON object, got {rope_params!r}")
     hidden = raw["hidden_size"]
     head_dim = raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) else hidden)
     return ModelConfig(
@@ -152,9 +178,9 @@ def config_from_hf_dict(
         intermediate_size=raw["intermediate_size"],
         num_layers=raw["num_hidden_layers"],
         num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        num_kv_heads=heads if raw.get("num_key_value_heads") is None else raw["num_key_value_heads"],
         head_dim=head_dim,
-        rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rope_theta=raw.get("rope_theta", rope_params.get("rope_theta", 10000.0)),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),

@@ -15,6 +15,9 @@ from stagewise.models.registry import LoadedModel
 MODES = ("paged", "kv", "naive")
 
 
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what every stage computes in
+
+
 def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config) -> None:
     """Types and names of `LLM(...)`'s arguments, checked before anything is loaded."""
     if not isinstance(model, str | LoadedModel):
@@ -25,8 +28,9 @@ def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, eng
         raise StagewiseError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     if device is not None and not isinstance(device, str | torch.device):
         raise StagewiseError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__}")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise StagewiseError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    if dtype is not None and dtype not in DTYPES:
+        names = ", ".join(str(d) for d in DTYPES)
+        raise StagewiseError(f"dtype must be one of {names}, got {dtype!r}")
     if stage_backends is not None and not (
         isinstance(stage_backends, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in stage_backends.items())

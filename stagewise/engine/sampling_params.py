@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from stagewise.errors import StagewiseError
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean greedy decoding (argmax)
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal positive float32
+# A repetition penalty divides or multiplies a logit, and can push it past float32 (2.0 / 1e-38); the
+# samplers clamp penalized logits to +-1e33, so that even divided by the smallest sampling temperature
+# (1e-5) they stay below 1e38, finite in float32. Real logits are far inside (|z| < 1e3): the clamp
+# changes no ordinary result.
+PENALIZED_LOGIT_MAX = 1e33
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds travel in an int64 tensor
 
 
@@ -47,10 +54,11 @@ class SamplingParams:
             raise StagewiseError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise StagewiseError(f"top_k must be an int >= 1, or 0 / -1 for off, got {self.top_k!r}")
-        self._check_real("temperature", low=0.0, high=math.inf, low_open=False, high_open=True)
+        self._check_real("temperature", low=0.0, high=FLOAT32_MAX, low_open=False, high_open=False)
         self._check_real("top_p", low=0.0, high=1.0, low_open=True, high_open=False)
         self._check_real("min_p", low=0.0, high=1.0, low_open=False, high_open=False)
-        self._check_real("repetition_penalty", low=0.0, high=math.inf, low_open=True, high_open=True)
+        # Positive and a normal float32 (the sampler computes in float32): 1e-300 would round to 0 there.
+        self._check_real("repetition_penalty", low=FLOAT32_TINY, high=FLOAT32_MAX, low_open=False, high_open=False)
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
             raise StagewiseError(f"seed must be None or an int in [-2**63, 2**63 - 1], got {self.seed!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -64,11 +72,15 @@ class SamplingParams:
         """Check a finite real number in a range and store it as a float."""
         value = getattr(self, name)
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        ok = _is_real(value) and math.isfinite(value)
+        try:
+            ok = _is_real(value) and math.isfinite(value)
+        except OverflowError:  # an int beyond any float (10**400)
+            ok = False
         ok = ok and (value > low if low_open else value >= low)
         ok = ok and (value < high if high_open else value <= high)
         if not ok:
-            raise StagewiseError(f"{name} must be a finite number in {interval}, got {value!r}")
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise StagewiseError(f"{name} must be a finite number in {interval}, got {shown}")
         object.__setattr__(self, name, float(value))
 
     @property

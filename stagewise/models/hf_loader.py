@@ -6,13 +6,13 @@ The directory holds `config.json` (architecture and sizes), one or more
 Hugging Face's layout already uses rotate-half RoPE, so no row permutation.
 """
 
-import json
 from pathlib import Path
 
 import torch
 
 from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict
 from stagewise.errors import StagewiseError
+from stagewise.models.files import read_json_object
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
 
@@ -20,12 +20,7 @@ def config_from_hf(path: Path) -> ModelConfig:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise StagewiseError(f"{path} has no config.json; expected a Hugging Face Llama checkpoint directory")
-    try:
-        cfg = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise StagewiseError(f"{config_file} is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise StagewiseError(f"{config_file} must hold a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_object(config_file)
     archs = cfg.get("architectures") or []
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
         kind = cfg.get("model_type") or ", ".join(map(str, archs)) or "unknown"
@@ -41,21 +36,37 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
     `{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192}` is Llama 3.2's; older files spell the key "type".
     """
+    where = path / "config.json"
+    if not isinstance(params, dict):
+        raise StagewiseError(f"{where}: rope_scaling must be a JSON object, got {params!r}")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("default", None):
         return None
-    if kind == "linear":
-        return RopeScaling(kind="linear", factor=float(params["factor"]))
-    if kind == "llama3":
-        return RopeScaling(
-            kind="llama3",
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(
-                params.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 8192)
-            ),
-        )
+
+    def number(key: str) -> float:
+        if key not in params:
+            raise StagewiseError(f"{where}: RoPE scaling '{kind}' lacks '{key}'")
+        value = params[key]
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise StagewiseError(f"{where}: RoPE scaling {key} must be a number, got {value!r}")
+        return float(value)
+
+    try:
+        if kind == "linear":
+            return RopeScaling(kind="linear", factor=number("factor"))
+        if kind == "llama3":
+            original = params.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 8192)
+            return RopeScaling(
+                kind="llama3",
+                factor=number("factor"),
+                low_freq_factor=number("low_freq_factor"),
+                high_freq_factor=number("high_freq_factor"),
+                original_max_position_embeddings=original,
+            )
+    except StagewiseError as exc:
+        if str(where) in str(exc):
+            raise
+        raise StagewiseError(f"{where}: {exc}") from None
     raise StagewiseError(f"{path}: RoPE scaling '{kind}' is not supported; known: default, linear, llama3")
 
 
@@ -89,11 +100,17 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[M
             raise StagewiseError(f"{path}: tensor '{name}' is missing")
         shard, handle = shards[name]
         try:
-            t = handle.get_tensor(name).to(dtype)
+            stored = handle.get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise StagewiseError(f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}") from None
-        if tuple(t.shape) != shape:
-            raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(t.shape)}, expected {shape}")
+        if not stored.is_floating_point():
+            raise StagewiseError(f"{shard}: tensor '{name}' is {stored.dtype}; quantized weights are not supported")
+        if tuple(stored.shape) != shape:
+            raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(stored.shape)}, expected {shape}")
+        t = stored.to(dtype)
+        del stored
+        if not torch.isfinite(t).all():  # NaN in the file, or a value beyond `dtype`'s range (float16: 65504)
+            raise StagewiseError(f"{shard}: tensor '{name}' holds NaN or values infinite in {dtype}")
         return t
 
     hidden, inter, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size

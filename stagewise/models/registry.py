@@ -66,6 +66,7 @@ def _load_files(
         reader = open_gguf(path)  # parsed once (~2 s), shared by the weights and the tokenizer
         config = config_from_gguf(reader, str(path))  # the architecture first: a clear error if not Llama
         tokenizer = Tokenizer.from_gguf_reader(reader, path.name)
+        check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         config, weights = load_gguf(path, reader, dtype)
         return config, weights, tokenizer, str(path)
@@ -80,6 +81,7 @@ def _load_files(
     if path.is_dir():
         config = config_from_hf(path)
         tokenizer = Tokenizer.from_hf_dir(path)
+        check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         config, weights = load_hf_dir(path, dtype)
         return config, weights, tokenizer, str(path)
@@ -90,6 +92,15 @@ def _load_files(
     raise StagewiseError(
         f"unknown model '{name}'; choose one of {', '.join(PRESETS)}, a .gguf file or a Hugging Face Llama directory"
     )
+
+
+def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) -> None:
+    """Every token id must have an embedding row (a model may have more rows than tokens: padding)."""
+    if tokenizer.vocab_size > config.vocab_size:  # else an id past the table fails inside the embedding
+        raise StagewiseError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
+            f" {config.vocab_size} embedding rows"
+        )
 
 
 def parse_device(device: str | torch.device | None) -> torch.device:
@@ -122,6 +133,8 @@ def load_model(
 ) -> LoadedModel:
     """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16 before
     compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there in float16 only)."""
+    if not isinstance(name, str) or not name.strip():
+        raise StagewiseError(f"model name is empty; choose one of {', '.join(PRESETS)}, a .gguf file or a folder")
     if name in PRESETS and PRESETS[name].shape_only:
         config = PRESETS[name]
         dtype = dtype or torch.bfloat16

@@ -32,6 +32,7 @@ from stagewise.config import PRESETS
 from stagewise.errors import StagewiseError
 from stagewise.models import bpe_train, sentencepiece_files
 from stagewise.models.chat_template import CHATML_TEMPLATE, render_chat_template
+from stagewise.models.files import read_json_object
 from stagewise.models.incremental_decoder import IncrementalDecoder
 from stagewise.stages import tokenize as tokenize_stage
 from stagewise.stages import tokenize_sentencepiece as sp_stage
@@ -146,7 +147,16 @@ class Tokenizer:
             if (path / "tokenizer.model").is_file():
                 return cls._sentencepiece(path, sentencepiece_files.read_model_proto(path / "tokenizer.model"))
             raise StagewiseError(f"no tokenizer.json or tokenizer.model in {path}")
-        spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+        spec = read_json_object(tokenizer_file)
+        try:
+            return cls._from_tokenizer_json(path, tokenizer_file, spec)
+        except StagewiseError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:  # a field of the wrong shape
+            raise StagewiseError(f"{tokenizer_file}: not a tokenizer file this loader understands ({exc!r})") from None
+
+    @classmethod
+    def _from_tokenizer_json(cls, path: Path, tokenizer_file: Path, spec: dict) -> "Tokenizer":
         if sentencepiece_files.is_sentencepiece_json(spec):
             return cls._sentencepiece(path, sentencepiece_files.from_tokenizer_json(spec, str(tokenizer_file)))
         model = spec.get("model") or {}
@@ -171,6 +181,7 @@ class Tokenizer:
         bos_from_post = _bos_from_post_processor(spec.get("post_processor"))
         names = {key: config.get(f"{key}_token") for key in ("bos", "eos", "pad")}
         names = {key: value.get("content") if isinstance(value, dict) else value for key, value in names.items()}
+        check_named_tokens({k: names[k] for k in ("bos", "eos")}, lookup, path / "tokenizer_config.json")
         return cls(
             tokens=tokens,
             merges=merges,
@@ -406,7 +417,7 @@ class Tokenizer:
 def _read_hf_config(path: Path) -> tuple[dict, str | None]:
     """`tokenizer_config.json` (or {}) and the chat template, wherever transformers saved it."""
     config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    config = read_json_object(config_file) if config_file.is_file() else {}
     template = config.get("chat_template")
     template_file = path / "chat_template.jinja"  # newer transformers write the template here
     if template_file.is_file():
@@ -415,6 +426,13 @@ def _read_hf_config(path: Path) -> tuple[dict, str | None]:
         named = {entry["name"]: entry["template"] for entry in template}
         template = named.get("default", next(iter(named.values()), None))
     return config, template
+
+
+def check_named_tokens(names: dict, lookup: dict, where: Path) -> None:
+    """A bos/eos token named by the config must be in the vocabulary (else EOS would never stop a run)."""
+    for key, name in names.items():
+        if name is not None and name not in lookup:
+            raise StagewiseError(f"{where}: {key}_token {name!r} is not in the vocabulary")
 
 
 def _bos_from_post_processor(post: dict | None) -> str | None:

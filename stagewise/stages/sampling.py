@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 
 from stagewise.config import ModelConfig
-from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX, SamplingParams
 from stagewise.runtime import to_device
 from stagewise.stages.base import Stage
 
@@ -149,9 +149,14 @@ class SamplingTensors:
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
-    """Make seen tokens less likely: positive logits / penalty, negative logits * penalty."""
+    """Make seen tokens less likely: positive logits / penalty, negative logits * penalty.
+
+    The result is clamped to +-PENALIZED_LOGIT_MAX: a tiny or huge penalty can push a logit past float32,
+    and an infinite logit would turn the softmax into NaN.
+    """
     penalty = penalty[:, None]  # [B] -> [B, 1]
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)  # [B, V]
+    penalized = penalized.clamp(-PENALIZED_LOGIT_MAX, PENALIZED_LOGIT_MAX)
     return torch.where(seen, penalized, logits)  # [B, V]
 
 
