@@ -46,6 +46,8 @@ def test_gate_sees_tensor_cores_and_real_numbers(gate_rows):
     assert by_kernel[("flash_attention", 89)].result["tensor_cores"]
     assert not by_kernel[("rmsnorm", 89)].result["tensor_cores"]
     assert by_kernel[("matmul", 89)].result["shared"] > 0
+    sampling = [r for r in gate_rows if r.kernel == "sampling"]  # 6 passes + their combines, per case
+    assert len(sampling) == 12 * len(CI_CASES) and not any(r.result["tensor_cores"] for r in sampling)
     assert all(0 < r.result["registers"] <= 255 for r in gate_rows if not r.result.get("error"))
 
 

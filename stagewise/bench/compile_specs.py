@@ -156,9 +156,40 @@ def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> li
         _row_plan("silu_and_mul", {}, silu_and_mul_tiles(tokens, inter, interpreter=False)))  # fmt: skip
     out.append(_matmul("down_proj", tokens, hidden, inter, dtype, target))
     out.append(_matmul("lm_head", seqs, cfg.vocab_size, hidden, dtype, target, gather=True))
+    out.extend(_sampling(seqs, cfg.vocab_size, dtype))
     for launch in out:  # the plan's constexprs complete the arguments (tiles come from each config)
         launch.args.update(launch.plan.constexprs)
     return out
+
+
+def _sampling(batch: int, vocab: int, dtype) -> list[Launch]:
+    """The fused sampler's passes (kernels/sampling.py), each a pass kernel and its combine, penalty on."""
+    import triton
+
+    from stagewise.kernels import sampling
+
+    tiles = sampling.sampling_tiles(vocab, interpreter=False)
+    f32, i32, i64, u8 = _ptr(torch.float32), _ptr(torch.int32), _ptr(torch.int64), _ptr(torch.uint8)
+    state = dict(row_max_ptr=f32, row_sum_ptr=f32, threshold_ptr=f32, prefix_ptr=i32, token_ptr=i64,
+                 part_f_ptr=f32, part_i_ptr=i32, vocab=vocab, num_chunks=tiles.num_chunks, shift=5,
+                 GREEDY=sampling.GREEDY_TEMPERATURE, RADIX_BITS=sampling.RADIX_BITS)  # fmt: skip
+    row = dict(temperature_ptr=f32, top_k_ptr=i64, top_p_ptr=f32)
+    launches = []
+    for name in ("MAX", "SUM", "COUNT", "KEPT", "MASS", "DRAW"):
+        which = getattr(sampling, name).value
+        args = dict(logits_ptr=_ptr(dtype), logits_row_stride=vocab, seen_ptr=u8, seen_row_stride=vocab, **row)
+        args.update(penalty_ptr=f32, seed_ptr=i64, mask_ptr=u8, mask_row_stride=1, **state)
+        args.update(PASS=which, PENALTY=True, WRITE_MASK=False)
+        config = triton.Config({}, num_warps=sampling.SamplingTiles.pass_warps(which), num_stages=3)
+        constexprs = dict(CHUNK=tiles.chunk, BLOCK=tiles.block, SEARCH_BLOCK=tiles.search_block)
+        launches.append(Launch("sampling", f"sampling {name.lower()}", "stagewise.kernels.sampling",
+                               "_pass_kernel", args, LaunchPlan("sampling", constexprs, (config,))))  # fmt: skip
+        args = dict(min_p_ptr=f32, kept_ptr=f32, batch=batch, PASS=which, **row, **state)
+        constexprs = dict(ROWS=1, CHUNKS_POW2=triton.next_power_of_2(tiles.num_chunks))
+        config = triton.Config({}, num_warps=4, num_stages=3)  # a plain launch's defaults
+        launches.append(Launch("sampling", f"sampling {name.lower()} combine", "stagewise.kernels.sampling",
+                               "_combine_kernel", args, LaunchPlan("sampling", constexprs, (config,))))  # fmt: skip
+    return launches
 
 
 def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Target) -> list[Launch]:

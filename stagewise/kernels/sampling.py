@@ -76,12 +76,14 @@ GPU uses SEARCH_BLOCK_GPU to keep the [block, 32] tile in registers. (For the
 same reason p is recomputed inline, not in a helper.)
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from stagewise.engine.sampling_params import GREEDY_TEMPERATURE
+from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
     KernelInputError,
@@ -99,6 +101,8 @@ BLOCK_MAX = 1024  # tokens per block of a streaming pass over a chunk
 SEARCH_BLOCK_GPU = 256  # tokens per block of a search pass on a GPU: a [256, 32] comparison in registers
 RADIX_BITS = 5  # threshold bits decided per search pass: 2^5 = 32 candidates at once
 NUM_DIGITS = 6  # 6 * 5 = 30 bits: every float32 in [0, 1] has its bits below 2^30
+_PENALIZED_MAX = tl.constexpr(PENALIZED_LOGIT_MAX)  # penalized logits are clamped to +-this (sampling_params)
+
 # the passes, in order (constexpr: each compiles to its own kernel)
 MAX, SUM, COUNT, KEPT, MASS, DRAW = (tl.constexpr(i) for i in range(6))
 
@@ -110,7 +114,9 @@ def _penalized(logits_row, seen_row, offs, vocab, penalty, PENALTY: tl.constexpr
     z = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf")).to(tl.float32)
     if PENALTY:  # some row of the batch has a penalty (a host flag): else `seen` is never read
         seen = tl.load(seen_row + offs, mask=in_vocab, other=0) != 0
-        z = tl.where(seen, tl.where(z < 0, z * penalty, tl.div_rn(z, penalty)), z)  # div_rn: IEEE, like torch
+        penalized = tl.where(z < 0, z * penalty, tl.div_rn(z, penalty))  # div_rn: IEEE, like torch
+        penalized = tl.minimum(tl.maximum(penalized, -_PENALIZED_MAX), _PENALIZED_MAX)  # finite, as in torch
+        z = tl.where(seen, penalized, z)
     return z
 
 
@@ -400,6 +406,30 @@ def chunk_size(vocab: int) -> int:
     return max(CHUNK, triton.next_power_of_2(triton.cdiv(vocab, MAX_CHUNKS)))
 
 
+@dataclass(frozen=True)
+class SamplingTiles:
+    """How `_launch` cuts a row of the vocabulary (host values only: the compile gate compiles these)."""
+
+    chunk: int  # tokens per program
+    num_chunks: int  # programs per row
+    block: int  # tokens per block of a streaming pass
+    search_block: int  # tokens per block of a search pass
+
+    @staticmethod
+    def pass_warps(which: int) -> int:
+        return 8 if which in (COUNT, MASS) else 4  # a search's [256, 32] tile: 8 warps hold it without spilling
+
+
+def sampling_tiles(vocab: int, chunk: int | None = None, interpreter: bool = INTERPRETER) -> SamplingTiles:
+    chunk = chunk or chunk_size(vocab)
+    if chunk < 16 or chunk & (chunk - 1):
+        raise KernelInputError(f"sample: chunk {chunk} must be a power of two >= 16")
+    chunk = min(chunk, triton.next_power_of_2(vocab))  # a small vocab is one chunk of its own size
+    block = min(BLOCK_MAX, chunk, triton.next_power_of_2(vocab))  # divides chunk: blocks never straddle chunks
+    search_block = block if interpreter else min(block, SEARCH_BLOCK_GPU)  # the interpreter pays per op
+    return SamplingTiles(chunk, triton.cdiv(vocab, chunk), block, search_block)
+
+
 def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: int | None) -> tuple[Tensor, Tensor]:
     """The passes a step needs, each a (row, chunk) grid followed by its per-row combine.
 
@@ -408,12 +438,8 @@ def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: 
     """
     _check(logits, sampling)
     batch, vocab = logits.shape
-    chunk = chunk or chunk_size(vocab)
-    if chunk < 16 or chunk & (chunk - 1):
-        raise KernelInputError(f"sample: chunk {chunk} must be a power of two >= 16")
-    chunk = min(chunk, triton.next_power_of_2(vocab))  # a small vocab is one chunk of its own size
-    num_chunks = triton.cdiv(vocab, chunk)
-    block = min(BLOCK_MAX, chunk, triton.next_power_of_2(vocab))  # divides chunk: blocks never straddle chunks
+    tiles = sampling_tiles(vocab, chunk)
+    num_chunks = tiles.num_chunks
     radix = 1 << RADIX_BITS
     device = logits.device
     row_max, row_sum, threshold, kept = torch.empty(4, batch, dtype=torch.float32, device=device)  # row state
@@ -451,9 +477,9 @@ def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: 
         mask_row_stride=mask.stride(0),
         PENALTY=sampling.any_penalty,
         WRITE_MASK=write_mask,
-        CHUNK=chunk,
-        BLOCK=block,
-        SEARCH_BLOCK=block if INTERPRETER else min(block, SEARCH_BLOCK_GPU),  # the interpreter pays per op
+        CHUNK=tiles.chunk,
+        BLOCK=tiles.block,
+        SEARCH_BLOCK=tiles.search_block,
         **state,
     )
     combine_args = dict(
@@ -470,7 +496,7 @@ def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: 
     )
 
     def run(which, shift: int = 0) -> None:
-        warps = 8 if which in (COUNT, MASS) else 4  # a search's [256, 32] tile: 8 warps hold it without spilling
+        warps = SamplingTiles.pass_warps(which)
         _pass_kernel[(batch, num_chunks)](PASS=which, shift=shift, num_warps=warps, **pass_args)
         _combine_kernel[(triton.cdiv(batch, combine_args["ROWS"]),)](PASS=which, shift=shift, **combine_args)
 
