@@ -286,3 +286,19 @@ def test_probe_smoke():
     hw = probe_this_machine(seconds=0.3, weight_bytes=16 * 2**20)
     assert hw.memory_bandwidth > 0 and hw.memory_bytes > 0
     assert hw.peak_flops("fp32") > 0 and hw.peak_flops("bf16") > 0 and hw.peak_flops("fp16") > 0
+
+
+def test_calc_reads_a_gguf_files_sizes(tmp_path):
+    """A .gguf gives its metadata's sizes (no tensor is read); a corrupt one is a one-line error."""
+    from stagewise.bench.calc import load_model_config
+    from tests.checkpoints import CFG, hf_tiny_model, round_embedding_to_q8_0, write_gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf", round_embedding_to_q8_0(hf_tiny_model(seed=1)))
+    config = load_model_config(str(path))
+    assert config.shape_only
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+    assert [getattr(config, s) for s in sizes] == [getattr(CFG, s) for s in sizes]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(StagewiseError, match="not a valid GGUF file"):
+        load_model_config(str(bad))

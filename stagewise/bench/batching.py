@@ -30,7 +30,7 @@ import torch
 from stagewise import LLM
 from stagewise.bench.hf_baseline import HFBaseline, hf_model_location, static_padding
 from stagewise.bench.machine import machine_info
-from stagewise.bench.modes import check_identical, refuse_weightless, run_notes
+from stagewise.bench.modes import check_fits_positions, check_identical, refuse_weightless, run_notes
 from stagewise.bench.plots import (
     plot_kv_over_time,
     plot_latency_percentiles,
@@ -217,6 +217,9 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
     workload = mixed_workload(
         loaded.tokenizer, settings.num_requests, settings.prompt_tokens, settings.output_tokens, settings.seed
     )
+    longest = max(workload.requests, key=lambda r: r.prompt_tokens + r.max_tokens)
+    what = f"the longest request ({longest.prompt_tokens} prompt + {longest.max_tokens} output tokens)"
+    check_fits_positions(loaded, workload.max_seq_len(), what)
     ecfg = EngineConfig(
         max_num_seqs=settings.continuous_max_num_seqs or settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,

@@ -23,7 +23,7 @@ JSON-ready dict and `stagewise calc --explain` can show each formula.
 """
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stagewise.bench.calc_counts import (
@@ -60,18 +60,24 @@ __all__ = [
 
 
 def load_model_config(model: str) -> ModelConfig:
-    """A preset name, a Hugging Face `config.json` file, or a directory holding one.
+    """A preset name, a Hugging Face `config.json` file, a directory holding one, or a `.gguf` file.
 
-    Only the sizes are read, so a config with RoPE scaling (Llama 3.1's
-    `rope_scaling: llama3`) or another Llama-like architecture is fine here.
+    Only the sizes are read (a GGUF's metadata, not its tensors), so a config with RoPE scaling
+    (Llama 3.1's `rope_scaling: llama3`) or another Llama-like architecture is fine here.
     """
     if model in PRESETS:
         return PRESETS[model]
     path = Path(model)
+    if path.suffix == ".gguf" and path.is_file():
+        from stagewise.models.gguf_loader import config_from_gguf, open_gguf
+
+        return replace(config_from_gguf(open_gguf(path), str(path)), shape_only=True)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise StagewiseError(f"unknown model '{model}'; choose one of {', '.join(PRESETS)} or a config.json path")
+        raise StagewiseError(
+            f"unknown model '{model}'; choose one of {', '.join(PRESETS)}, a config.json path or a .gguf file"
+        )
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

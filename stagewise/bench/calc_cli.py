@@ -186,7 +186,7 @@ def _print_seeds(console: Console, explain: bool) -> None:
 
 
 def calc(
-    model: str = typer.Option("llama-3-405b", help="preset name or a Hugging Face config.json (or its directory)"),
+    model: str = typer.Option("llama-3-405b", help="preset, HF config.json (or its folder) or .gguf file"),
     hardware: str = typer.Option("h100", help="h100, h200, a100, h100-seeds, or probe (measure this machine)"),
     context: int = typer.Option(100_000, help="N: tokens in the sequence (prompt length for the prefill)"),
     batch: int = typer.Option(1, help="B: sequences processed together"),

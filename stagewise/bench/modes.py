@@ -172,6 +172,13 @@ def check_settings(settings: ModesSettings) -> None:
         raise StagewiseError(f"tensor-parallel sizes must be >= 1, got {settings.tp}")
 
 
+def check_fits_positions(loaded: LoadedModel, needed: int, what: str) -> None:
+    """The longest request must fit the model's positions; said in the user's own flags."""
+    limit = loaded.config.max_position_embeddings
+    if needed > limit:
+        raise StagewiseError(f"{what} needs {needed} positions; {loaded.config.name} allows {limit}")
+
+
 def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progress=None) -> dict:
     """Run the comparison; returns the result dict (settings, raw runs, summary, curves, fits)."""
     check_settings(settings)
@@ -180,6 +187,8 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     refuse_weightless(settings.model, settings.device, loaded)
     prompt = single_prompt(loaded.tokenizer, settings.prompt_tokens, settings.seed)
     lengths = sorted(set(settings.output_lengths))
+    what = f"--prompt-tokens {settings.prompt_tokens} with --output-lengths up to {max(lengths)}"
+    check_fits_positions(loaded, settings.prompt_tokens + max(lengths) + 1, what)
     ecfg = EngineConfig(max_num_seqs=1, max_model_len=settings.prompt_tokens + max(lengths) + 1)
     engines = engine_systems(settings)
     llms = {}
