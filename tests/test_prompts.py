@@ -48,6 +48,22 @@ def test_ordinary_messages_tokenize_as_the_whole_rendered_prompt(llm, text):
     assert llm.encode(text) == llm.tokenizer.encode(text)
 
 
+@pytest.mark.parametrize("text", ["\n\nHi", "  Hi", "    def f():\n        pass", " 5", "\tx", "Hi  ", "a\n\n"])
+def test_content_at_the_edges_of_template_text_merges_as_in_the_whole_prompt(smollm, text):
+    """SmolLM2's vocabulary merges "\n\n" and "\n " across the template/content edge: the ids must equal those
+    of the whole rendered prompt (as transformers and vLLM tokenize it), not of the pieces tokenized apart."""
+    from stagewise.engine.prompts import encode_prompt
+    from stagewise.models.ops import StageOps
+
+    tok = smollm.tokenizer
+    rendered, ids = encode_prompt(StageOps("naive"), tok, text, chat=True, special_tokens=False)
+    assert ids == tok.encode(rendered, add_special_tokens=False)
+    apart = [i for piece, is_template in tok.chat_segments([{"role": "user", "content": text}])
+             for i in tok.encode(piece, add_special_tokens=False)]  # fmt: skip
+    if text in ("\n\nHi", "  Hi", "    def f():\n        pass", " 5"):  # where pieces tokenized apart differ
+        assert apart != ids
+
+
 def test_a_template_that_trims_content_is_followed(tiny):
     """Llama 3's template writes `message['content'] | trim` between its header tokens."""
     template = (

@@ -9,8 +9,10 @@ a user could forge a turn, e.g. a system message inside their own:
 So by default only the chat template's own markers become control tokens; a
 message's content, and a raw prompt, are tokenized as plain text (the
 characters `<|im_start|>` become ordinary byte-level tokens). The template is
-rendered, cut at each content, and each piece runs through the tokenize stage
-with the right view of the tokenizer. SentencePiece tokenizers spell the
+rendered and cut at each content; the template's markers become control
+tokens, and the text between two markers (template text and user content
+together) runs through the tokenize stage as a whole, read as plain text, so
+the ids equal those of the whole prompt whenever the user typed no marker. SentencePiece tokenizers spell the
 start of every piece differently (a dummy "▁"), so there the prompt is
 tokenized whole and a control token typed by the user is refused instead.
 `special_tokens=True` trusts the prompt (it is parsed whole, markers and all):
@@ -24,6 +26,7 @@ tell them apart.
 from stagewise.errors import StagewiseError
 from stagewise.models.ops import StageOps
 from stagewise.models.tokenizer import Tokenizer
+from stagewise.stages.tokenize import split_special_tokens
 
 
 def check_text(prompt) -> None:
@@ -59,7 +62,31 @@ def encode_prompt(
         return text, ops("tokenize", text=text, tokenizer=tokenizer, add_special_tokens=not chat).tolist()
     segments = tokenizer.chat_segments(messages, add_generation_prompt=True) if chat else [(prompt, False)]
     ids = [tokenizer.bos_id] if tokenizer.add_bos and not chat else []  # a chat template writes its own bos
-    for piece, is_template in segments:
-        view = tokenizer if is_template else tokenizer.plain_text
-        ids += ops("tokenize", text=piece, tokenizer=view, add_special_tokens=False).tolist()  # text -> [num_tokens]
+    for text, is_control in text_runs(segments, tokenizer.special_tokens):
+        if is_control:  # one of the template's own markers
+            ids.append(tokenizer.special_tokens[text])
+        else:  # every character as text: [num_tokens]
+            ids += ops("tokenize", text=text, tokenizer=tokenizer.plain_text, add_special_tokens=False).tolist()
     return "".join(piece for piece, _ in segments), ids
+
+
+def text_runs(segments: list[tuple[str, bool]], special_tokens: dict[str, int]) -> list[tuple[str, bool]]:
+    """(text, is_control) runs: the template's control tokens, and the text between them tokenized whole.
+
+    Only a template piece's markers are control tokens. The text between two markers, template text
+    and user content alike, is one run, as a tokenizer reading the whole prompt would see it: cut at
+    the content's edges instead, "user\n" + "\n\nHi" would give "\n" "\n" "\n" where the whole
+    text gives "\n\n" "\n".
+    """
+    runs: list[tuple[str, bool]] = []
+    text = ""
+    for piece, is_template in segments:
+        chunks = split_special_tokens(piece, special_tokens) if is_template else [(piece, False)]
+        for chunk, is_control in chunks:
+            if is_control:
+                runs += [(text, False)] if text else []
+                runs.append((chunk, True))
+                text = ""
+            else:
+                text += chunk
+    return runs + ([(text, False)] if text else [])
