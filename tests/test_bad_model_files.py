@@ -131,8 +131,12 @@ def test_a_tokenizer_larger_than_the_embedding_table(tmp_path):
     small = write_hf_dir(tmp_path / "small", hf_tiny_model(vocab_size=CFG.vocab_size - 8))
     with pytest.raises(StagewiseError, match=f"tokenizer has {CFG.vocab_size} tokens, more than the model's"):
         load_model(str(small))
-    padded = write_hf_dir(tmp_path / "padded", hf_tiny_model(vocab_size=CFG.vocab_size + 64))
-    assert load_model(str(padded)).config.vocab_size == CFG.vocab_size + 64
+    padded = load_model(str(write_hf_dir(tmp_path / "padded", hf_tiny_model(vocab_size=CFG.vocab_size + 64))))
+    assert padded.config.vocab_size == CFG.vocab_size + 64
+    tok = padded.tokenizer
+    assert tok.decode([5, CFG.vocab_size + 3, 6]) == tok.decode([5, 6])  # a padding row: a real id, no text
+    with pytest.raises(StagewiseError, match="outside the vocabulary"):
+        tok.decode([CFG.vocab_size + 64])  # past the model's table too
 
 
 def fake_gguf(**metadata):

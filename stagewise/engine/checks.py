@@ -28,6 +28,8 @@ def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, eng
         raise StagewiseError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     if device is not None and not isinstance(device, str | torch.device):
         raise StagewiseError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise StagewiseError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
     if dtype is not None and dtype not in DTYPES:
         names = ", ".join(str(d) for d in DTYPES)
         raise StagewiseError(f"dtype must be one of {names}, got {dtype!r}")

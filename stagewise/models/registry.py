@@ -66,7 +66,7 @@ def _load_files(
         reader = open_gguf(path)  # parsed once (~2 s), shared by the weights and the tokenizer
         config = config_from_gguf(reader, str(path))  # the architecture first: a clear error if not Llama
         tokenizer = Tokenizer.from_gguf_reader(reader, path.name)
-        check_vocabularies(config, tokenizer, path)
+        tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         config, weights = load_gguf(path, reader, dtype)
         return config, weights, tokenizer, str(path)
@@ -81,7 +81,7 @@ def _load_files(
     if path.is_dir():
         config = config_from_hf(path)
         tokenizer = Tokenizer.from_hf_dir(path)
-        check_vocabularies(config, tokenizer, path)
+        tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         config, weights = load_hf_dir(path, dtype)
         return config, weights, tokenizer, str(path)
@@ -94,13 +94,17 @@ def _load_files(
     )
 
 
-def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) -> None:
-    """Every token id must have an embedding row (a model may have more rows than tokens: padding)."""
+def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) -> Tokenizer:
+    """Every token id must have an embedding row; a model may have more rows than tokens (padding, e.g. to a
+    multiple of 64): the model can still pick such an id, which then decodes to no text, as in transformers."""
     if tokenizer.vocab_size > config.vocab_size:  # else an id past the table fails inside the embedding
         raise StagewiseError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
             f" {config.vocab_size} embedding rows"
         )
+    if config.vocab_size > tokenizer.vocab_size:
+        return replace(tokenizer, embedding_rows=config.vocab_size)
+    return tokenizer
 
 
 def parse_device(device: str | torch.device | None) -> torch.device:

@@ -68,6 +68,7 @@ class Tokenizer:
     token_types: list[int] | None = None  # llama: id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
     unk_id: int | None = None  # llama: the <unk> id, for characters without byte tokens
     space_prefix: str = "sentencepiece"  # llama: where the dummy "▁" goes (sp_stage.SPACE_PREFIXES)
+    embedding_rows: int | None = None  # a model with more embedding rows than tokens: ids past the tokens have no text
 
     def __repr__(self) -> str:  # the dataclass default would print all 49152 tokens
         return (
@@ -357,6 +358,8 @@ class Tokenizer:
         for token_id in ids:
             token_id = int(token_id)
             if not 0 <= token_id < len(table):
+                if self.embedding_rows and len(table) <= token_id < self.embedding_rows:
+                    continue  # a padding row of the model's table: a real id with no text (as transformers)
                 raise StagewiseError(f"token id {token_id} is outside the vocabulary of {len(table)} tokens")
             if token_id not in special_ids:
                 out.append(table[token_id])
