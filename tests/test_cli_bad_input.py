@@ -114,6 +114,7 @@ CASES = [
     (["bench", "batching", *TINY, "--out", "new", "--prompt-tokens", "900-1000", "--output-tokens", "100-200"],
      "tiny allows 1024"),
     (["generate", "hi", "--model", ""], "model name is empty"),
+    (["trace", "hi", *TINY, "--device", "cpu:1"], "there is one CPU device"),
     (["calc", "--model", "corrupt.gguf"], "corrupt.gguf is not a valid GGUF file"),
     (["bench", "batching", *Q, "--prefill-beside-decodes", "0"], "--prefill-beside-decodes must be >= 1, got 0"),
     (["bench", "modes", *Q, "--tp", "0"], "--tp must be positive integers, got '0'"),

@@ -30,6 +30,14 @@ OLD = "the old result, which must survive\n"
 AT_WORK_CPU_S = 4.0
 
 
+# `python -m stagewise.cli ARGS` with Ctrl-C's usual handler: a test run started as a background job (`make test &`)
+# hands its children SIGINT ignored, and a Python started that way keeps ignoring it.
+AS_FROM_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'stagewise'; runpy.run_module('stagewise.cli', run_name='__main__', alter_sys=True)"
+)
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time the process has used so far (all threads), from /proc; unlike wall time, load does not stretch it."""
     try:
@@ -41,7 +49,7 @@ def cpu_seconds(pid: int) -> float:
 
 def interrupt_when_busy(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stagewise.cli", *args],
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
         cwd=cwd,
         env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
         stdout=subprocess.PIPE,

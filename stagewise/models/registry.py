@@ -120,6 +120,8 @@ def parse_device(device: str | torch.device | None) -> torch.device:
             raise StagewiseError(f"--device {device}: torch sees no CUDA device here; use cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise StagewiseError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif device.type == "cpu" and device.index not in (None, 0):
+        raise StagewiseError(f"--device {device}: there is one CPU device; use cpu")
     elif device.type not in ("cpu", "meta"):
         raise StagewiseError(f"device '{device}' is not supported; use cpu, cuda, cuda:N or meta")
     return device
