@@ -15,7 +15,7 @@ _EXPORTS = {
     "LLM": "stagewise.engine.llm",
     "RequestOutput": "stagewise.engine.outputs",
     "TokenEvent": "stagewise.engine.outputs",
-    "SamplingParams": "stagewise.engine.sampling_params",
+    "SamplingParams": "stagewise.sampling_params",
     "StagewiseError": "stagewise.errors",
 }
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "StagewiseError", "TokenEvent", "__version__"]

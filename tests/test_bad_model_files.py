@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.engine.sampling_params import FLOAT32_TINY, PENALIZED_LOGIT_MAX
 from stagewise.errors import StagewiseError
 from stagewise.models.gguf_loader import config_from_gguf
 from stagewise.models.registry import load_model
+from stagewise.sampling_params import FLOAT32_TINY, PENALIZED_LOGIT_MAX
 from stagewise.stages.sampling import SamplingTensors, processed_probs
 from tests.checkpoints import CFG, hf_tiny_model, round_embedding_to_q8_0, write_gguf, write_hf_dir
 

@@ -18,8 +18,8 @@ from transformers.generation.logits_process import (
 )
 
 from stagewise.config import get_preset
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.errors import StagewiseError
+from stagewise.sampling_params import SamplingParams
 from stagewise.stages.sampling import STAGE, SamplingTensors, naive, processed_probs, stream_seed
 
 V = 257  # vocab for the random tests

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from stagewise.engine.block_manager import BlockManager
 from stagewise.engine.request import Request, RequestStatus
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.scheduler import Scheduler
 from stagewise.engine.text_stream import TextStream
+from stagewise.sampling_params import SamplingParams
 
 
 def make_request(i: int, prompt: list[int], max_tokens: int) -> Request:

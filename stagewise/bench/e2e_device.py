@@ -20,8 +20,8 @@ import torch
 
 from stagewise.config import EngineConfig
 from stagewise.engine.llm import LLM
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.models.registry import load_model
+from stagewise.sampling_params import SamplingParams
 
 
 def engine_config(device, graphs: bool = False) -> EngineConfig:

@@ -23,9 +23,9 @@ import random
 import re
 from dataclasses import dataclass
 
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.errors import StagewiseError
 from stagewise.models.bpe_train import TINY_CORPUS
+from stagewise.sampling_params import SamplingParams
 
 # More English in the same plain style (paraphrasing the seeds), so long prompts need few repeats.
 SEED_TEXT = """\

@@ -52,13 +52,13 @@ from stagewise.engine.prompts import check_text, encode_prompt
 from stagewise.engine.recompute_runner import RecomputeRunner
 from stagewise.engine.request import FinishReason, Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.static_runner import StaticBatchRunner
 from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel, load_model
+from stagewise.sampling_params import SamplingParams
 from stagewise.stages.rope import describe_rope
 from stagewise.trace.hooks import active_tracer
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.engine.text_stream import TextStream
+from stagewise.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

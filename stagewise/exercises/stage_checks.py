@@ -11,10 +11,10 @@ import torch
 
 from stagewise.bench.calc_counts import kv_bytes_per_token
 from stagewise.config import PRESETS
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.exercises.core import Mismatch, call, close, equal
 from stagewise.models.bpe_train import TINY_CORPUS, train_bpe
 from stagewise.models.forward_batch import ForwardBatch
+from stagewise.sampling_params import SamplingParams
 from stagewise.stages import STAGES
 from stagewise.stages.ffn import silu_and_mul_naive
 from stagewise.stages.qkv_proj import split_qkv

@@ -83,7 +83,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
     KernelInputError,
@@ -93,6 +92,7 @@ from stagewise.kernels.checks import (
     check_same_device,
     check_shape,
 )
+from stagewise.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX
 from stagewise.stages.sampling import SamplingTensors
 
 CHUNK = 2048  # tokens of a row per program (a function of nothing but this constant: batch-independent results)

@@ -61,8 +61,8 @@ import torch
 from torch import Tensor
 
 from stagewise.config import ModelConfig
-from stagewise.engine.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX, SamplingParams
 from stagewise.runtime import to_device
+from stagewise.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX, SamplingParams
 from stagewise.stages.base import Stage
 
 _MASK64 = 2**64 - 1

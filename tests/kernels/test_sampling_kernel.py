@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from stagewise.config import get_preset
-from stagewise.engine.sampling_params import SamplingParams
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.sampling import sample, sample_with_mask, stream_seeds
+from stagewise.sampling_params import SamplingParams
 from stagewise.stages import STAGES
 from stagewise.stages.sampling import SamplingTensors, naive, processed_probs, stream_seed
 

@@ -8,6 +8,9 @@ order (the seed's order, as in vLLM):
     repetition penalty -> greedy? (temperature < 1e-5: argmax) -> temperature
     -> min_p -> top-k -> top-p -> draw
 
+It sits beside `config.py`, in the ground layer: the engine, the sampling stage
+and the Triton sampling kernel all read it, and none of them imports another.
+
 Every value is checked here, at construction, so a bad parameter fails with a
 one-line `StagewiseError` (a `ValueError`) that names the parameter and its
 allowed range, before any request is queued.
