@@ -39,9 +39,10 @@ class RopeScaling:
             raise StagewiseError(f"RoPE scaling '{self.kind}' is not supported; known: {', '.join(ROPE_SCALING_KINDS)}")
         if self.kind == "freq_factors" and not self.freq_factors:
             raise StagewiseError("RoPE scaling 'freq_factors' needs one factor per frequency")
-        numbers = {"factor": self.factor, "low_freq_factor": self.low_freq_factor,
+        factors = {"factor": self.factor, "low_freq_factor": self.low_freq_factor,
                    "high_freq_factor": self.high_freq_factor}
-        for name, value in {**numbers, **{f"freq_factors[{i}]": f for i, f in enumerate(self.freq_factors)}}.items():
+        factors.update({f"freq_factors[{i}]": f for i, f in enumerate(self.freq_factors)})
+        for name, value in factors.items():
             if not _is_number(value) or not math.isfinite(value) or value <= 0:
                 raise StagewiseError(f"RoPE scaling '{self.kind}': {name} must be a finite number > 0, got {value!r}")
         original = self.original_max_position_embeddings
