@@ -258,3 +258,17 @@ def test_cli_filters_apply_to_json_and_chrome(tmp_path):
     res = run_cli(*args, "--format", "chrome", "--out", str(out))
     names = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "stage"}
     assert names and names <= {"rmsnorm (L1)", "rmsnorm (final)"}, names
+
+
+def test_a_stage_filter_that_matches_nothing_says_so():
+    """`--stage paged_attention` in kv mode (it uses `attention`) or a collective without --tp would print an
+    empty trace; a note on stderr says why, and the stages that did run are still shown."""
+    res = run_cli("hi", "--model", "tiny", "--max-tokens", "1", "--mode", "kv", "--no-timing",
+                  "--stage", "rope", "--stage", "paged_attention", "--stage", "all_reduce")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: no paged_attention call in this run (mode kv)",
+        "note: no all_reduce call in this run (mode kv) (collectives run only with --tp > 1)",
+    ]
+    assert "rope" in res.stdout

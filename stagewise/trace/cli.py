@@ -89,6 +89,11 @@ def trace(
     with llm, Tracer(timing=timing) as tracer:
         llm.generate(prompts, params, chat=chat)
     step_sel = None if step_ranges is None else check_ranges(step_ranges, len(tracer.steps), "steps", "this run")
+    ran = {rec.stage for step in tracer.steps for rec in step.stages}
+    for name in dict.fromkeys(stage):  # a filter that matches nothing would print an empty trace without a word
+        if name not in ran:
+            why = " (collectives run only with --tp > 1)" if name in COLLECTIVES and tensor_parallel_size == 1 else ""
+            print(f"note: no {name} call in this run (mode {llm.mode}){why}", file=sys.stderr)
     text = render(tracer, fmt, layer_sel, step_sel, set(stage), timing, llm.tokenizer.decode, width, to_file=bool(out))
     if out:
         write_text_atomic(out, text)
