@@ -43,7 +43,7 @@ class RopeScaling:
                    "high_freq_factor": self.high_freq_factor}
         factors.update({f"freq_factors[{i}]": f for i, f in enumerate(self.freq_factors)})
         for name, value in factors.items():
-            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+            if not is_number(value) or not math.isfinite(value) or value <= 0:
                 raise StagewiseError(f"RoPE scaling '{self.kind}': {name} must be a finite number > 0, got {value!r}")
         original = self.original_max_position_embeddings
         if not isinstance(original, int) or isinstance(original, bool) or original < 1:
@@ -54,7 +54,7 @@ class RopeScaling:
             raise StagewiseError("llama3 RoPE scaling needs low_freq_factor < high_freq_factor")
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's floats too
 
 
@@ -89,7 +89,7 @@ class ModelConfig:
                 raise StagewiseError(f"{self.name}: {name} must be an int >= 1, got {value!r}")
         for name in ("rope_theta", "rms_norm_eps"):
             value = getattr(self, name)
-            if not _is_number(value) or not math.isfinite(value) or not value > 0:
+            if not is_number(value) or not math.isfinite(value) or not value > 0:
                 raise StagewiseError(f"{self.name}: {name} must be a finite number > 0, got {value!r}")
             object.__setattr__(self, name, float(value))  # frozen: a JSON int becomes the float it means
         if self.max_position_embeddings > MAX_POSITIONS:

@@ -185,7 +185,7 @@ def test_sampling_values_beyond_float32(kwargs, message):
 
 
 @pytest.mark.parametrize("penalty", [FLOAT32_TINY, 3e38])
-@pytest.mark.parametrize("temperature", [1e-5, 0.7])
+@pytest.mark.parametrize("temperature", [1e-5, 0.7])  # sampling temperatures (the smallest drawn one), not tolerances
 def test_extreme_penalties_give_a_distribution(penalty, temperature):
     """A penalty at float32's edges pushes seen logits past float32; the clamp keeps the softmax finite."""
     gen = torch.Generator().manual_seed(0)
@@ -211,7 +211,7 @@ def test_extreme_penalties_give_a_distribution(penalty, temperature):
 def test_engine_samples_with_extreme_penalties(backend):
     llm = LLM("tiny", backend=backend)
     for penalty in (FLOAT32_TINY, 3e38):
-        params = SamplingParams(max_tokens=3, temperature=0.7, repetition_penalty=penalty, seed=3)
+        params = SamplingParams(max_tokens=3, temperature=0.7, repetition_penalty=penalty, seed=3)  # a draw, not a tol
         out = llm.generate(["hi hi hello"], params)[0]
         assert len(out.token_ids) >= 1 and all(0 <= t < 512 for t in out.token_ids)
 

@@ -22,7 +22,6 @@ Every number is a `Quantity` (value, unit, formula), so `summarize()` is a
 JSON-ready dict and `stagewise calc --explain` can show each formula.
 """
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from stagewise.bench.calc_steps import Capacity, Step, capacity, decode_step, na
 from stagewise.bench.hardware import DTYPE_BYTES, HARDWARE, Hardware, canonical_dtype, probe_this_machine
 from stagewise.config import PRESETS, ModelConfig, config_from_hf_dict
 from stagewise.errors import StagewiseError
+from stagewise.models.files import read_json_object
 
 __all__ = [
     "Analysis",
@@ -78,13 +78,7 @@ def load_model_config(model: str) -> ModelConfig:
         raise StagewiseError(
             f"unknown model '{model}'; choose one of {', '.join(PRESETS)}, a config.json path or a .gguf file"
         )
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise StagewiseError(f"{path} is not valid JSON: {exc.msg}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StagewiseError(f"cannot read {path}: {exc}") from None
-    return config_from_hf_dict(raw, str(model), str(path), shape_only=True)
+    return config_from_hf_dict(read_json_object(path), str(model), str(path), shape_only=True)
 
 
 def load_hardware(name: str, probe_seconds: float = 3.0) -> Hardware:

@@ -12,8 +12,8 @@ characters `<|im_start|>` become ordinary byte-level tokens). The template is
 rendered and cut at each content; the template's markers become control
 tokens, and the text between two markers (template text and user content
 together) runs through the tokenize stage as a whole, read as plain text, so
-the ids equal those of the whole prompt whenever the user typed no marker. SentencePiece tokenizers spell the
-start of every piece differently (a dummy "▁"), so there the prompt is
+the ids equal those of the whole prompt whenever the user typed no marker.
+SentencePiece tokenizers spell the start of every piece differently (a dummy "▁"), so there the prompt is
 tokenized whole and a control token typed by the user is refused instead.
 `special_tokens=True` trusts the prompt (it is parsed whole, markers and all):
 for hand-built prompts.

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stagewise.config import ModelConfig, RopeScaling
+from stagewise.config import ModelConfig, RopeScaling, is_number
 from stagewise.errors import StagewiseError
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
@@ -56,7 +56,7 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         raw = field(reader, f"llama.{key}", default)
         if raw is None:
             raise StagewiseError(f"{name}: GGUF metadata lacks llama.{key}")
-        if not isinstance(raw, int | float) or isinstance(raw, bool) or (kind is int and raw != int(raw)):
+        if not is_number(raw) or (kind is int and raw != int(raw)):
             raise StagewiseError(f"{name}: GGUF metadata llama.{key} must be {kind.__name__}, got {raw!r}")
         return kind(raw)
 
@@ -100,7 +100,7 @@ def rope_scaling_from_gguf(reader, name: str) -> RopeScaling | None:
     kind = field(reader, "llama.rope.scaling.type", "none")
     factor = field(reader, "llama.rope.scaling.factor") or field(reader, "llama.rope.scale_linear")
     if kind == "linear" or (kind == "none" and factor not in (None, 1.0)):
-        if not isinstance(factor, int | float) or isinstance(factor, bool):
+        if not is_number(factor):
             raise StagewiseError(f"{name}: linear RoPE scaling needs a numeric factor, got {factor!r}")
         return RopeScaling(kind="linear", factor=float(factor))
     if kind == "none":

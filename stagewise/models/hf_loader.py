@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict
+from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict, is_number
 from stagewise.errors import StagewiseError
 from stagewise.models.files import read_json_object
 from stagewise.models.weights import LayerWeights, LlamaWeights
@@ -47,7 +47,7 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
         if key not in params:
             raise StagewiseError(f"{where}: RoPE scaling '{kind}' lacks '{key}'")
         value = params[key]
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        if not is_number(value):
             raise StagewiseError(f"{where}: RoPE scaling {key} must be a number, got {value!r}")
         return float(value)
 
