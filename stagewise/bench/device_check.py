@@ -163,8 +163,9 @@ def section_tests(dry_run: bool, ctx: dict) -> dict:
         cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *files]
     else:
         workers = ["-n", "8"] if _has("xdist") else []
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "-m", "not model and not oracle",
-               *workers, *files]  # fmt: skip
+        # -v: one line per test as it ends, so a run cut short by the section's limit still names its failures
+        cmd = [sys.executable, "-m", "pytest", "-v", "--tb=line", "-p", "no:cacheprovider", "-rfE",
+               "-m", "not model and not oracle", *workers, *files]  # fmt: skip
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx["remaining_s"] - 10)
         stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
@@ -172,10 +173,36 @@ def section_tests(dry_run: bool, ctx: dict) -> dict:
         stdout = exp.stdout.decode(errors="replace") if isinstance(exp.stdout, bytes) else (exp.stdout or "")
         stderr, code = "", "timeout"
         stdout += f"\n[pytest stopped after {ctx['remaining_s'] - 10:.0f} s]"
-    print(stdout[-6000:], stderr[-2000:])
-    lines = [ln for ln in stdout.splitlines() if ln.strip()]
-    return {"command": " ".join(cmd), "returncode": code, "summary": lines[-1] if lines else "",
-            "failures": [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:40]}  # fmt: skip
+    report = test_report(stdout)
+    print("\n".join(report["failures"]), "\n".join(stdout.splitlines()[-15:]), stderr[-2000:], sep="\n")
+    return {"command": " ".join(cmd), "returncode": code, **report}
+
+
+def test_report(stdout: str) -> dict:
+    """pytest's output -> {summary, counts, failures}: every failed or erroring test by name, cut short or not.
+
+    With -v each test prints "[gw3] [ 12%] FAILED tests/x.py::test_y" (xdist) or "tests/x.py::test_y FAILED"
+    as it ends; the -rfE summary at the end repeats them with a reason, when the run gets there.
+    """
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    outcomes = {"PASSED": 0, "FAILED": 0, "ERROR": 0, "SKIPPED": 0}
+    failures: dict[str, str] = {}  # test id -> its line (the summary's, with the reason, when there is one)
+    for ln in lines:
+        words = ln.split()
+        if ln.startswith(("FAILED ", "ERROR ")):  # the -rfE summary: "FAILED tests/x.py::t - reason"
+            failures[words[1]] = ln
+            continue
+        for outcome in outcomes:
+            if outcome in words:
+                test = next((w for w in words if "::" in w), None)
+                if test is None:
+                    break
+                outcomes[outcome] += 1
+                if outcome in ("FAILED", "ERROR"):
+                    failures.setdefault(test, f"{outcome} {test}")
+                break
+    summary = lines[-1] if lines else ""
+    return {"summary": summary, "counts": outcomes, "failures": list(failures.values())[:60]}
 
 
 def _has(module: str) -> bool:
