@@ -150,6 +150,18 @@ SIZE_FIELDS = (
 )
 
 
+def hf_rope_dict(raw: dict, where: str) -> dict:
+    """config.json's RoPE settings as transformers reads them: `rope_scaling` (the older name) if set, else
+    `rope_parameters` (transformers >= 5); {} for neither. A `rope_theta` inside it beats the top-level one."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = raw.get(key)
+        if params:
+            if not isinstance(params, dict):
+                raise StagewiseError(f"{where}: {key} must be a JSON object, got {params!r}")
+            return params
+    return {}
+
+
 def config_from_hf_dict(
     raw, name: str, where: str, shape_only: bool = False, rope_scaling: RopeScaling | None = None
 ) -> ModelConfig:
@@ -167,9 +179,7 @@ def config_from_hf_dict(
     heads = raw["num_attention_heads"]
     if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
         raise StagewiseError(f"{where}: num_attention_heads must be an int >= 1, got {heads!r}")
-    rope_params = raw.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta in here
-    if not isinstance(rope_params, dict):
-        raise StagewiseError(f"{where}: rope_parameters must be a JSON object, got {rope_params!r}")
+    rope_params = hf_rope_dict(raw, where)
     hidden = raw["hidden_size"]
     head_dim = raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) else hidden)
     return ModelConfig(
@@ -181,8 +191,8 @@ def config_from_hf_dict(
         num_heads=heads,
         num_kv_heads=heads if raw.get("num_key_value_heads") is None else raw["num_key_value_heads"],
         head_dim=head_dim,
-        rope_theta=raw.get("rope_theta", rope_params.get("rope_theta", 10000.0)),
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+        rope_theta=rope_params.get("rope_theta", raw.get("rope_theta", 10000.0)),  # the RoPE dict's own first
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),  # transformers' LlamaConfig default
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         shape_only=shape_only,

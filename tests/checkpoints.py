@@ -94,8 +94,10 @@ def write_gguf(
     arch: str = "llama",
     write_tokenizer=write_tiny_bpe_tokenizer,
     rope_freqs: np.ndarray | None = None,
+    extra=None,
 ) -> Path:
-    """`write_tokenizer(writer)` adds the tokenizer.ggml.* keys; `rope_freqs` is llama.cpp's llama3 tensor."""
+    """`write_tokenizer(writer)` adds the tokenizer.ggml.* keys; `rope_freqs` is llama.cpp's llama3 tensor;
+    `extra(writer)` adds more keys or tensors (files a Llama loader must refuse)."""
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(CFG.num_layers)
@@ -110,6 +112,8 @@ def write_gguf(
     write_tokenizer(w)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    if extra is not None:
+        extra(w)
     # token_embd as Q8_0 (like SmolLM2's file), everything else float32
     q8 = gguf.quants.quantize(sd["model.embed_tokens.weight"], gguf.GGMLQuantizationType.Q8_0)
     w.add_tensor("token_embd.weight", q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)

@@ -59,10 +59,11 @@ def with_config(**changes):
         ({"rope_parameters": {"rope_type": "linear", "factor": 0.0}}, "factor must be a finite number > 0"),
         ({"max_position_embeddings": 10**12}, "max_position_embeddings must be at most 16,777,216"),
         ({"num_key_value_heads": 0}, "num_kv_heads must be an int >= 1, got 0"),
-        ({"rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": float("inf")}}, "rope_theta must be a finite"),
+        ({"rope_parameters": None, "rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
     ],
     ids=["no-factor", "llama3-missing", "str", "factor-str", "factor-0", "factor-neg", "params-str", "params-0",
-         "max-pos", "kv-heads-0", "theta-inf"],
+         "max-pos", "kv-heads-0", "theta-inf", "top-level-theta-inf"],
 )
 def test_bad_config_json(hf_dir, tmp_path, changes, message):
     if "rope_scaling" in changes:  # the older spelling; transformers >= 5 writes rope_parameters

@@ -66,6 +66,9 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     if vocab is None:
         raise StagewiseError(f"{name}: GGUF metadata lacks both llama.vocab_size and tokenizer.ggml.tokens")
     names = {t.name for t in reader.tensors}
+    experts = field(reader, "llama.expert_count", 0)
+    if is_number(experts) and experts > 0:  # Mixtral-style files use the llama architecture name
+        raise StagewiseError(f"{name}: a mixture of {experts} experts (llama.expert_count); stagewise runs dense Llama")
     return ModelConfig(
         name=name,
         vocab_size=vocab,
@@ -133,8 +136,10 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
     reader = reader if reader is not None else open_gguf(path)
     config = config_from_gguf(reader, str(path))
     tensors = {t.name: t for t in reader.tensors}
+    used = {"rope_freqs.weight"}  # read by rope_scaling_from_gguf
 
     def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        used.add(name)
         if name not in tensors:
             raise StagewiseError(f"{path}: tensor '{name}' is missing")
         t = tensors[name]
@@ -182,4 +187,8 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
     head = embed if config.tie_word_embeddings else get("output.weight", (config.vocab_size, hidden))
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("output_norm.weight", (hidden,))
+    unused = sorted(set(tensors) - used)  # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it
+    if unused:
+        shown = ", ".join(unused[:3]) + (f", ... ({len(unused)} in all)" if len(unused) > 3 else "")
+        raise StagewiseError(f"{path}: the file holds tensors a Llama of this metadata does not use: {shown}")
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict, is_number
+from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict, hf_rope_dict, is_number
 from stagewise.errors import StagewiseError
 from stagewise.models.files import read_json_object
 from stagewise.models.weights import LayerWeights, LlamaWeights
@@ -25,9 +25,33 @@ def config_from_hf(path: Path) -> ModelConfig:
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
         kind = cfg.get("model_type") or ", ".join(map(str, archs)) or "unknown"
         raise StagewiseError(f"{path}: model type '{kind}' is not supported; stagewise runs Llama models")
-    rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_scaling = rope_scaling_from_hf(rope_params, cfg, path)
+    check_llama_math(cfg, config_file)
+    rope_scaling = rope_scaling_from_hf(hf_rope_dict(cfg, str(config_file)), cfg, path)
     return config_from_hf_dict(cfg, str(path), str(config_file), rope_scaling=rope_scaling)
+
+
+SILU_NAMES = ("silu", "swish")  # transformers' names for x * sigmoid(x)
+
+
+def check_llama_math(cfg: dict, where: Path) -> None:
+    """Refuse the config.json options that change a Llama's arithmetic and that stagewise does not implement.
+
+    Ignoring any of them would run and print fluent text from the wrong model: biases on the projections
+    (`attention_bias`, `mlp_bias`: in the weight files too), an FFN activation other than SiLU, or
+    attention limited to a sliding window (Mistral's config spelled with a Llama architecture).
+    """
+    act = cfg.get("hidden_act", "silu")
+    if act not in SILU_NAMES:
+        raise StagewiseError(f"{where}: hidden_act {act!r} is not supported; a Llama FFN is SwiGLU (hidden_act 'silu')")
+    for key, what in (("attention_bias", "q/k/v/o projections"), ("mlp_bias", "FFN projections")):
+        if cfg.get(key):
+            raise StagewiseError(f"{where}: {key} is true (biases on the {what}); stagewise runs Llama without biases")
+    window, limit = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
+    if is_number(window) and is_number(limit) and window < limit:
+        raise StagewiseError(
+            f"{where}: sliding_window {window} limits attention to the last {window} tokens; "
+            "stagewise attends to the whole context (sliding-window attention is not supported)"
+        )
 
 
 def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | None:
@@ -55,7 +79,13 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
         if kind == "linear":
             return RopeScaling(kind="linear", factor=number("factor"))
         if kind == "llama3":
-            original = params.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 8192)
+            # as transformers: a top-level original_max_position_embeddings wins, then the RoPE dict's, then
+            # max_position_embeddings
+            original = (
+                cfg.get("original_max_position_embeddings")
+                or params.get("original_max_position_embeddings")
+                or cfg.get("max_position_embeddings", 2048)
+            )
             return RopeScaling(
                 kind="llama3",
                 factor=number("factor"),
@@ -95,7 +125,10 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[M
     config = config_from_hf(path)
     shards = _open_shards(path)
 
+    used = set()
+
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        used.add(name)
         if name not in shards:
             raise StagewiseError(f"{path}: tensor '{name}' is missing")
         shard, handle = shards[name]
@@ -134,6 +167,23 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[M
         )
     embed = get("model.embed_tokens.weight", (config.vocab_size, hidden))
     head = embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
+    if config.tie_word_embeddings and "lm_head.weight" in shards:  # many files store the tied copy as well
+        if not torch.equal(get("lm_head.weight", (config.vocab_size, hidden)), embed):
+            raise StagewiseError(
+                f"{path}: config.json ties the LM head to the embedding (tie_word_embeddings), but the weight "
+                "files hold a different lm_head.weight; which one the model was trained with is ambiguous"
+            )
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("model.norm.weight", (hidden,))
+    check_nothing_left(path, set(shards) - used)
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+def check_nothing_left(path: Path, unused: set[str]) -> None:
+    """Every tensor in the files must be one the Llama forward pass uses: an extra one (a bias, a layer
+    beyond num_hidden_layers, another model's head) means the model is not the one stagewise would run.
+    RoPE's `inv_freq` buffers, saved by older transformers, are derived from config.json and skipped."""
+    unused = sorted(name for name in unused if not name.endswith("rotary_emb.inv_freq"))
+    if unused:
+        shown = ", ".join(unused[:3]) + (f", ... ({len(unused)} in all)" if len(unused) > 3 else "")
+        raise StagewiseError(f"{path}: the weight files hold tensors a Llama of this config.json does not use: {shown}")
