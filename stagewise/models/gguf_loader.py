@@ -187,7 +187,9 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
     head = embed if config.tie_word_embeddings else get("output.weight", (config.vocab_size, hidden))
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("output_norm.weight", (hidden,))
-    unused = sorted(set(tensors) - used)  # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it
+    # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq in some old
+    # conversions) is derived from the metadata, so skipped
+    unused = sorted(n for n in set(tensors) - used if not n.endswith("attn_rot_embd"))
     if unused:
         shown = ", ".join(unused[:3]) + (f", ... ({len(unused)} in all)" if len(unused) > 3 else "")
         raise StagewiseError(f"{path}: the file holds tensors a Llama of this metadata does not use: {shown}")
