@@ -17,6 +17,7 @@ allowed range, before any request is queued.
 """
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from stagewise.errors import StagewiseError
@@ -33,11 +34,13 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds travel in an int64 tensor
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A Python or numpy integer (numpy registers its scalars with `numbers`), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_real(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A real number (int, float, numpy float or int), not a bool or a complex."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class SamplingParams:
     top_p: float = 1.0  # keep the smallest top set whose mass >= top_p, in (0, 1]; 1 = off
     min_p: float = 0.0  # drop tokens with prob < min_p * max prob, in [0, 1]; 0 = off
     repetition_penalty: float = 1.0  # > 0; > 1 discourages tokens already in prompt or output; 1 = off
-    seed: int | None = None  # per-request random seed; None = the engine picks one
+    seed: int | None = None  # per-request random seed; None (or -1, as in vLLM) = the engine picks one
     stop: tuple[str, ...] = ()  # stop strings: generation ends at the first one (a list is accepted)
     ignore_eos: bool = False  # keep generating past the end-of-sequence token (for benchmarks)
 
@@ -57,6 +60,8 @@ class SamplingParams:
             raise StagewiseError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise StagewiseError(f"top_k must be an int >= 1, or 0 / -1 for off, got {self.top_k!r}")
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))  # numpy ints become Python ints
+        object.__setattr__(self, "top_k", int(self.top_k))
         self._check_real("temperature", low=0.0, high=FLOAT32_MAX, low_open=False, high_open=False)
         self._check_real("top_p", low=0.0, high=1.0, low_open=True, high_open=False)
         self._check_real("min_p", low=0.0, high=1.0, low_open=False, high_open=False)
@@ -64,6 +69,8 @@ class SamplingParams:
         self._check_real("repetition_penalty", low=FLOAT32_TINY, high=FLOAT32_MAX, low_open=False, high_open=False)
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
             raise StagewiseError(f"seed must be None or an int in [-2**63, 2**63 - 1], got {self.seed!r}")
+        if self.seed is not None:  # -1 means "no seed" in vLLM: a fresh random draw per request
+            object.__setattr__(self, "seed", None if self.seed == -1 else int(self.seed))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
             raise StagewiseError(f"stop must be a list of non-empty strings, got {self.stop!r}")

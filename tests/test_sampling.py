@@ -293,3 +293,21 @@ def test_good_params_are_normalized():
     assert p.stop == ("###", "\n\n") and isinstance(p.temperature, float) and p.greedy
     assert SamplingParams(stop="END").stop == ("END",)
     assert not SamplingParams().greedy
+
+
+def test_numpy_scalars_are_numbers():
+    """Values computed with numpy (a sweep's np.linspace, an np.int64 seed) are accepted, stored as Python's."""
+    import numpy as np
+
+    p = SamplingParams(temperature=np.float32(0.7), top_p=np.float64(0.9), max_tokens=np.int64(5), top_k=np.int32(3),
+                       seed=np.int64(11))  # fmt: skip
+    assert (p.temperature, p.max_tokens, p.top_k, p.seed) == (pytest.approx(0.7), 5, 3, 11)
+    assert type(p.temperature) is float and type(p.max_tokens) is int and type(p.seed) is int
+    with pytest.raises(StagewiseError, match="max_tokens must be an int"):
+        SamplingParams(max_tokens=np.float64(5.0))
+
+
+def test_seed_minus_one_means_no_seed_as_in_vllm():
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-2).seed == -2
+    t = tensors([SamplingParams(seed=-1), SamplingParams(seed=-1)], seeds=[100, 200])
+    assert t.seeds.tolist() == [100, 200]  # each request gets the engine's own draw, like an unseeded one
