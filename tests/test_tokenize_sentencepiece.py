@@ -425,6 +425,30 @@ def test_generate_chat_with_a_sentencepiece_gguf(tmp_path, model_dir):
     assert plain.prompt_token_ids[0] == 1 and plain.prompt_token_ids.count(1) == 1  # add_bos for plain text
 
 
+def test_output_text_continues_the_prompt_with_its_space(tmp_path, model_dir):
+    """A SentencePiece output after visible prompt text keeps its first space, as vLLM's detokenizer does (it
+    decodes the output after the prompt's last tokens): prompt text + output text reads as the whole sequence,
+    and a stop string starting with a space can match the first word."""
+    from stagewise import LLM, SamplingParams
+
+    path = write_gguf(tmp_path / "m.gguf", hf_tiny_model(seed=12, vocab_size=VOCAB),
+                      write_tokenizer=gguf_tokenizer_writer(model_dir / "tokenizer.model"))  # fmt: skip
+    llm = LLM(model=str(path), device="cpu")
+    tok = llm.tokenizer
+    words = tok.encode("brown fox", add_special_tokens=False)  # the first piece starts with "▁": a word begins
+    assert tok.tokens[words[0]].startswith("\u2581")
+    req = llm.make_request("The quick", SamplingParams(max_tokens=4))
+    text = "".join(req.text_stream.push(t) for t in words) + req.text_stream.finish()
+    assert text == " brown fox" and req.prompt + text == tok.decode(req.prompt_token_ids + words, True)
+    first = tok.decode(words[:1], continuation=True)  # " b" or " brown": the first piece, its space first
+    assert first.startswith(" ") and len(first) > 1
+    stop = llm.make_request("The quick", SamplingParams(max_tokens=4, stop=[first]))
+    assert stop.text_stream.push(words[0]) == "" and stop.text_stream.stopped_by == first
+    out = llm.generate(["The quick"], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+    assert out.prompt + out.text == tok.decode(out.prompt_token_ids + out.token_ids, skip_special_tokens=True)
+    assert tok.decode(words, skip_special_tokens=True) == "brown fox"  # at a text's start the space is a prefix
+
+
 @pytest.mark.oracle
 def test_transformers_loads_the_same_gguf(tmp_path, model_dir):
     """transformers reads the SentencePiece GGUF too: same ids, same logits as stagewise."""

@@ -195,6 +195,9 @@ class LLM:
             )
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**63)
         tok = self.tokenizer
+        # After visible prompt text the output continues it: "Paris is" + " the" keeps its space (SentencePiece
+        # would drop it as a dummy prefix); after markers only (a bare bos) the output starts the text.
+        continuation = bool(tok.decode(ids[-8:], skip_special_tokens=True))
         return Request(
             request_id=f"req-{next(self._ids)}",
             prompt=text,
@@ -202,7 +205,9 @@ class LLM:
             params=params,
             seed=seed,
             arrival_time=arrival_time,
-            text_stream=TextStream(decode=lambda t: tok.decode(t, skip_special_tokens=True), stop=params.stop),
+            text_stream=TextStream(
+                decode=lambda t: tok.decode(t, skip_special_tokens=True, continuation=continuation), stop=params.stop
+            ),
         )
 
     def _requests(self, prompts, params, chat: bool) -> list[Request]:

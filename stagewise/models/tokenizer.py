@@ -334,10 +334,16 @@ class Tokenizer:
         """SentencePiece decoders drop the dummy prefix: one space at the start of the text."""
         return self.model == "llama" and self.space_prefix != "none"
 
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`: join the tokens' bytes, decode UTF-8 (broken bytes become U+FFFD), drop a dummy prefix."""
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False, continuation: bool = False) -> str:
+        """Text of `ids`: join the tokens' bytes, decode UTF-8 (broken bytes become U+FFFD), drop a dummy prefix.
+
+        `continuation`: the ids continue a text (a generated output after its prompt), so a leading
+        SentencePiece space is a real space between the prompt's last word and the output's first, kept
+        as vLLM keeps it (it decodes the output after the prompt's last tokens and subtracts their text).
+        """
         text = self._bytes_of(ids, skip_special_tokens).decode("utf-8", errors=self._utf8_errors)
-        return text[1:] if self.strips_leading_space and text.startswith(" ") else text
+        strip = self.strips_leading_space and not continuation
+        return text[1:] if strip and text.startswith(" ") else text
 
     def incremental_decoder(self, skip_special_tokens: bool = False) -> "IncrementalDecoder":
         return IncrementalDecoder(self, skip_special_tokens)
