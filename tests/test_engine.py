@@ -78,14 +78,15 @@ def test_stop_string_cuts_output(llms):
 def test_eos_stops_generation(llms):
     llm = llms["kv"]
     eos = llm.tokenizer.eos_id
+    stop = llm.tokenizer.stop_ids
     out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))[0]
     # Force EOS: a huge repetition penalty on everything but EOS is not available, so check the rule directly
     from stagewise.engine.request import FinishReason
 
     req = llm.make_request(PROMPTS[0], SamplingParams(max_tokens=10))
-    req.append_token(out.token_ids[0], eos, llm.max_model_len)
+    req.append_token(out.token_ids[0], stop, llm.max_model_len)
     assert req.finish_reason is None
-    req.append_token(eos, eos, llm.max_model_len)
+    req.append_token(eos, stop, llm.max_model_len)
     assert req.finish_reason == FinishReason.STOP and req.text_stream.text == llm.tokenizer.decode([out.token_ids[0]])
 
 

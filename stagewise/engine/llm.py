@@ -145,7 +145,7 @@ class LLM:
     def _paged_engine(self) -> PagedRunner:
         check_engine_memory(self.loaded, self.engine_config, self.max_model_len)
         try:
-            return PagedRunner(self.model, self.tokenizer.eos_id, self.max_model_len, self.engine_config)
+            return PagedRunner(self.model, self.tokenizer.stop_ids, self.max_model_len, self.engine_config)
         except (RuntimeError, MemoryError) as exc:  # the KV pool or block table does not fit in memory
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StagewiseError(
@@ -255,7 +255,7 @@ class LLM:
     def _stream_fresh_runner(self, requests: list[Request]):
         """Modes "naive" and "kv": a runner of its own for this call; nothing outlives it."""
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
-        eos = self.tokenizer.eos_id
+        eos = self.tokenizer.stop_ids  # every id that ends generation
         if self.mode == "naive":
             runner = RecomputeRunner(self.model, eos, self.max_model_len)
         else:

@@ -36,10 +36,10 @@ from stagewise.trace.hooks import active_tracer
 
 
 class PagedRunner:
-    def __init__(self, model: LlamaModel, eos_id: int | None, max_model_len: int, ecfg: EngineConfig):
+    def __init__(self, model: LlamaModel, stop_ids: frozenset[int], max_model_len: int, ecfg: EngineConfig):
         cfg = model.config
         self.model = model
-        self.eos_id = eos_id
+        self.stop_ids = stop_ids  # eos and the other end-of-sequence ids
         self.max_model_len = max_model_len
         num_blocks = num_blocks_for_budget(cfg, ecfg, max_model_len, model.dtype, model.device)
         self.cache = PagedKVCache(
@@ -143,7 +143,7 @@ class PagedRunner:
         results = []
         freed_before = self.block_manager.num_freed
         for req, token in zip(sampling, tokens):
-            delta = req.append_token(token, self.eos_id, self.max_model_len)
+            delta = req.append_token(token, self.stop_ids, self.max_model_len)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
                 self.cache.release_row(req.request_id)

@@ -21,9 +21,9 @@ from stagewise.models.llama import LlamaModel
 
 
 class RecomputeRunner:
-    def __init__(self, model: LlamaModel, eos_id: int | None, max_model_len: int):
+    def __init__(self, model: LlamaModel, stop_ids: frozenset[int], max_model_len: int):
         self.model = model
-        self.eos_id = eos_id
+        self.stop_ids = stop_ids  # eos and the other end-of-sequence ids
         self.max_model_len = max_model_len
         self.stats = RunStats()
 
@@ -52,7 +52,7 @@ class RecomputeRunner:
             results = []
             for r, token in zip(active, tokens):
                 r.num_computed_tokens = r.num_tokens  # everything was (re)computed this step
-                delta = r.append_token(token, self.eos_id, self.max_model_len)
+                delta = r.append_token(token, self.stop_ids, self.max_model_len)
                 if r.finish_reason is not None:
                     r.status = RequestStatus.FINISHED
                 results.append((r, token, delta))

@@ -69,7 +69,7 @@ class Request:
             self.seen[torch.tensor(self.all_token_ids, dtype=torch.long)] = True
         return self.seen
 
-    def append_token(self, token_id: int, eos_id: int | None, max_model_len: int) -> str:
+    def append_token(self, token_id: int, stop_ids: frozenset[int], max_model_len: int) -> str:
         """Record a sampled token; decide whether the request is finished; return new text."""
         now = time.perf_counter()
         self.output_token_ids.append(token_id)
@@ -77,7 +77,7 @@ class Request:
         if self.seen is not None:
             self.seen[token_id] = True
         params = self.params
-        is_eos = eos_id is not None and token_id == eos_id and not params.ignore_eos
+        is_eos = token_id in stop_ids and not params.ignore_eos  # eos, or another end-of-sequence id
         if is_eos:
             self.finish_reason = FinishReason.STOP
             return self.text_stream.finish()  # the EOS token itself adds no text

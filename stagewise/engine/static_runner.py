@@ -30,9 +30,9 @@ from stagewise.runtime import to_device
 
 
 class StaticBatchRunner:
-    def __init__(self, model: LlamaModel, eos_id: int | None, pad_id: int, max_model_len: int, max_num_seqs: int):
+    def __init__(self, model: LlamaModel, stop_ids: frozenset[int], pad_id: int, max_model_len: int, max_num_seqs: int):
         self.model = model
-        self.eos_id = eos_id
+        self.stop_ids = stop_ids  # eos and the other end-of-sequence ids
         self.pad_id = pad_id
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -143,7 +143,7 @@ class StaticBatchRunner:
         for b, token in zip(live, tokens):
             r = reqs[b]
             r.num_computed_tokens = r.num_tokens
-            delta = r.append_token(token, self.eos_id, self.max_model_len)
+            delta = r.append_token(token, self.stop_ids, self.max_model_len)
             if r.finish_reason is not None:
                 r.status = RequestStatus.FINISHED
             results.append((r, token, delta))

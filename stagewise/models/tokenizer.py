@@ -69,6 +69,9 @@ class Tokenizer:
     unk_id: int | None = None  # llama: the <unk> id, for characters without byte tokens
     space_prefix: str = "sentencepiece"  # llama: where the dummy "▁" goes (sp_stage.SPACE_PREFIXES)
     embedding_rows: int | None = None  # a model with more embedding rows than tokens: ids past the tokens have no text
+    # More ids that end generation besides eos_id: generation_config.json's eos_token_id list (Llama 3.1+:
+    # <|end_of_text|>, <|eom_id|>, <|eot_id|>), a GGUF's tokenizer.ggml.eot_token_id / eom_token_id.
+    extra_eos_ids: tuple[int, ...] = ()
 
     def __repr__(self) -> str:  # the dataclass default would print all 49152 tokens
         return (
@@ -92,6 +95,7 @@ class Tokenizer:
             value = getattr(self, name)
             if value is not None and not 0 <= value < len(self.tokens):
                 raise StagewiseError(f"{name} {value} is outside the vocabulary of {len(self.tokens)} tokens")
+        self.extra_eos_ids = checked_eos_ids(self.extra_eos_ids, len(self.tokens), "extra_eos_ids")
         if self.add_bos and self.bos_id is None:
             raise StagewiseError("add_bos is set but the tokenizer has no bos token")
 
@@ -118,6 +122,12 @@ class Tokenizer:
             "eos_id": read("tokenizer.ggml.eos_token_id"),
             "pad_id": read("tokenizer.ggml.padding_token_id"),
             "chat_template": read("tokenizer.chat_template"),
+            # llama.cpp ends generation on these too (end of turn, end of message: Llama 3's <|eot_id|>, <|eom_id|>)
+            "extra_eos_ids": tuple(
+                read(f"tokenizer.ggml.{k}_token_id")
+                for k in ("eot", "eom")
+                if read(f"tokenizer.ggml.{k}_token_id") is not None
+            ),
         }
         if model == "llama":
             return cls(model="llama", **common, **sentencepiece_files.from_gguf_fields(read, name))
@@ -146,15 +156,36 @@ class Tokenizer:
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
             if (path / "tokenizer.model").is_file():
-                return cls._sentencepiece(path, sentencepiece_files.read_model_proto(path / "tokenizer.model"))
+                fields = sentencepiece_files.read_model_proto(path / "tokenizer.model")
+                return cls._sentencepiece(path, fields).with_generation_config(path)
             raise StagewiseError(f"no tokenizer.json or tokenizer.model in {path}")
         spec = read_json_object(tokenizer_file)
         try:
-            return cls._from_tokenizer_json(path, tokenizer_file, spec)
+            tokenizer = cls._from_tokenizer_json(path, tokenizer_file, spec)
         except StagewiseError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:  # a field of the wrong shape
             raise StagewiseError(f"{tokenizer_file}: not a tokenizer file this loader understands ({exc!r})") from None
+        return tokenizer.with_generation_config(path)
+
+    def with_generation_config(self, path: Path) -> "Tokenizer":
+        """Add `generation_config.json`'s end-of-sequence ids (an int or a list), as transformers and vLLM stop on
+        every one of them: Llama 3.1 Instruct lists <|end_of_text|>, <|eom_id|> and <|eot_id|>."""
+        config_file = path / "generation_config.json"
+        if not config_file.is_file():
+            return self
+        listed = read_json_object(config_file).get("eos_token_id")
+        listed = [listed] if isinstance(listed, int) and not isinstance(listed, bool) else listed
+        if listed is None:
+            return self
+        ids = checked_eos_ids(listed, len(self.tokens), f"{config_file}: eos_token_id")
+        self.extra_eos_ids = tuple(dict.fromkeys((*self.extra_eos_ids, *(i for i in ids if i != self.eos_id))))
+        return self
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Every id that ends generation: eos_id and the extra end-of-sequence ids."""
+        return frozenset(([] if self.eos_id is None else [self.eos_id]) + list(self.extra_eos_ids))
 
     @classmethod
     def _from_tokenizer_json(cls, path: Path, tokenizer_file: Path, spec: dict) -> "Tokenizer":
@@ -232,7 +263,8 @@ class Tokenizer:
         return dataclasses.replace(base, tokens=base.tokens + fillers)
 
     def save_hf_dir(self, path: str | Path) -> Path:
-        """Write `tokenizer.json` (from the Rust tokenizer) and `tokenizer_config.json` into `path`."""
+        """Write `tokenizer.json` (from the Rust tokenizer) and `tokenizer_config.json` into `path` (and
+        `generation_config.json` when there are more end-of-sequence ids than eos)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.rust.save(str(path / "tokenizer.json"))
@@ -250,6 +282,9 @@ class Tokenizer:
         }
         config_text = json.dumps(config, indent=2, ensure_ascii=False)
         (path / "tokenizer_config.json").write_text(config_text, encoding="utf-8")
+        if self.extra_eos_ids:  # where transformers keeps the other end-of-sequence ids
+            eos = [self.eos_id, *self.extra_eos_ids] if self.eos_id is not None else list(self.extra_eos_ids)
+            (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}, indent=2))
         return path
 
     # ---- derived lookups, built on first use ---------------------------------------------
@@ -435,6 +470,16 @@ def _read_hf_config(path: Path) -> tuple[dict, str | None]:
         named = {entry["name"]: entry["template"] for entry in template}
         template = named.get("default", next(iter(named.values()), None))
     return config, template
+
+
+def checked_eos_ids(ids, vocab_size: int, where: str) -> tuple[int, ...]:
+    """A list of end-of-sequence ids: ints inside the vocabulary, else one line naming `where`."""
+    if not isinstance(ids, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise StagewiseError(f"{where} must be an int or a list of ints, got {ids!r}")
+    outside = [i for i in ids if not 0 <= i < vocab_size]
+    if outside:
+        raise StagewiseError(f"{where}: {outside[0]} is outside the vocabulary of {vocab_size} tokens")
+    return tuple(ids)
 
 
 def check_named_tokens(names: dict, lookup: dict, where: Path) -> None:
