@@ -84,10 +84,15 @@ def model_header(model: dict) -> Text:
     )
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _step_title(step: StepRecord) -> Text:
     phases = sorted({r["phase"] for r in step.requests if r["num_scheduled"]})
     return Text.from_markup(
-        f"[bold magenta]step {step.index}[/] · {step.num_tokens} tokens from {len(step.requests)} requests "
+        f"[bold magenta]step {step.index}[/] · {_count(step.num_tokens, 'token')} from "
+        f"{_count(len(step.requests), 'request')} "
         f"· {', '.join(phases)} · {step.dur_us / 1000:.1f} ms"
     )
 
