@@ -126,3 +126,14 @@ def test_bad_mode_and_backend(tiny):
         LLM(tiny, backend="cuda-magic")
     with pytest.raises(StagewiseError, match="unknown stage"):
         LLM(tiny, stage_backends={"softmax": "naive"})
+
+
+def test_earliest_stop_string_wins_when_two_complete_on_one_token():
+    """Pieces "x", "ab" with stop ("b", "a"): the text ends before the first stop string in it, "a"."""
+    from stagewise.engine.text_stream import TextStream
+
+    pieces = {0: "x", 1: "ab"}
+    stream = TextStream(decode=lambda ids: "".join(pieces[i] for i in ids), stop=("b", "a"))
+    assert stream.push(0) == "x"  # not the start of any stop string: settled at once
+    assert stream.push(1) == ""
+    assert (stream.text, stream.stopped_by) == ("x", "a")
