@@ -4,7 +4,10 @@ Triton backend gives the naive backend's greedy tokens.
 
 Decode at batch 1 reads every weight once per token, so its floor is
 
-    t_token >= weight bytes / HBM bandwidth        (Llama-3-8B bf16: 16 GB / 4.3 TB/s = 3.7 ms)
+    t_token >= weight bytes / HBM bandwidth        (Llama-3-8B bf16: 15.0 GB / 4.07 TB/s = 3.69 ms)
+
+(15.0 GB: the weights one decode token streams, the embedding table excepted, of the 16.06 GB in
+memory; 4.07 TB/s: an H200's measured copy bandwidth, which the check measures on the machine it runs on).
 
 and `decode_speed` reports the measured time per token as a share of that floor.
 `step_profile` runs decode steps under the PyTorch profiler: the sum of GPU

@@ -241,7 +241,8 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
                     "repeat": rep,
                     "ttft_ms": 1000 * m.ttft,
                     "latency_s": m.latency,
-                    "tokens_per_s": length / m.latency,
+                    "tokens_per_s": length / m.latency,  # throughput of the request, TTFT included
+                    "tps": m.tps,  # the seeds' TPS: 1 / mean(TBT)
                     "tbt_ms": [round(1000 * g, 4) for g in m.tbt],
                 }
             )
@@ -285,6 +286,7 @@ def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
                 "tbt_ms": statistics.median(statistics.median(r["tbt_ms"]) for r in rs),
                 "latency_s": statistics.median(r["latency_s"] for r in rs),
                 "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                "tps": statistics.median(r["tps"] for r in rs),
             }
         gaps = [r["tbt_ms"] for r in runs if r["mode"] == mode and r["output_tokens"] == longest]
         ms = [statistics.median(col) for col in zip(*gaps)]  # per position, the median over repeats
@@ -312,7 +314,8 @@ def modes_table(result: dict):
     from rich.table import Table
 
     table = Table(title=f"naive vs kv vs paged — prompt of {result['prompt_tokens']} tokens (medians)")
-    cols = ["mode", "output tokens", "TTFT ms", "ms/token (TBT)", "tokens/s", "total s", "vs naive"]
+    cols = ["mode", "output tokens", "TTFT ms", "ms/token (TBT)", "TPS (1/TBT)", "tokens/s (n/latency)", "total s",
+            "vs naive"]  # fmt: skip
     stream = result.get("weight_streaming")
     has_hf = "transformers" in result["summary"]
     cols += ["TBT / stream"] * bool(stream) + ["vs transformers"] * has_hf
@@ -330,6 +333,7 @@ def modes_table(result: dict):
                 length,
                 f"{s['ttft_ms']:.1f}",
                 f"{s['tbt_ms']:.2f}",
+                f"{s['tps']:.1f}",
                 f"{s['tokens_per_s']:.1f}",
                 f"{s['latency_s']:.2f}",
                 speedup,

@@ -2,10 +2,12 @@
 
 Metrics follow the seeds' definitions (chapter 4):
 
-    TTFT     = first token time - arrival time            (the prefill)
-    TBT      = time between consecutive output tokens      (each decode step)
-    latency  = last token time - arrival time  ==  TTFT + (n - 1) * mean(TBT)
-    tokens/s = output tokens / latency
+    TTFT       = first token time - arrival time            (the prefill)
+    TBT        = time between consecutive output tokens      (each decode step)
+    TPS        = 1 / mean(TBT)                               (how fast the text streams out)
+    latency    = last token time - arrival time  ==  TTFT + (n - 1) * mean(TBT)
+    throughput = output tokens / latency                     (one request: TTFT included, so below TPS;
+                                                              a run: all output tokens / its wall time)
 """
 
 import statistics
@@ -27,12 +29,14 @@ class RequestMetrics:
     tbt_p50: float  # median of tbt
     tbt_p99: float  # 99th percentile of tbt
     latency: float  # finish_time - arrival_time
-    tokens_per_s: float  # output tokens / latency
+    tokens_per_s: float  # output tokens / latency: the request's throughput, TTFT included (not TPS)
+    tps: float  # 1 / mean(TBT), the seeds' TPS: tokens per second once decoding runs (0 with a single token)
 
     @staticmethod
     def of(req: Request) -> "RequestMetrics":
         times = req.token_times
         tbt = tuple(b - a for a, b in zip(times, times[1:]))
+        tbt_mean = statistics.fmean(tbt) if tbt else 0.0
         latency = times[-1] - req.arrival_time
         return RequestMetrics(
             arrival_time=req.arrival_time,
@@ -42,11 +46,12 @@ class RequestMetrics:
             queue_time=(req.first_scheduled_time or times[0]) - req.arrival_time,
             ttft=times[0] - req.arrival_time,
             tbt=tbt,
-            tbt_mean=statistics.fmean(tbt) if tbt else 0.0,
+            tbt_mean=tbt_mean,
             tbt_p50=percentile(tbt, 50),
             tbt_p99=percentile(tbt, 99),
             latency=latency,
             tokens_per_s=len(times) / latency if latency > 0 else float("inf"),
+            tps=1 / tbt_mean if tbt_mean > 0 else 0.0,
         )
 
 
@@ -111,11 +116,12 @@ def run_summary(requests: list[Request], stats) -> dict:
         "steps": stats.steps,
         "tokens_computed": stats.tokens_computed,
         "padding_tokens": stats.padding_tokens,
-        "kv_cache_MB": round(stats.kv_cache_bytes / 2**20, 2),
+        "kv_cache_MiB": round(stats.kv_cache_bytes / 2**20, 2),
         "kv_blocks_peak": max(stats.blocks_in_use, default=None),
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 3),
         "ttft_ms": round(1000 * statistics.fmean(m.ttft for m in metrics), 2) if metrics else None,
         "tbt_ms": round(1000 * statistics.fmean(tbt), 2) if tbt else None,
-        "output_tokens_per_s": round(out_tokens / (end - start), 2) if end > start else None,
+        "tps": round(1 / statistics.fmean(tbt), 2) if tbt and statistics.fmean(tbt) > 0 else None,  # 1 / TBT
+        "output_tokens_per_s": round(out_tokens / (end - start), 2) if end > start else None,  # throughput
     }

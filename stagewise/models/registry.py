@@ -147,11 +147,12 @@ def load_model(
         # Token ids only need a tokenizer; shapes come from the preset. Use the default model's
         # tokenizer when it is installed, else the tiny one (ids are valid rows either way).
         try:
-            tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
+            tokenizer, tokenizer_name = Tokenizer.from_gguf(smollm2_gguf_path()), "SmolLM2's tokenizer"
         except StagewiseError:
-            tokenizer = Tokenizer.tiny()
+            tokenizer, tokenizer_name = Tokenizer.tiny(), "the tiny tokenizer"
         weights = empty_weights(config, device="meta", dtype=dtype)
-        return LoadedModel(config, weights, tokenizer, f"{name} (shape only, meta device)", torch.device("meta"), dtype)
+        source = f"{name} (shape only, meta device; token ids from {tokenizer_name})"
+        return LoadedModel(config, weights, tokenizer, source, torch.device("meta"), dtype)
     device = parse_device(device)
     if dtype is None:
         dtype = default_dtype(device)
