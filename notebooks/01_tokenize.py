@@ -363,7 +363,10 @@ plt.show()
 #    first), not by a merge list;
 # 3. a character the vocabulary lacks falls back to its UTF-8 **bytes**, one
 #    `<0xNN>` token each — so, as with byte-level BPE, nothing is unknown;
-# 4. decoding turns `▁` back into spaces and drops the dummy prefix.
+# 4. decoding turns `▁` back into spaces and drops the dummy prefix. An LLM
+#    output that continues a prompt keeps that space, as the gap between the
+#    prompt's last word and the output's first (`tok.decode(ids,
+#    continuation=True)`; this is what `LLM` does for outputs, as vLLM does).
 #
 # We train a small SentencePiece BPE on the same corpus with the `sentencepiece`
 # package (a development dependency of stagewise, installed by `make install`;
@@ -398,6 +401,9 @@ if spm is not None:
     assert sp_ids == STAGES["tokenize"].optimized(text=text, tokenizer=sp_tok).tolist() == reference
     decoded = sp_tok.decode(sp_ids, skip_special_tokens=True)
     print("naive == Rust == sentencepiece's own encoder; decoded:", repr(decoded))
+    output = sp_tok.encode("ate a", add_special_tokens=False)  # as if the model generated " ate a"
+    print("an output on its own:", repr(sp_tok.decode(output)), " continuing a prompt:",
+          repr(sp_tok.decode(output, continuation=True)))
 
 # %% [markdown]
 # `<s>` is the beginning-of-sequence token SentencePiece models add; words
@@ -421,8 +427,8 @@ if spm is not None:
 #
 # Each task has a stub to fill in and a check cell below it. The check runs your
 # function and the package's reference on fresh inputs (the `tiny` model's
-# 512-token vocabulary) and prints **PASS**, **FAIL** with the first mismatch, or
-# **not yet**. Solutions: `notebooks/solutions/nb01.py`.
+# vocabulary, `Tokenizer.tiny()`) and prints **PASS**, **FAIL** with the first
+# mismatch, or **not yet**. Solutions: `notebooks/solutions/nb01.py`.
 #
 # **1. The merge loop.** Write BPE's apply loop: given a list of symbols and
 # `merge_ranks` (pair -> rank), repeatedly find the adjacent pair with the

@@ -297,9 +297,10 @@ print(f"naive rmsnorm costs {norm_ms / copy_ms:.1f} copies; the fused kernel's f
 # with depth (the cell prints by how much); the norm's output stays in a
 # narrow band set by the learned weights (the attention and FFN norms alternate; the final norm's
 # weight is larger). Token 0 is special: the first position of a sequence develops a
-# **massive activation** (hundreds of times the others) in a few dimensions —
-# the "attention sink" that many models learn. RMSNorm is what keeps those
-# rows from blowing up the next matmul.
+# **massive activation** (its RMS peaks at the multiple of the other tokens'
+# median that the cell prints) in a few dimensions — the "attention sink" that
+# many models learn. RMSNorm is what keeps those rows from blowing up the next
+# matmul.
 #
 # Right: the same residual RMS per token and layer (log colour scale).
 
@@ -313,6 +314,10 @@ out_lo, out_hi = float(after.median(dim=1).values.min()), float(after.median(dim
 print(f"residual stream RMS, first norm -> final norm: x{growth_median:,.0f} for the median token, "
       f"up to x{growth_sink:,.0f} for token 0")
 print(f"the norms' outputs (median token): RMS between {out_lo:.2f} and {out_hi:.2f}, whatever the input's scale")
+sink_ratio = before[:, 0] / before[:, 1:].median(dim=1).values  # token 0 over the other tokens' median, [61]
+peak = int(sink_ratio.argmax())
+print(f"token 0's residual RMS peaks at x{float(sink_ratio[peak]):,.0f} the other tokens' median (norm call {peak}, "
+      f"layer {peak // 2})")
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
 calls = np.arange(len(recorder.calls)) / 2  # two norms per layer: call i sits at layer i / 2

@@ -110,9 +110,10 @@ assert torch.allclose(pair0[1], torch.tensor([np.cos(1.0), np.sin(1.0)], dtype=t
 # %% [markdown]
 # ## Check: the score depends only on the distance
 #
-# Take a real query and key (layer 0, head 0, of a prompt's first token) and
-# place them at every pair of positions `(m, n)`. The score `rot(q, m) .
-# rot(k, n)` should be the same for every pair with the same `m - n`.
+# Take a real query and key (layer 0, head 0, of the prompt's second token,
+# `" capital"`) and place them at every pair of positions `(m, n)`. The score
+# `rot(q, m) . rot(k, n)` should be the same for every pair with the same
+# `m - n`.
 
 # %%
 ids = torch.tensor(tok.encode("The capital of France is"))
@@ -250,7 +251,7 @@ for name, t in timings.items():
 #
 # **Left — the rotation.** Pair 0 and pair 8 of the unit vector above, as the
 # position goes 0..23. Pair 0 (1 radian per token) goes round the circle
-# almost four times; pair 8 (`f_8`) creeps along an arc. The length never
+# the number of times the cell prints; pair 8 (`f_8`) creeps along an arc. The length never
 # changes: RoPE only rotates.
 #
 # **Middle — the score depends on `m - n` only.** `rot(q, m) . rot(k, n)` for
@@ -263,6 +264,10 @@ for name, t in timings.items():
 # from row to row; right columns (slow pairs) barely change over 512 tokens.
 
 # %%
+for i in (0, 8):
+    turns = (num_pos - 1) * float(inv_freq[i]) / (2 * np.pi)
+    print(f"pair {i}, positions 0..{num_pos - 1}: {turns:.2f} turns of the circle")
+
 fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 5))
 circle = np.linspace(0, 2 * np.pi, 200)
 left.plot(np.cos(circle), np.sin(circle), color="lightgray")

@@ -371,8 +371,8 @@ for T in lengths:
 # **Memory.** Per layer, the naive path holds `S` and `P`: `2 x H x T^2`
 # float32 numbers. FlashAttention holds just `Q, K, V, out`: `(2H + 2Hkv)
 # x d x T` numbers. Left: SmolLM2 (float32 here); right: Llama 3 8B in bf16
-# with its 32 heads. The score matrices soon outgrow the whole model's weights
-# (the dashed line; the cell prints where). That is the "memory wall"
+# (the cell prints both models' head shapes). The score matrices soon outgrow
+# the whole model's weights (the dashed line; the cell prints where). That is the "memory wall"
 # FlashAttention breaks: O(N^2) -> O(N) *extra memory*. Its traffic is the next
 # section.
 
@@ -381,6 +381,8 @@ Ts = np.logspace(7, 17, 41, base=2)  # 128 .. 131072 tokens
 fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
 for ax, (name, elem) in zip(axes[:2], [("smollm2-135m", 4), ("llama-3-8b", 2)]):
     c = PRESETS[name]
+    print(f"{name}: H = {c.num_heads} query heads, Hkv = {c.num_kv_heads} KV heads, "
+          f"G = {c.num_heads // c.num_kv_heads}, d = {c.head_dim}")
     naive_bytes = 2 * c.num_heads * Ts**2 * 4  # S and P, float32 scores
     flash_bytes = (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim * Ts * elem  # Q, K, V, out
     weights_bytes = c.num_parameters() * elem
@@ -422,10 +424,11 @@ plt.show()
 #   loop bounds: a tile whose last query is `i` loads keys `0..i`, in whole
 #   `BLOCK_N` tiles).
 #
-# The tile sizes are the launcher's own (`flash_attention_plan`): on this
-# machine the interpreter's; on an H100 (sm_90) in bf16 the autotuner picks
-# among candidates, we count the smallest and the largest `BLOCK_M` it may
-# choose. Left: SmolLM2's heads; right: Llama 3 8B's (d = 128, G = 4).
+# The tile sizes are the launcher's own (`flash_attention_plan`): the CPU
+# interpreter's, and, on an H100 (sm_90) in bf16, where the autotuner picks
+# among candidates, the smallest and the largest `BLOCK_M` it may choose.
+# Left: SmolLM2's heads; right: Llama 3 8B's (its `d` and `G`, printed above,
+# are both larger).
 
 # %%
 def tiled_bytes_moved(T: int, c, block_m: int, block_n: int, elem: int) -> int:

@@ -116,11 +116,14 @@ assert torch.allclose(gate_up, two, rtol=1e-5, atol=1e-5)
 #
 # `silu(g) = g * sigmoid(g)`: close to 0 for very negative `g`, close to `g`
 # for large positive `g`, smooth in between (with a small dip below zero,
-# minimum -0.278 at g = -1.278). In SwiGLU the activated gate *multiplies* the
+# whose minimum the cell below prints). In SwiGLU the activated gate *multiplies* the
 # "up" projection elementwise: the gate decides, per feature, how much of `up`
 # passes. Worked example:
 
 # %%
+g_grid = torch.linspace(-3, 0, 30001, dtype=torch.float64)
+silu_grid = torch.nn.functional.silu(g_grid)
+print(f"silu's dip: minimum {silu_grid.min():.3f} at g = {g_grid[silu_grid.argmin()]:.3f}")
 tiny = torch.tensor([[-4.0, -1.0, 0.0, 2.0, 1.0, 1.0, 1.0, 3.0]])  # gate = first 4, up = last 4
 print("silu(gate)      ", torch.nn.functional.silu(tiny[:, :4]).numpy().round(4))
 print("silu(gate) * up ", silu_and_mul_naive(tiny).numpy().round(4))  # [1, 8] -> [1, 4]
@@ -213,7 +216,7 @@ for num_tokens in [1, prefill_tokens]:
 # byte: its speed is a bandwidth, and its GFLOP/s are low. In prefill the same
 # GEMMs reach several times more GFLOP/s, because every weight loaded serves T
 # tokens. (Timing one layer's weights over and over — the size is printed
-# below — lets the CPU's caches hold them, which flatters the decode bandwidth
+# above — lets the CPU's caches hold them, which flatters the decode bandwidth
 # here; in a real decode step the weights of every layer stream through in
 # turn.) `silu_and_mul` is
 # a small share of the time, but its FLOPs per byte never improve with T: on
@@ -328,6 +331,8 @@ for n in contexts:
         f"context {n:5}: FFN = {flop_shares[-1]['FFN']:.0%} of prefill FLOPs, "
         f"{byte_shares[-1]['FFN']:.0%} of decode bytes (per layer)"
     )
+print(f"GQA: {cfg.num_heads} query heads share {cfg.num_kv_heads} KV heads, "
+      f"so the KV cache is {cfg.num_heads // cfg.num_kv_heads}x smaller than with one KV head per query head")
 
 # cross-check against the package's calculator: all layers' matmuls for one token, LM head excluded
 head = 2 * cfg.vocab_size * hidden
@@ -347,7 +352,8 @@ assert linear_flops(cfg, num_tokens=1).value - head == 2 * per_layer_w * cfg.num
 # weights of a layer are mostly FFN (the share is printed above). As the context grows,
 # attention's share grows (its work per token is proportional to the
 # context), and in decode the KV cache bytes join the weights; GQA (notebook
-# 03) is what keeps that slice from being 3x larger.
+# 03) is what keeps that slice from being `num_heads / num_kv_heads` times
+# larger (printed above).
 
 # %%
 fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 4.8))

@@ -244,13 +244,15 @@ for mode, fit in fits.items():
 # with attention over N keys. The ratio is the speed-up the cache can give.
 
 # %%
-grid = [2**i for i in range(3, 14)]  # 8 .. 8192 tokens (SmolLM2's context limit)
+context_limit = cfg.max_position_embeddings  # the longest sequence the model was trained for
+grid = [2**i for i in range(3, context_limit.bit_length())]  # 8 .. the context limit, powers of two
+print(f"SmolLM2's context limit: {context_limit:,} tokens; N = {grid[0]} .. {grid[-1]:,}")
 hw = HARDWARE["h100"]  # the FLOP counts do not depend on the hardware
 steps = [analyze(cfg, hw, context=n, batch=1, dtype="fp32") for n in grid]
 naive_flops = [s.naive.flops.value for s in steps]
 cached_flops = [s.decode.flops.value for s in steps]
 for n, a, b in zip(grid, naive_flops, cached_flops):
-    if n in (8, 64, 512, 4096, 8192):
+    if n in (8, 64, 512, 4096, grid[-1]):
         print(f"N={n:>5}: naive {a / 1e9:9.2f} GFLOP, cached {b / 1e9:6.3f} GFLOP, ratio {a / b:7.0f}x")
 
 

@@ -25,12 +25,12 @@
 # request can fail to fit even when enough bytes are free in total.
 #
 # vLLM's answer (the seeds' "Paged Attention", borrowed from virtual memory):
-# cut the KV memory into fixed-size **blocks** of `block_size` tokens (16 by
-# default) and hand them out **one at a time, as tokens arrive**. A request
-# owns a list of block ids — its row of the **block table** — that can sit
-# anywhere in the pool, in any order. Memory is allocated at token
-# granularity (rounded up to a block), so a request wastes at most
-# `block_size - 1` slots.
+# cut the KV memory into fixed-size **blocks** of `block_size` tokens
+# (`EngineConfig().block_size` by default, printed below) and hand them out
+# **one at a time, as tokens arrive**. A request owns a list of block ids —
+# its row of the **block table** — that can sit anywhere in the pool, in any
+# order. Memory is allocated at token granularity (rounded up to a block), so
+# a request wastes at most `block_size - 1` slots.
 #
 #     kv cache:    [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
 #     block_table: [max_num_reqs, max_num_blocks_per_req]     (physical block ids)
@@ -38,7 +38,7 @@
 #     block_id   = slot // block_size,   offset = slot % block_size
 #
 # The trade-off the seeds name: reads through a block table are no longer one
-# contiguous stream (a kernel jumps between blocks), but inside a block the 16
+# contiguous stream (a kernel jumps between blocks), but inside a block the
 # tokens are contiguous, and losing a little bandwidth is far better than
 # running out of memory.
 #
@@ -80,8 +80,9 @@ cfg, tok = loaded.config, loaded.tokenizer
 # memory budget.
 
 # %%
-BLOCK = 16
+BLOCK = EngineConfig().block_size  # the engine's default block size
 NUM_BLOCKS = 14
+print(f"default block_size: {BLOCK} tokens")
 ecfg = EngineConfig(
     max_num_seqs=4, max_num_batched_tokens=128, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=256
 )
@@ -349,7 +350,7 @@ static_label = "static: longest prompt + largest max_tokens"
 ax.bar(x + 0.27, [static_slots_per_row] * len(order), 0.27, label=static_label, color="tab:blue")
 ax.set_xticks(x, order)
 ax.set_ylabel("KV slots (tokens)")
-ax.set_title("memory each request holds: paged wastes < 16 slots, static reserves for the worst case")
+ax.set_title(f"memory each request holds: paged wastes < {BLOCK} slots, static reserves for the worst case")
 ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()

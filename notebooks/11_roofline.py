@@ -59,6 +59,7 @@ from stagewise.bench.hardware import HARDWARE, probe_this_machine
 from stagewise.bench.timing import stream_timed
 from stagewise.bench.workloads import single_prompt
 from stagewise.config import PRESETS
+from stagewise.models.llama import LlamaModel
 from stagewise.models.registry import load_model
 from stagewise.stages.gemm import BUCKET_M, CPU_FORMS
 
@@ -283,8 +284,8 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # table (framework overhead, imperfect GEMMs, anything else the machine was
 # doing meanwhile). A measured point *above* the roof means the
 # roof is wrong: the probe's short GEMMs underestimated the machine's peak
-# (its largest CPU GEMM is 1024 x 1024, timed in a few milliseconds), while
-# the model's prefill runs larger, longer matmuls. Measuring the machine is a
+# (its CPU GEMMs are small and briefly timed), while the model's prefill
+# runs larger, longer matmuls. Measuring the machine is a
 # measurement too, with its own error bars.
 #
 # ### Eight decode rows for the price of one?
@@ -303,7 +304,8 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 stream_ms = 1e3 * llm.model.weights.decode_bytes() / here.memory_bandwidth  # the slope's time for these weights
 print(f"reading the projection weights once at the probed bandwidth: {stream_ms:.1f} ms")
 if not CPU_FORMS.measured_ms:
-    print("(no calibration in this process: it runs for a CPU model of 64 MB or more with PyTorch projections)")
+    print(f"(no calibration in this process: it runs for a CPU model whose projection weights are "
+          f"{LlamaModel.CALIBRATE_BYTES / 2**20:.0f} MiB or more, with PyTorch projections)")
 for bucket, times in CPU_FORMS.measured_ms.items():
     forms = ", ".join(f"{form} {ms:.1f} ms ({ms / stream_ms:.1f}x)" for form, ms in times.items())
     print(f"M = {BUCKET_M[bucket]:2d} rows: {forms}  -> uses {CPU_FORMS.chosen[bucket]}")

@@ -193,7 +193,8 @@ for block_n in (1, 7, 16, 64, 100):
 # what to look at, a check against the naive stage on small irregular shapes
 # (the interpreter runs every program instance in Python: tiny shapes only)
 # and, when the project's GPU results are committed, what the kernel measured
-# there.
+# there: a reference run on another machine (the committed one is an NVIDIA
+# H200), not on the machine running this notebook.
 
 # %%
 ROOT = Path(stagewise.__file__).resolve().parents[1]
@@ -217,6 +218,7 @@ def on_gpu(kernel: str) -> None:
     """What the committed device checks measured for this kernel family (nothing when none is committed)."""
     for name, run in DEVICE_RUNS.items():
         gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
+        print(f"reference run on another machine ({gpu}, benchmarks/results/{name}), not this one:")
         for row in run["sections"].get("kernels", {}).get("rows", []):
             if not row["kernel"].startswith(kernel) or "error" in row:
                 continue
@@ -228,7 +230,8 @@ def on_gpu(kernel: str) -> None:
                 what = f"{row['triton_ms']:.3f} ms vs {row['stock']} {row['stock_ms']:.3f} ms ({ratio:.2f}x its speed)"
             print(f"{gpu}, {row['dtype']}, {row['shape']}: {what}")
     if not DEVICE_RUNS:
-        print("no device check committed: on this machine the kernel can be checked, not timed")
+        print("no device check committed: " + ("time the kernel on this GPU (section 5)" if ON_GPU
+              else "without a GPU, this machine can check the kernel, not time it"))
 
 
 # %% [markdown]
@@ -558,7 +561,7 @@ show(split_k._split_k_reduce_kernel, start="token = tl.program_id(0)")
 # When does the launcher split? `choose_num_splits` aims at a few programs
 # per SM and enough keys per split to pay for the merge; here are its choices for
 # decodes of 8 KV heads (Llama 3 8B) on a GPU of the committed device check's
-# SM count, and on this machine:
+# SM count (the reference run's GPU, not this machine's), and on this machine:
 
 # %%
 sms = next((r["sections"]["env"]["gpu"]["sms"] for r in DEVICE_RUNS.values()), 132)  # else an H100 SXM's count
@@ -820,10 +823,13 @@ else:
 #
 # A GPU is not always at hand, so the project keeps the results of its device
 # check (`bash benchmarks/gpu/run.sh`, see `benchmarks/gpu/README.md`) in
-# `benchmarks/results/<gpu>/device_check.json`. Each kernel is timed from a
-# replayed CUDA graph (GPU time, without Python's launch cost) at Llama-3-8B
-# shapes in bfloat16, with inputs larger than the GPU's L2 cache, and compared
-# with what it should be compared with:
+# `benchmarks/results/<gpu>/device_check.json`. These are a reference run on
+# another machine (the committed one is an NVIDIA H200; the cell prints the
+# GPU's name), not measurements of the machine running this notebook. Each
+# kernel is timed from a replayed CUDA graph (GPU time, without Python's
+# launch cost) at Llama-3-8B and SmolLM2 shapes in bfloat16, with inputs
+# larger than the GPU's L2 cache, and compared with what it should be
+# compared with:
 #
 # * a **memory-bound** kernel (RMSNorm, RoPE, silu_and_mul, embedding, KV store,
 #   paged decode attention) with the GPU's own device-to-device copy bandwidth —
@@ -842,6 +848,7 @@ for path in checks:
     env = run["sections"].get("env", {})
     gpu = (env.get("gpu") or {}).get("name", path.parent.name)
     copy_gbs = env.get("copy", {}).get("gb_per_s")
+    print(f"reference run on another machine, {gpu} (benchmarks/results/{path.parent.name}), not this one")
     print(f"{gpu}: copy bandwidth {copy_gbs:,.0f} GB/s; bf16 torch.matmul {env['matmul_bf16']['tflops']:,.0f} TFLOP/s")
     for row in run["sections"].get("kernels", {}).get("rows", []):
         if "error" in row:
@@ -871,7 +878,8 @@ if measured:
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlabel("fraction of the ceiling (blue: copy bandwidth, orange: vendor library)")
     ax.invert_yaxis()
-    ax.set_title(f"Triton kernels on {measured[0][0]}, bfloat16, Llama-3-8B / SmolLM2 shapes")
+    ax.set_title(f"Triton kernels on {measured[0][0]} (reference run, not this machine), bfloat16, "
+                 "Llama-3-8B / SmolLM2 shapes")
     plt.tight_layout()
     plt.show()
 

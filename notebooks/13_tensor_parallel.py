@@ -50,12 +50,14 @@ QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 # %% [markdown]
 # ## 1. Why one device is not enough
 #
-# The seeds' model: Llama 3.1 405B, 126 layers, hidden 16384, 128 query heads,
-# 8 KV heads. In bf16 its weights alone outweigh any one GPU; here they are
-# against an H100 and an H200:
+# The seeds' model: Llama 3.1 405B (its shape printed below). In bf16 its
+# weights alone outweigh any one GPU; here they are against an H100 and an
+# H200:
 
 # %%
 l405 = PRESETS["llama-3-405b"]
+print(f"Llama 3.1 405B: {l405.num_layers} layers, hidden {l405.hidden_size}, {l405.num_heads} query heads, "
+      f"{l405.num_kv_heads} KV heads")
 for hw in (HARDWARE["h100"], HARDWARE["h200"]):
     a = analyze(l405, hw, context=8192, batch=1, dtype="bf16")
     print(f"{hw.name:>10}: weights {human(a.weight_bytes):>10} vs memory {hw.memory_bytes / 1e9:.0f} GB "
@@ -120,16 +122,20 @@ def draw(ax, title, width, height, spans, by_columns):
 q_spans = [(p.q_heads.start * d, p.q_heads.stop * d, p.rank) for p in plans]
 k_spans = [(smol.q_size + p.kv_heads.start * d, smol.q_size + p.kv_heads.stop * d, p.rank) for p in plans]
 v_spans = [(a + smol.kv_size, b + smol.kv_size, r) for a, b, r in k_spans]
-draw(axes[0], "w_qkv [576, 960]: columns by head\n(Q | K | V)", smol.qkv_size, hid, q_spans + k_spans + v_spans, True)
-draw(axes[1], "w_o [576, 576]: rows by head", hid, smol.q_size, q_spans, False)
+qkv_title = f"w_qkv [{hid}, {smol.qkv_size}]: columns by head\n(Q | K | V)"
+draw(axes[0], qkv_title, smol.qkv_size, hid, q_spans + k_spans + v_spans, True)
+draw(axes[1], f"w_o [{smol.q_size}, {hid}]: rows by head", hid, smol.q_size, q_spans, False)
 gu = [(p.inter.start, p.inter.stop, p.rank) for p in plans]
 gate_up_spans = gu + [(a + inter, b + inter, r) for a, b, r in gu]
-draw(axes[2], "w_gate_up [576, 3072]: columns\n(gate | up)", 2 * inter, hid, gate_up_spans, True)
-draw(axes[3], "w_down [1536, 576]: rows", hid, inter, gu, False)
+draw(axes[2], f"w_gate_up [{hid}, {2 * inter}]: columns\n(gate | up)", 2 * inter, hid, gate_up_spans, True)
+draw(axes[3], f"w_down [{inter}, {hid}]: rows", hid, inter, gu, False)
 for r, c in enumerate(colors):
     axes[3].plot([], [], color=c, lw=8, label=f"rank {r}")
 axes[3].legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
-fig.suptitle(f"SmolLM2-135M over {N} ranks: each holds 3 query heads, 1 KV head, 512 FFN columns")
+per_rank = plans[0]
+fig.suptitle(f"SmolLM2-135M ({smol.num_heads} query heads, {smol.num_kv_heads} KV heads) over {N} ranks: each holds "
+             f"{len(per_rank.q_heads)} query heads, {len(per_rank.kv_heads)} KV head(s), "
+             f"{len(per_rank.inter)} FFN columns")
 plt.tight_layout()
 plt.show()
 print("valid N for SmolLM2:", valid_tp_sizes(smol), "· for Llama 3 405B:", valid_tp_sizes(l405))
@@ -174,10 +180,14 @@ print(f"one 405B token in bf16: {l405.hidden_size} x 2 B = {l405.hidden_size * 2
 # torch.multiprocessing; this process is rank 0. They meet in a gloo process
 # group. Rank 0 schedules, broadcasts each step's batch metadata (input ids,
 # positions, slot mapping, block table rows), runs its half, and samples;
-# rank 1 runs the same forward on its half. `tiny` has 6 heads and 2 KV heads:
-# 3 and 1 per rank.
+# rank 1 runs the same forward on its half. `tiny`'s query heads and KV heads
+# (printed below) split in half, one half per rank.
 
 # %%
+tiny = PRESETS["tiny"]
+print(f"tiny: {tiny.num_heads} query heads, {tiny.num_kv_heads} KV heads, FFN {tiny.intermediate_size}")
+print(f"per rank at TP=2: {tiny.num_heads // 2} query heads, {tiny.num_kv_heads // 2} KV head(s), "
+      f"FFN {tiny.intermediate_size // 2}")
 prompts = ["The capital of France is", "Tensor parallel"]
 params = SamplingParams(max_tokens=2 if QUICK else 4, temperature=0.0, ignore_eos=True)
 reference = [o.token_ids for o in LLM("tiny").generate(prompts, params)]
@@ -203,13 +213,20 @@ for rec in step.stages:
 
 # %% [markdown]
 # Where the time goes, per rank (one bar per stage kind, summed over the
-# step). On two CPU cores shared by two processes, the all-reduces are not
-# free: each is a round trip through the loopback network stack, tens of
-# microseconds or more — comparable to a whole tiny GEMM. That is why TP on a
+# step). The two processes share this machine's CPU cores (the cell prints
+# how many), and the all-reduces are not free: each is a round trip through
+# the loopback network stack; the cell prints their measured durations next
+# to a tiny GEMM's. That is why TP on a
 # CPU *costs* time (`stagewise bench modes --tp 1,2` measures it): it adds no
 # hardware, only communication. On GPUs it adds memory bandwidth N-fold.
 
 # %%
+print(f"CPU cores on this machine: {os.cpu_count()}, shared by the 2 ranks' processes")
+for rank in (0, 1):
+    ar = sorted((r.dur_us or 0) for r in step.stages if r.rank == rank and r.stage == "all_reduce")
+    mm = sorted((r.dur_us or 0) for r in step.stages if r.rank == rank and r.stage in ("qkv_proj", "o_proj"))
+    print(f"rank {rank}: {len(ar)} all-reduces of {ar[0]:.0f} .. {ar[-1]:.0f} µs (median {ar[len(ar) // 2]:.0f}); "
+          f"its qkv_proj / o_proj GEMMs: median {mm[len(mm) // 2]:.0f} µs")
 kinds = sorted({r.stage for r in step.stages})
 fig, ax = plt.subplots(figsize=(10, 3.5))
 for rank, color in zip((0, 1), colors):
@@ -316,8 +333,8 @@ check("13.decode_allreduces", my_decode_allreduces)
 # the query heads and the FFN columns divide by N and the KV heads either
 # divide by N or are replicated (N a multiple of `num_kv_heads`). The check
 # compares with `parallel.shard.valid_tp_sizes` on every preset. Why is N = 3
-# not valid for `tiny` (6 heads, 2 KV heads, FFN 256), though 3 divides its 6
-# query heads?
+# not valid for `tiny` (its heads, KV heads and FFN size are printed in
+# section 4), though 3 divides its query heads?
 
 
 # %%
