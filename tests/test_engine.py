@@ -137,3 +137,20 @@ def test_earliest_stop_string_wins_when_two_complete_on_one_token():
     assert stream.push(0) == "x"  # not the start of any stop string: settled at once
     assert stream.push(1) == ""
     assert (stream.text, stream.stopped_by) == ("x", "a")
+
+
+def test_metrics_follow_the_seeds_definitions(llms):
+    """TTFT, TBT, TPS = 1 / mean(TBT), latency = TTFT + (n - 1) * mean(TBT), throughput = n / latency."""
+    from stagewise.engine.outputs import RequestMetrics, run_summary
+    from stagewise.engine.run_stats import RunStats
+
+    req = llms["kv"].make_request(PROMPTS[0], SamplingParams(max_tokens=3))
+    req.arrival_time, req.first_scheduled_time = 10.0, 10.1
+    req.output_token_ids, req.token_times = [5, 6, 7], [10.5, 10.6, 10.8]  # gaps of 0.1 s and 0.2 s
+    m = RequestMetrics.of(req)
+    assert (m.ttft, m.tbt_mean, m.latency) == pytest.approx((0.5, 0.15, 0.8))
+    assert m.latency == pytest.approx(m.ttft + 2 * m.tbt_mean)
+    assert m.tps == pytest.approx(1 / 0.15) and m.tokens_per_s == pytest.approx(3 / 0.8)
+    summary = run_summary([req], RunStats(kv_cache_bytes=3 * 2**20))
+    assert summary["tps"] == pytest.approx(6.67, abs=0.01) and summary["kv_cache_MiB"] == 3.0
+    assert summary["output_tokens_per_s"] == pytest.approx(3.75)

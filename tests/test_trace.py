@@ -174,6 +174,9 @@ def test_cli_tree_on_tiny_at_fixed_width():
     for name in LAYER_STAGES["paged"] + ["tokenize", "embedding", "lm_head", "sampling"]:
         assert name in out
     assert "num_computed_tokens 0 -> " in out and "summary:" in out
+    assert "tokens from 2 requests" in out and "2 tokens from 2 requests" in out  # two decodes in step 1
+    single = run_cli("Hello there", "--model", "tiny", "--max-tokens", "2", "--width", "120", "--no-timing").stdout
+    assert "1 token from 1 request ·" in single and "from 1 requests" not in single and "1 tokens" not in single
 
 
 def test_cli_json_and_chrome_files(tmp_path):
