@@ -177,6 +177,7 @@ def test_cli_tree_on_tiny_at_fixed_width():
     assert "tokens from 2 requests" in out and "2 tokens from 2 requests" in out  # two decodes in step 1
     single = run_cli("Hello there", "--model", "tiny", "--max-tokens", "2", "--width", "120", "--no-timing").stdout
     assert "1 token from 1 request ·" in single and "from 1 requests" not in single and "1 tokens" not in single
+    assert " ms" not in single.split("summary:")[0]  # --no-timing: no wall time anywhere in the tree
 
 
 def test_cli_json_and_chrome_files(tmp_path):

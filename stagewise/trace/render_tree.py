@@ -88,17 +88,17 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _step_title(step: StepRecord) -> Text:
+def _step_title(step: StepRecord, with_time: bool = True) -> Text:
     phases = sorted({r["phase"] for r in step.requests if r["num_scheduled"]})
     return Text.from_markup(
         f"[bold magenta]step {step.index}[/] · {_count(step.num_tokens, 'token')} from "
-        f"{_count(len(step.requests), 'request')} "
-        f"· {', '.join(phases)} · {step.dur_us / 1000:.1f} ms"
+        f"{_count(len(step.requests), 'request')} · {', '.join(phases)}"
+        + (f" · {step.dur_us / 1000:.1f} ms" if with_time else "")
     )
 
 
 def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, decode=None) -> None:
-    node = tree.add(_step_title(step))
+    node = tree.add(_step_title(step, with_time))
     sched = node.add("[bold]scheduler[/]")
     for r in step.requests:
         extra = "".join(
