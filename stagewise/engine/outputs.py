@@ -109,6 +109,7 @@ def run_summary(requests: list[Request], stats) -> dict:
     start = min((r.arrival_time for r in requests), default=0.0)
     end = max((m.finish_time for m in metrics), default=start)
     out_tokens = sum(len(r.output_token_ids) for r in requests)
+    mean_tbt = statistics.fmean(tbt) if tbt else 0.0
     return {
         "requests": len(requests),
         "prompt_tokens": sum(r.num_prompt_tokens for r in requests),
@@ -121,7 +122,7 @@ def run_summary(requests: list[Request], stats) -> dict:
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 3),
         "ttft_ms": round(1000 * statistics.fmean(m.ttft for m in metrics), 2) if metrics else None,
-        "tbt_ms": round(1000 * statistics.fmean(tbt), 2) if tbt else None,
-        "tps": round(1 / statistics.fmean(tbt), 2) if tbt and statistics.fmean(tbt) > 0 else None,  # 1 / TBT
+        "tbt_ms": round(1000 * mean_tbt, 2) if tbt else None,
+        "tps": round(1 / mean_tbt, 2) if mean_tbt else None,  # 1 / TBT
         "output_tokens_per_s": round(out_tokens / (end - start), 2) if end > start else None,  # throughput
     }

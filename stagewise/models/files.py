@@ -40,3 +40,14 @@ def read_json_object(path: Path) -> dict:
     if not isinstance(value, dict):
         raise StagewiseError(f"{path} must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+def unused_tensors(names: set[str], derived: tuple[str, ...]) -> str:
+    """The tensors a loader did not use, the first three named ("a, b, c, ... (7 in all)"); "" for none.
+
+    `derived`: name endings of tensors recomputed from the metadata (RoPE's inverse frequencies), never used.
+    """
+    unused = sorted(n for n in names if not n.endswith(derived))
+    if len(unused) > 3:
+        return ", ".join(unused[:3]) + f", ... ({len(unused)} in all)"
+    return ", ".join(unused)

@@ -23,6 +23,7 @@ import torch
 
 from stagewise.config import ModelConfig, RopeScaling, is_number
 from stagewise.errors import StagewiseError
+from stagewise.models.files import unused_tensors
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
 
@@ -189,8 +190,7 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
     final_norm = get("output_norm.weight", (hidden,))
     # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq in some old
     # conversions) is derived from the metadata, so skipped
-    unused = sorted(n for n in set(tensors) - used if not n.endswith("attn_rot_embd"))
-    if unused:
-        shown = ", ".join(unused[:3]) + (f", ... ({len(unused)} in all)" if len(unused) > 3 else "")
+    shown = unused_tensors(set(tensors) - used, derived=("attn_rot_embd",))
+    if shown:
         raise StagewiseError(f"{path}: the file holds tensors a Llama of this metadata does not use: {shown}")
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

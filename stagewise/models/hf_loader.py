@@ -12,7 +12,7 @@ import torch
 
 from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict, hf_rope_dict, is_number
 from stagewise.errors import StagewiseError
-from stagewise.models.files import read_json_object
+from stagewise.models.files import read_json_object, unused_tensors
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
 
@@ -183,7 +183,6 @@ def check_nothing_left(path: Path, unused: set[str]) -> None:
     """Every tensor in the files must be one the Llama forward pass uses: an extra one (a bias, a layer
     beyond num_hidden_layers, another model's head) means the model is not the one stagewise would run.
     RoPE's `inv_freq` buffers, saved by older transformers, are derived from config.json and skipped."""
-    unused = sorted(name for name in unused if not name.endswith("rotary_emb.inv_freq"))
-    if unused:
-        shown = ", ".join(unused[:3]) + (f", ... ({len(unused)} in all)" if len(unused) > 3 else "")
+    shown = unused_tensors(unused, derived=("rotary_emb.inv_freq",))
+    if shown:
         raise StagewiseError(f"{path}: the weight files hold tensors a Llama of this config.json does not use: {shown}")

@@ -117,17 +117,14 @@ class Tokenizer:
             return fields[key].contents() if key in fields else default
 
         model = read("tokenizer.ggml.model")
+        end_ids = (read(f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom"))
         common = {
             "bos_id": read("tokenizer.ggml.bos_token_id"),
             "eos_id": read("tokenizer.ggml.eos_token_id"),
             "pad_id": read("tokenizer.ggml.padding_token_id"),
             "chat_template": read("tokenizer.chat_template"),
             # llama.cpp ends generation on these too (end of turn, end of message: Llama 3's <|eot_id|>, <|eom_id|>)
-            "extra_eos_ids": tuple(
-                read(f"tokenizer.ggml.{k}_token_id")
-                for k in ("eot", "eom")
-                if read(f"tokenizer.ggml.{k}_token_id") is not None
-            ),
+            "extra_eos_ids": tuple(i for i in end_ids if i is not None),
         }
         if model == "llama":
             return cls(model="llama", **common, **sentencepiece_files.from_gguf_fields(read, name))
