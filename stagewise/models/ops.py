@@ -1,44 +1,57 @@
-"""`StageOps`: call each stage through its chosen backend (and the tracer, when one is active).
+"""`StageOps`: call each stage through its chosen tier (and the tracer, when one is active).
 
-The model never calls a stage function directly; it calls
-`ops("rmsnorm", layer=i, x=..., weight=..., eps=...)`. That one indirection
-lets a run pick naive or Triton per stage (e.g. Triton everywhere but
-attention) and lets the tracer see every stage's inputs and outputs.
+The model never calls a stage function directly; it calls the stage by its
+module, `ops(rmsnorm, layer=i, x=..., weight=..., eps=...)`, so an editor (and
+a reader) can jump from the model to the stage. That one indirection lets a
+run pick a tier per stage — `naive` (the textbook), `torch` (the fast PyTorch
+formulation where a stage has one, else naive) or `triton` — and lets the
+tracer see every stage's inputs and outputs and which tier ran.
 """
 
 from stagewise.errors import StagewiseError
 from stagewise.stages import STAGES
+from stagewise.stages.base import TIERS, stage_of
 from stagewise.trace.hooks import active_tracer
 
-BACKENDS = ("naive", "triton")
+BACKENDS = TIERS  # "naive", "torch", "triton"
 
 
 class StageOps:
-    def __init__(self, backend: str = "naive", overrides: dict[str, str] | None = None):
+    def __init__(self, backend: str = "torch", overrides: dict[str, str] | None = None):
         overrides = dict(overrides or {})
         for name, choice in [("*", backend), *overrides.items()]:
             if choice not in BACKENDS:
-                raise StagewiseError(f"unknown backend '{choice}' for stage '{name}'; use one of {', '.join(BACKENDS)}")
+                choices = ", ".join(BACKENDS)
+                raise StagewiseError(f"unknown backend '{choice}' for stage '{name}'; use one of {choices}")
             if name != "*" and name not in STAGES:
                 raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
-        self.backends = {name: overrides.get(name, backend) for name in STAGES}  # stage -> naive|triton
+        self.backend = backend  # the tier asked for every stage
+        self.overrides = overrides  # stage -> tier, where one stage was asked otherwise
+        # stage -> the tier that runs ("torch" falls back to "naive" where a stage has no torch tier)
+        self.backends = {
+            name: stage.tier_that_runs(overrides.get(name, backend)) for name, stage in STAGES.items()
+        }
         if "triton" in self.backends.values():
             from stagewise.runtime import configure_triton
 
             configure_triton()
-        self._fns = {
-            name: STAGES[name].naive if b == "naive" else STAGES[name].optimized for name, b in self.backends.items()
-        }
+        self._fns = {name: STAGES[name].tier(tier) for name, tier in self.backends.items()}
 
-    def __call__(self, stage: str, layer: int | None = None, **kwargs):
-        fn = self._fns[stage]
+    def __call__(self, stage, layer: int | None = None, **kwargs):
+        """Run `stage` (its module, its `Stage` record or its name) with keyword arguments."""
+        name = stage_of(stage, STAGES).name
+        fn = self._fns[name]
         tracer = active_tracer()
         if tracer is None:
             return fn(**kwargs)
-        return tracer.record_stage(stage, layer, self.backends[stage], fn, kwargs)
+        return tracer.record_stage(name, layer, self.backends[name], fn, kwargs)
+
+    def tier(self, stage) -> str:
+        """The tier that runs `stage` (module, record or name): "naive", "torch" or "triton"."""
+        return self.backends[stage_of(stage, STAGES).name]
 
     def describe(self) -> str:
-        kinds = set(self.backends.values())
-        if len(kinds) == 1:
-            return kinds.pop()
-        return ", ".join(f"{n}={b}" for n, b in self.backends.items())
+        """The tier asked for, then any per-stage overrides: "torch", "triton, attention=naive"."""
+        if not self.overrides:
+            return self.backend
+        return ", ".join([self.backend, *(f"{n}={b}" for n, b in self.overrides.items())])

@@ -83,8 +83,8 @@ STAGE = Stage(
     summary="scatter the new tokens' K and V into their cache slots (slot -1 = skip)",
     shapes="k, v [T, Hkv, d] -> cache [num_slots, Hkv, d] (in place)",
     naive=naive,
-    optimized=optimized,
-    optimized_kind="triton: slot scatter, a tile of tokens per program",
+    triton=optimized,
+    triton_kind="triton: slot scatter, a tile of tokens per program",
     example_inputs=example_inputs,
     outputs=(),
     axes={

@@ -46,7 +46,7 @@ _STAGE = {
     "properties": {
         "stage": {"type": "string"},
         "layer": {"type": ["integer", "null"]},
-        "backend": {"enum": ["naive", "triton", "gloo", "nccl"]},
+        "backend": {"enum": ["naive", "torch", "triton", "gloo", "nccl"]},
         "rank": {"type": "integer", "minimum": 0},
         "kind": {"enum": ["stage", "collective"]},
         "inputs": {"type": "array", "items": _TENSOR},
