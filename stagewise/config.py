@@ -39,8 +39,11 @@ class RopeScaling:
             raise StagewiseError(f"RoPE scaling '{self.kind}' is not supported; known: {', '.join(ROPE_SCALING_KINDS)}")
         if self.kind == "freq_factors" and not self.freq_factors:
             raise StagewiseError("RoPE scaling 'freq_factors' needs one factor per frequency")
-        factors = {"factor": self.factor, "low_freq_factor": self.low_freq_factor,
-                   "high_freq_factor": self.high_freq_factor}
+        factors = {
+            "factor": self.factor,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+        }
         factors.update({f"freq_factors[{i}]": f for i, f in enumerate(self.freq_factors)})
         for name, value in factors.items():
             if not is_number(value) or not math.isfinite(value) or value <= 0:

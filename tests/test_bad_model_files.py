@@ -62,8 +62,20 @@ def with_config(**changes):
         ({"rope_parameters": {"rope_type": "default", "rope_theta": float("inf")}}, "rope_theta must be a finite"),
         ({"rope_parameters": None, "rope_theta": float("inf")}, "rope_theta must be a finite number > 0, got inf"),
     ],
-    ids=["no-factor", "llama3-missing", "str", "factor-str", "factor-0", "factor-neg", "params-str", "params-0",
-         "max-pos", "kv-heads-0", "theta-inf", "top-level-theta-inf"],
+    ids=[
+        "no-factor",
+        "llama3-missing",
+        "str",
+        "factor-str",
+        "factor-0",
+        "factor-neg",
+        "params-str",
+        "params-0",
+        "max-pos",
+        "kv-heads-0",
+        "theta-inf",
+        "top-level-theta-inf",
+    ],
 )
 def test_bad_config_json(hf_dir, tmp_path, changes, message):
     if "rope_scaling" in changes:  # the older spelling; transformers >= 5 writes rope_parameters
@@ -147,8 +159,12 @@ def fake_gguf(**metadata):
     return SimpleNamespace(fields=wrapped, tensors=[])
 
 
-GOOD_GGUF = {"llama.embedding_length": 64, "llama.attention.head_count": 4, "llama.feed_forward_length": 96,
-             "llama.block_count": 2}
+GOOD_GGUF = {
+    "llama.embedding_length": 64,
+    "llama.attention.head_count": 4,
+    "llama.feed_forward_length": 96,
+    "llama.block_count": 2,
+}
 
 
 @pytest.mark.parametrize(

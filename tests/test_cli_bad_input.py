@@ -111,8 +111,10 @@ CASES = [
     (["bench", "batching", *Q, "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "batching", *Q, "--prompt-tokens", "0-4"], "LOW-HIGH"),
     (["bench", "modes", *TINY, "--out", "new", "--prompt-tokens", "5000"], "5000 with --output-lengths up to"),
-    (["bench", "batching", *TINY, "--out", "new", "--prompt-tokens", "900-1000", "--output-tokens", "100-200"],
-     "tiny allows 1024"),
+    (
+        ["bench", "batching", *TINY, "--out", "new", "--prompt-tokens", "900-1000", "--output-tokens", "100-200"],
+        "tiny allows 1024",
+    ),
     (["generate", "hi", "--model", ""], "model name is empty"),
     (["trace", "hi", *TINY, "--device", "cpu:1"], "there is one CPU device"),
     (["calc", "--model", "corrupt.gguf"], "corrupt.gguf is not a valid GGUF file"),

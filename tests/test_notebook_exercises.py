@@ -102,7 +102,8 @@ PLAUSIBLE_BUGS = {
     "03.kv_bytes_per_token": lambda cfg, b: cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * b,  # K only
     "13.decode_allreduces": lambda cfg, batch, b: (batch * cfg.hidden_size * b, 2 * cfg.num_layers),  # no embedding
     "13.valid_tp_sizes": lambda cfg: [  # KV heads must divide: forgets that N may replicate them
-        n for n in range(1, cfg.num_heads + 1)
+        n
+        for n in range(1, cfg.num_heads + 1)
         if cfg.num_heads % n == 0 and cfg.num_kv_heads % n == 0 and cfg.intermediate_size % n == 0
     ],
 }

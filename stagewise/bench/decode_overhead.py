@@ -13,7 +13,6 @@ huge L3 a small buffer would be served from cache and flatter the machine);
 `stage_breakdown` runs a traced decode and splits a step's time per stage.
 """
 
-
 import torch
 
 from stagewise.bench.hardware import last_level_cache_bytes, median_seconds

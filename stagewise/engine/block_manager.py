@@ -57,11 +57,15 @@ class BlockManager:
     free_queue: deque = field(init=False)  # block ids with ref_count 0, least recently freed first
     cached: dict = field(init=False)  # block hash -> block id, for registered full blocks
     req_blocks: dict = field(init=False)  # request id -> list of block ids (its block-table row)
-    req_hashes: dict = field(init=False)  # request id -> chained hashes of its registered full blocks
+    req_hashes: dict = field(
+        init=False
+    )  # request id -> chained hashes of its registered full blocks
     stats: PrefixCacheStats = field(init=False)
     num_allocated: int = field(init=False, default=0)  # blocks ever taken from the free queue
     num_freed: int = field(init=False, default=0)  # blocks ever returned to the free queue
-    named_in_step: list = field(init=False)  # block ids named since the current step began scheduling
+    named_in_step: list = field(
+        init=False
+    )  # block ids named since the current step began scheduling
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -100,7 +104,9 @@ class BlockManager:
         """Block ids of the longest cached prefix usable by `req` (never covering its last token)."""
         if not self.enable_prefix_caching:
             return []
-        usable = (req.num_tokens - 1) // self.block_size  # full blocks strictly before the last token
+        usable = (
+            req.num_tokens - 1
+        ) // self.block_size  # full blocks strictly before the last token
         hits = []
         for h in self.block_hashes(req.all_token_ids[: usable * self.block_size]):
             if h not in self.cached:
@@ -121,9 +127,13 @@ class BlockManager:
         Returns False, changing nothing, when the free queue is too short.
         """
         owned = self.req_blocks.get(req.request_id, [])
-        reuse = [b for b in cached_prefix if self.blocks[b].ref_count == 0]  # cached blocks now in the free queue
+        reuse = [
+            b for b in cached_prefix if self.blocks[b].ref_count == 0
+        ]  # cached blocks now in the free queue
         computed = req.num_computed_tokens + len(cached_prefix) * self.block_size
-        need = max(0, self.blocks_needed(computed + num_new_tokens) - len(owned) - len(cached_prefix))
+        need = max(
+            0, self.blocks_needed(computed + num_new_tokens) - len(owned) - len(cached_prefix)
+        )
         if need + len(reuse) > self.num_free_blocks:
             return False
         for b in cached_prefix:  # take shared references on the hits

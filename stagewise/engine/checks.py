@@ -8,26 +8,39 @@ a one-line `StagewiseError` naming the argument and what it accepts.
 import torch
 
 from stagewise.config import EngineConfig
-from stagewise.engine.paged_cache import free_memory_bytes, kv_bytes_per_token, num_blocks_for_budget
+from stagewise.engine.paged_cache import (
+    free_memory_bytes,
+    kv_bytes_per_token,
+    num_blocks_for_budget,
+)
 from stagewise.errors import StagewiseError
 from stagewise.models.registry import LoadedModel
 
 MODES = ("paged", "kv", "naive")
 
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what every stage computes in
+DTYPES = (
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+)  # what every stage computes in
 
 
 def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config) -> None:
     """Types and names of `LLM(...)`'s arguments, checked before anything is loaded."""
     if not isinstance(model, str | LoadedModel):
-        raise StagewiseError(f"model must be a preset name, a path or a LoadedModel, got {type(model).__name__}")
+        raise StagewiseError(
+            f"model must be a preset name, a path or a LoadedModel, got {type(model).__name__}"
+        )
     if not isinstance(backend, str):
         raise StagewiseError(f"backend must be 'naive' or 'triton', got {backend!r}")
     if not isinstance(mode, str) or mode not in MODES:
         raise StagewiseError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     if device is not None and not isinstance(device, str | torch.device):
-        raise StagewiseError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__}")
+        raise StagewiseError(
+            f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__}"
+        )
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise StagewiseError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
     if dtype is not None and dtype not in DTYPES:
@@ -37,9 +50,13 @@ def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, eng
         isinstance(stage_backends, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in stage_backends.items())
     ):
-        raise StagewiseError(f"stage_backends must be a dict of stage name -> backend name, got {stage_backends!r}")
+        raise StagewiseError(
+            f"stage_backends must be a dict of stage name -> backend name, got {stage_backends!r}"
+        )
     if engine_config is not None and not isinstance(engine_config, EngineConfig):
-        raise StagewiseError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
+        raise StagewiseError(
+            f"engine_config must be an EngineConfig, got {type(engine_config).__name__}"
+        )
 
 
 def check_engine_memory(loaded: LoadedModel, ecfg: EngineConfig, max_model_len: int) -> None:

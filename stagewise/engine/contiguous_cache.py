@@ -15,7 +15,16 @@ import torch
 
 
 class ContiguousKVCache:
-    def __init__(self, num_layers: int, num_rows: int, capacity: int, num_kv_heads: int, head_dim: int, dtype, device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_rows: int,
+        capacity: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype,
+        device,
+    ):
         shape = (num_layers, num_rows * capacity, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, rows * capacity, Hkv, d]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -31,7 +40,9 @@ class ContiguousKVStep:
     """How one step's tokens store and read K/V in a `ContiguousKVCache`."""
 
     cache: ContiguousKVCache
-    slot_mapping: torch.Tensor  # [T] int64: where each new token's K/V go (-1 = padding, not stored)
+    slot_mapping: (
+        torch.Tensor
+    )  # [T] int64: where each new token's K/V go (-1 = padding, not stored)
     cu_seqlens_q: torch.Tensor  # [B+1] int32: query rows of each sequence
     cu_seqlens_k: torch.Tensor  # [B+1] int32: first cache slot of each sequence's keys
     seqused_k: torch.Tensor  # [B] int32: keys each sequence reads (its length, this step included)
@@ -42,7 +53,9 @@ class ContiguousKVStep:
     max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
     all_slots_valid: bool  # no token is padding (no slot is -1)
 
-    def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [rows * capacity, Hkv, d]
         ops(
             "kv_store",

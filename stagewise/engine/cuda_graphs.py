@@ -53,17 +53,36 @@ def graph_sizes(max_batch: int) -> list[int]:
 class DecodeGraphs:
     """Captured decode forward passes, one per padded batch size, over shared static buffers."""
 
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, max_model_len: int, max_batch: int, capture: bool):
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: PagedKVCache,
+        max_model_len: int,
+        max_batch: int,
+        capture: bool,
+    ):
         self.model, self.cache, self.max_model_len = model, cache, max_model_len
         self.sizes = graph_sizes(max_batch)
-        self.capture = capture  # False on a CPU (and in tests): replay = the same forward, run eagerly
+        self.capture = (
+            capture  # False on a CPU (and in tests): replay = the same forward, run eagerly
+        )
         device, n = model.device, self.sizes[-1]
-        self.meta = torch.zeros(5, n, dtype=torch.long, device=device)  # ids, positions, slots, seq_lens, rows
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)  # [n] the kernels' int32 copy
-        self.block_table = torch.zeros(n, cache.max_blocks_per_req, dtype=torch.int32, device=device)
-        self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=device)  # one query row per sequence
+        self.meta = torch.zeros(
+            5, n, dtype=torch.long, device=device
+        )  # ids, positions, slots, seq_lens, rows
+        self.seq_lens = torch.zeros(
+            n, dtype=torch.int32, device=device
+        )  # [n] the kernels' int32 copy
+        self.block_table = torch.zeros(
+            n, cache.max_blocks_per_req, dtype=torch.int32, device=device
+        )
+        self.cu_seqlens = torch.arange(
+            n + 1, dtype=torch.int32, device=device
+        )  # one query row per sequence
         self.last_token_index = torch.arange(n, dtype=torch.long, device=device)
-        self.pad_slot = cache.spare_slot  # padding rows store their K/V here: a block no request owns
+        self.pad_slot = (
+            cache.spare_slot
+        )  # padding rows store their K/V here: a block no request owns
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [size, vocab] output buffer of each graph
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -112,7 +131,9 @@ class DecodeGraphs:
         ]
         self.meta[:, :size].copy_(to_device(host, torch.long, self.meta.device), non_blocking=True)
         self.seq_lens[:size].copy_(self.meta[3, :size])  # int64 -> int32, on the device
-        torch.index_select(self.cache.block_table, 0, self.meta[4, :size], out=self.block_table[:size])
+        torch.index_select(
+            self.cache.block_table, 0, self.meta[4, :size], out=self.block_table[:size]
+        )
 
     def _capture(self, size: int) -> None:
         batch, kv = self._inputs(size)
@@ -136,6 +157,8 @@ class DecodeGraphs:
             batch, kv = self._inputs(size)
             return self.model.forward(batch, kv)[:num_seqs]
         if size not in self.graphs:
-            self._capture(size)  # the buffers already hold this step's values: the warm-up is harmless
+            self._capture(
+                size
+            )  # the buffers already hold this step's values: the warm-up is harmless
         self.graphs[size].replay()
         return self.logits[size][:num_seqs]

@@ -79,11 +79,18 @@ class LLM:
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
         pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
-        if parallel_config is not None and tensor_parallel_size not in (1, pcfg.tensor_parallel_size):
-            raise StagewiseError("give tensor_parallel_size or parallel_config, not two different sizes")
+        if parallel_config is not None and tensor_parallel_size not in (
+            1,
+            pcfg.tensor_parallel_size,
+        ):
+            raise StagewiseError(
+                "give tensor_parallel_size or parallel_config, not two different sizes"
+            )
         if not isinstance(special_tokens, bool):
             raise StagewiseError(f"special_tokens must be True or False, got {special_tokens!r}")
-        self.special_tokens = special_tokens  # True: prompts may hold control tokens (trusted input only)
+        self.special_tokens = (
+            special_tokens  # True: prompts may hold control tokens (trusted input only)
+        )
         self.mode = mode
         self.ops = StageOps(backend, stage_backends)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
@@ -95,7 +102,9 @@ class LLM:
         limit = self.config.max_position_embeddings
         asked = self.engine_config.max_model_len
         if asked is not None and asked > limit:
-            raise StagewiseError(f"max_model_len={asked} is out of range: {self.config.name} allows 1..{limit}")
+            raise StagewiseError(
+                f"max_model_len={asked} is out of range: {self.config.name} allows 1..{limit}"
+            )
         self.max_model_len = asked or limit
         self._ids = itertools.count()
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
@@ -103,8 +112,12 @@ class LLM:
         self.engine = self._paged_engine() if mode == "paged" else None
         # Every request in the paged engine has an owner: a live stream, or the hand-stepping caller.
         # Each engine step routes each token event to its owner's inbox, whoever ran the step.
-        self._owner: dict[str, tuple[str, int]] = {}  # request id -> (owner key, index in its owner's list)
-        self._inbox: dict[str, deque[TokenEvent]] = {HAND: deque()}  # owner key -> events not yet handed out
+        self._owner: dict[
+            str, tuple[str, int]
+        ] = {}  # request id -> (owner key, index in its owner's list)
+        self._inbox: dict[str, deque[TokenEvent]] = {
+            HAND: deque()
+        }  # owner key -> events not yet handed out
         self._streams = itertools.count()
         self._num_stepped = 0  # requests added with add_request so far (their event index)
 
@@ -118,12 +131,16 @@ class LLM:
         from stagewise.parallel.launch import torchrun_rank
 
         if self.engine_config.cuda_graphs:
-            raise StagewiseError("cuda_graphs does not run under tensor parallelism; turn one of them off")
+            raise StagewiseError(
+                "cuda_graphs does not run under tensor parallelism; turn one of them off"
+            )
         rank = torchrun_rank()
         if rank:  # torchrun, a rank other than 0: serve rank 0's steps, then end this process
             serve_torchrun_worker(self.loaded, self.ops, pcfg, rank)
             raise SystemExit(0)
-        return tensor_parallel_model(self.loaded, self.ops, pcfg)  # shared with other LLMs of the same model
+        return tensor_parallel_model(
+            self.loaded, self.ops, pcfg
+        )  # shared with other LLMs of the same model
 
     def shutdown(self) -> None:
         """End the tensor-parallel workers (a no-op on one device). Also on `with LLM(...) as llm:` exit.
@@ -145,8 +162,13 @@ class LLM:
     def _paged_engine(self) -> PagedRunner:
         check_engine_memory(self.loaded, self.engine_config, self.max_model_len)
         try:
-            return PagedRunner(self.model, self.tokenizer.stop_ids, self.max_model_len, self.engine_config)
-        except (RuntimeError, MemoryError) as exc:  # the KV pool or block table does not fit in memory
+            return PagedRunner(
+                self.model, self.tokenizer.stop_ids, self.max_model_len, self.engine_config
+            )
+        except (
+            RuntimeError,
+            MemoryError,
+        ) as exc:  # the KV pool or block table does not fit in memory
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StagewiseError(
                 f"cannot allocate the paged KV cache ({first}); lower num_kv_blocks / max_num_seqs"
@@ -171,14 +193,20 @@ class LLM:
         """Wrap a user message in the model's chat template when `chat` is set."""
         if not chat:
             return prompt
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True
+        )
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt as a request would get them (user text never becomes control tokens)."""
         return encode_prompt(self.ops, self.tokenizer, prompt, chat, self.special_tokens)[1]
 
     def make_request(
-        self, prompt: str, params: SamplingParams, chat: bool = False, arrival_time: float | None = None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        chat: bool = False,
+        arrival_time: float | None = None,
     ) -> Request:
         """Validate and tokenize one prompt; raises StagewiseError on bad input."""
         arrival_time = arrival_time if arrival_time is not None else time.perf_counter()
@@ -187,7 +215,9 @@ class LLM:
             raise StagewiseError(f"params must be a SamplingParams, got {type(params).__name__}")
         text, ids = encode_prompt(self.ops, self.tokenizer, prompt, chat, self.special_tokens)
         if len(ids) > self.max_model_len:
-            raise StagewiseError(f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}")
+            raise StagewiseError(
+                f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}"
+            )
         if len(ids) + params.max_tokens > self.max_model_len:
             raise StagewiseError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
@@ -206,7 +236,8 @@ class LLM:
             seed=seed,
             arrival_time=arrival_time,
             text_stream=TextStream(
-                decode=lambda t: tok.decode(t, skip_special_tokens=True, continuation=continuation), stop=params.stop
+                decode=lambda t: tok.decode(t, skip_special_tokens=True, continuation=continuation),
+                stop=params.stop,
             ),
         )
 
@@ -215,7 +246,9 @@ class LLM:
         if not isinstance(chat, bool):
             raise StagewiseError(f"chat must be True or False, got {chat!r}")
         if not isinstance(prompts, str | list | tuple):
-            raise StagewiseError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
+            raise StagewiseError(
+                f"prompts must be a string or a list of strings, got {type(prompts).__name__}"
+            )
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise StagewiseError("no prompts given")
@@ -223,13 +256,18 @@ class LLM:
         per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise StagewiseError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams")
-        arrival = time.perf_counter()  # all prompts of one call arrive together, before any tokenization
+        arrival = (
+            time.perf_counter()
+        )  # all prompts of one call arrive together, before any tokenization
         return [self.make_request(p, sp, chat, arrival) for p, sp in zip(prompts, per_prompt)]
 
     # ---- running ----------------------------------------------------------------------------
 
     def stream(
-        self, prompts: str | list[str], params: SamplingParams | list[SamplingParams] | None = None, chat: bool = False
+        self,
+        prompts: str | list[str],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
     ) -> Iterator[TokenEvent]:
         """Yield a `TokenEvent` for every token of every request, as soon as it is sampled.
 
@@ -259,7 +297,9 @@ class LLM:
         if self.mode == "naive":
             runner = RecomputeRunner(self.model, eos, self.max_model_len)
         else:
-            runner = StaticBatchRunner(self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs)
+            runner = StaticBatchRunner(
+                self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs
+            )
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for req, token, delta in runner.run(requests):
@@ -315,7 +355,9 @@ class LLM:
         """The model and run settings, as the tracer and benchmarks record them."""
         cfg = self.config
         return {
-            "name": cfg.name if cfg.name in PRESETS else Path(cfg.name).name,  # a preset, or the file/folder name
+            "name": cfg.name
+            if cfg.name in PRESETS
+            else Path(cfg.name).name,  # a preset, or the file/folder name
             "source": self.loaded.source,
             "num_layers": cfg.num_layers,
             "hidden_size": cfg.hidden_size,
@@ -325,7 +367,9 @@ class LLM:
             "head_dim": cfg.head_dim,
             "intermediate_size": cfg.intermediate_size,
             "vocab_size": cfg.vocab_size,
-            "rope": describe_rope(cfg.rope_theta, cfg.rope_scaling),  # the cos_sin_cache's frequencies
+            "rope": describe_rope(
+                cfg.rope_theta, cfg.rope_scaling
+            ),  # the cos_sin_cache's frequencies
             "max_model_len": self.max_model_len,
             "mode": self.mode,
             "backend": self.ops.describe(),
@@ -335,7 +379,10 @@ class LLM:
         }
 
     def generate(
-        self, prompts: str | list[str], params: SamplingParams | list[SamplingParams] | None = None, chat: bool = False
+        self,
+        prompts: str | list[str],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        chat: bool = False,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of `prompts`."""
         requests = self._requests(prompts, params, chat)
@@ -350,7 +397,9 @@ class LLM:
             raise StagewiseError(f"{what} needs mode='paged' (this LLM runs mode='{self.mode}')")
         return self.engine
 
-    def add_request(self, prompt: str, params: SamplingParams | None = None, chat: bool = False) -> str:
+    def add_request(
+        self, prompt: str, params: SamplingParams | None = None, chat: bool = False
+    ) -> str:
         """Queue one request in the engine; returns its id. Run it with `step()`.
 
         It shares the engine with any live `stream()`: whichever call runs a step, this

@@ -29,7 +29,9 @@ class RequestMetrics:
     tbt_p50: float  # median of tbt
     tbt_p99: float  # 99th percentile of tbt
     latency: float  # finish_time - arrival_time
-    tokens_per_s: float  # output tokens / latency: the request's throughput, TTFT included (not TPS)
+    tokens_per_s: (
+        float  # output tokens / latency: the request's throughput, TTFT included (not TPS)
+    )
     tps: float  # 1 / mean(TBT), the seeds' TPS: tokens per second once decoding runs (0 with a single token)
 
     @staticmethod
@@ -124,5 +126,7 @@ def run_summary(requests: list[Request], stats) -> dict:
         "ttft_ms": round(1000 * statistics.fmean(m.ttft for m in metrics), 2) if metrics else None,
         "tbt_ms": round(1000 * mean_tbt, 2) if tbt else None,
         "tps": round(1 / mean_tbt, 2) if mean_tbt else None,  # 1 / TBT
-        "output_tokens_per_s": round(out_tokens / (end - start), 2) if end > start else None,  # throughput
+        "output_tokens_per_s": round(out_tokens / (end - start), 2)
+        if end > start
+        else None,  # throughput
     }

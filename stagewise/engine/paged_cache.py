@@ -39,7 +39,9 @@ def free_memory_bytes(device: torch.device) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def num_blocks_for_budget(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dtype, device) -> int:
+def num_blocks_for_budget(
+    cfg: ModelConfig, ecfg: EngineConfig, max_model_len: int, dtype, device
+) -> int:
     per_block = ecfg.block_size * kv_bytes_per_token(cfg, dtype)
     if ecfg.num_kv_blocks is not None:
         if ecfg.num_kv_blocks < 1:
@@ -52,7 +54,9 @@ def num_blocks_for_budget(cfg: ModelConfig, ecfg: EngineConfig, max_model_len: i
         budget = min(int(free_memory_bytes(device) * ecfg.kv_cache_fraction), useful)
     num_blocks = budget // per_block
     if num_blocks < 1:
-        raise StagewiseError(f"a KV budget of {budget} bytes holds no block of {per_block} bytes; raise kv_cache_bytes")
+        raise StagewiseError(
+            f"a KV budget of {budget} bytes holds no block of {per_block} bytes; raise kv_cache_bytes"
+        )
     return int(num_blocks)
 
 
@@ -71,15 +75,26 @@ class PagedKVCache:
     ):
         # spare_block: one more block that no request ever owns, where padded rows of a CUDA-graph
         # batch store their K/V (engine/cuda_graphs.py); `num_blocks` stays what requests can use.
-        shape = (cfg.num_layers, 2, num_blocks + int(spare_block), block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (
+            cfg.num_layers,
+            2,
+            num_blocks + int(spare_block),
+            block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
         # torch.empty: every slot is written by kv_store before attention ever reads it
         self.kv = torch.empty(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.spare_slot = num_blocks * block_size if spare_block else None  # first slot of the spare block
+        self.spare_slot = (
+            num_blocks * block_size if spare_block else None
+        )  # first slot of the spare block
         self.max_blocks_per_req = -(-max_model_len // block_size)
         table_device = table_device or device  # the CPU for shape-only (meta) models
-        self.block_table = torch.zeros(max_num_reqs, self.max_blocks_per_req, dtype=torch.int32, device=table_device)
+        self.block_table = torch.zeros(
+            max_num_reqs, self.max_blocks_per_req, dtype=torch.int32, device=table_device
+        )
         self.free_rows = list(range(max_num_reqs))[::-1]  # block-table rows not owned by a request
         self.row_of: dict[str, int] = {}  # request id -> its block-table row
 
@@ -104,7 +119,9 @@ class PagedKVCache:
     def write_row(self, request_id: str, block_ids: list[int]) -> int:
         """Copy a request's block list into its block-table row; returns the row index."""
         row = self.row(request_id)
-        self.block_table[row, : len(block_ids)] = to_device(block_ids, torch.int32, self.block_table.device)
+        self.block_table[row, : len(block_ids)] = to_device(
+            block_ids, torch.int32, self.block_table.device
+        )
         return row
 
 
@@ -113,7 +130,9 @@ class PagedKVStep:
     """How one step's tokens store and read K/V in a `PagedKVCache`."""
 
     cache: PagedKVCache
-    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset for every scheduled token
+    slot_mapping: (
+        torch.Tensor
+    )  # [T] int64: block_id * block_size + offset for every scheduled token
     block_table: torch.Tensor  # [B, max_blocks] int32: the rows of this step's sequences
     seq_lens: torch.Tensor  # [B] int32: tokens in the cache per sequence after this step
     cu_seqlens_q: torch.Tensor  # [B+1] int32: this step's query rows per sequence
@@ -122,10 +141,17 @@ class PagedKVStep:
     seq_lens_host: list[int]  # [B]
     max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
     max_seq_len: int  # the longest sequence (decides split-K)
-    decode_plan: list | None = None  # PyTorch paged attention: decode gather slots, built at layer 0, reused
+    decode_plan: list | None = (
+        None  # PyTorch paged attention: decode gather slots, built at layer 0, reused
+    )
 
-    def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        k_cache, v_cache = self.cache.kv[layer, 0], self.cache.kv[layer, 1]  # [num_blocks, block_size, Hkv, d]
+    def attend(
+        self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        k_cache, v_cache = (
+            self.cache.kv[layer, 0],
+            self.cache.kv[layer, 1],
+        )  # [num_blocks, block_size, Hkv, d]
         flat = (-1, *k_cache.shape[2:])  # the same memory seen as [num_slots, Hkv, d]
         ops(
             "kv_store",
@@ -137,9 +163,15 @@ class PagedKVStep:
             slot_mapping=self.slot_mapping,
             all_slots_valid=True,  # every scheduled token has a slot: no padding in a paged batch
         )
-        if self.decode_plan is None and ops.backends["paged_attention"] == "naive":  # once per step, all layers
+        if (
+            self.decode_plan is None and ops.backends["paged_attention"] == "naive"
+        ):  # once per step, all layers
             self.decode_plan = plan_decode(
-                self.block_table, self.seq_lens, self.cu_seqlens_q_host, self.seq_lens_host, self.cache.block_size
+                self.block_table,
+                self.seq_lens,
+                self.cu_seqlens_q_host,
+                self.seq_lens_host,
+                self.cache.block_size,
             )
         return ops(
             "paged_attention",

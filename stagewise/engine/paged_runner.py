@@ -36,7 +36,9 @@ from stagewise.trace.hooks import active_tracer
 
 
 class PagedRunner:
-    def __init__(self, model: LlamaModel, stop_ids: frozenset[int], max_model_len: int, ecfg: EngineConfig):
+    def __init__(
+        self, model: LlamaModel, stop_ids: frozenset[int], max_model_len: int, ecfg: EngineConfig
+    ):
         cfg = model.config
         self.model = model
         self.stop_ids = stop_ids  # eos and the other end-of-sequence ids
@@ -114,7 +116,10 @@ class PagedRunner:
 
     def reset_stats(self) -> None:
         self.stats = RunStats(kv_cache_bytes=self.cache.num_bytes())
-        self._prefix_base = (self.block_manager.stats.queried_tokens, self.block_manager.stats.hit_tokens)
+        self._prefix_base = (
+            self.block_manager.stats.queried_tokens,
+            self.block_manager.stats.hit_tokens,
+        )
         self._preempt_base = self.scheduler.num_preemptions
 
     # ---- one iteration ----
@@ -123,10 +128,15 @@ class PagedRunner:
         bm = self.block_manager
         before = (bm.num_allocated, bm.num_freed)
         sched = self.scheduler.schedule()
-        self._block_moves = (bm.num_allocated - before[0], bm.num_freed - before[1])  # during scheduling
+        self._block_moves = (
+            bm.num_allocated - before[0],
+            bm.num_freed - before[1],
+        )  # during scheduling
         self.stats.blocks_in_use.append(bm.num_used_blocks)  # what this step runs with
         if not sched.scheduled:
-            raise RuntimeError("scheduler made no progress")  # cannot happen: every request fits alone
+            raise RuntimeError(
+                "scheduler made no progress"
+            )  # cannot happen: every request fits alone
         now = time.perf_counter()
         for s in sched.scheduled:
             s.request.first_scheduled_time = s.request.first_scheduled_time or now
@@ -154,14 +164,18 @@ class PagedRunner:
         self.stats.steps += 1
         self.stats.tokens_computed += sum(s.num_new_tokens for s in sched.scheduled)
         self.stats.preemptions = self.scheduler.num_preemptions - self._preempt_base
-        self.stats.prefix_queried_tokens = self.block_manager.stats.queried_tokens - self._prefix_base[0]
+        self.stats.prefix_queried_tokens = (
+            self.block_manager.stats.queried_tokens - self._prefix_base[0]
+        )
         self.stats.prefix_hit_tokens = self.block_manager.stats.hit_tokens - self._prefix_base[1]
         end_step([(r, t) for r, t, _ in results])
         return results
 
     def _replays_graph(self, sched: SchedulerOutput) -> bool:
         """A pure-decode step (one new token per request, each sampling) that a captured graph covers."""
-        if self.graphs is None or active_tracer() is not None:  # the tracer wants to see every stage run
+        if (
+            self.graphs is None or active_tracer() is not None
+        ):  # the tracer wants to see every stage run
             return False
         decode = all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled)
         return decode and self.graphs.covers(len(sched.scheduled))
@@ -188,7 +202,9 @@ class PagedRunner:
             blocks = self.block_manager.block_ids(req)
             ids += req.all_token_ids[start : start + n]
             positions += range(start, start + n)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + n)]  # slot of each new token
+            slots += [
+                blocks[p // bs] * bs + p % bs for p in range(start, start + n)
+            ]  # slot of each new token
             rows.append(self.cache.write_row(req.request_id, blocks))
             q_lens.append(n)
             seq_lens.append(start + n)
@@ -207,7 +223,9 @@ class PagedRunner:
         kv = PagedKVStep(
             cache=self.cache,
             slot_mapping=to_device(slots, torch.long, device),
-            block_table=self.cache.block_table[to_device(rows, torch.long, device), :max_blocks].contiguous(),
+            block_table=self.cache.block_table[
+                to_device(rows, torch.long, device), :max_blocks
+            ].contiguous(),
             seq_lens=to_device(seq_lens, torch.int32, device),
             cu_seqlens_q=batch.cu_seqlens_q,
             cu_seqlens_q_host=cu,
@@ -221,7 +239,11 @@ class PagedRunner:
         infos = []
         for s in sched.scheduled:
             r = s.request
-            phase = "decode" if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1 else "prefill"
+            phase = (
+                "decode"
+                if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1
+                else "prefill"
+            )
             if phase == "prefill" and not s.samples:
                 phase = "prefill chunk"
             extra = {"blocks": self.block_manager.block_ids(r)}

@@ -47,9 +47,13 @@ def encode_prompt(
     check_text(prompt)
     messages = [{"role": "user", "content": prompt}]
     if special_tokens:  # trusted: the whole prompt is parsed, markers and all
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True) if chat else prompt
+        text = (
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True) if chat else prompt
+        )
         # a rendered chat template writes its own bos (Llama 2/3, Mistral): add none, as transformers
-        return text, ops("tokenize", text=text, tokenizer=tokenizer, add_special_tokens=not chat).tolist()
+        return text, ops(
+            "tokenize", text=text, tokenizer=tokenizer, add_special_tokens=not chat
+        ).tolist()
     if tokenizer.model == "llama":
         # SentencePiece puts a dummy "▁" at the start of each text chunk, so pieces tokenized apart
         # would not read as the whole: keep the whole, and refuse control tokens typed by the user.
@@ -58,19 +62,31 @@ def encode_prompt(
             raise StagewiseError(
                 f"the prompt contains the control token {typed[0]!r}; pass special_tokens=True to trust it"
             )
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True) if chat else prompt
-        return text, ops("tokenize", text=text, tokenizer=tokenizer, add_special_tokens=not chat).tolist()
-    segments = tokenizer.chat_segments(messages, add_generation_prompt=True) if chat else [(prompt, False)]
-    ids = [tokenizer.bos_id] if tokenizer.add_bos and not chat else []  # a chat template writes its own bos
+        text = (
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True) if chat else prompt
+        )
+        return text, ops(
+            "tokenize", text=text, tokenizer=tokenizer, add_special_tokens=not chat
+        ).tolist()
+    segments = (
+        tokenizer.chat_segments(messages, add_generation_prompt=True) if chat else [(prompt, False)]
+    )
+    ids = (
+        [tokenizer.bos_id] if tokenizer.add_bos and not chat else []
+    )  # a chat template writes its own bos
     for text, is_control in text_runs(segments, tokenizer.special_tokens):
         if is_control:  # one of the template's own markers
             ids.append(tokenizer.special_tokens[text])
         else:  # every character as text: [num_tokens]
-            ids += ops("tokenize", text=text, tokenizer=tokenizer.plain_text, add_special_tokens=False).tolist()
+            ids += ops(
+                "tokenize", text=text, tokenizer=tokenizer.plain_text, add_special_tokens=False
+            ).tolist()
     return "".join(piece for piece, _ in segments), ids
 
 
-def text_runs(segments: list[tuple[str, bool]], special_tokens: dict[str, int]) -> list[tuple[str, bool]]:
+def text_runs(
+    segments: list[tuple[str, bool]], special_tokens: dict[str, int]
+) -> list[tuple[str, bool]]:
     """(text, is_control) runs: the template's control tokens, and the text between them tokenized whole.
 
     Only a template piece's markers are control tokens. The text between two markers, template text

@@ -38,12 +38,16 @@ class RecomputeRunner:
             seqs = [r.all_token_ids for r in active]  # the whole sequence, every step
             batch = ForwardBatch.from_sequences(seqs, [0] * len(seqs), self.model.batch_device)
             infos = [
-                request_info(r, r.num_tokens, "prefill" if not r.output_token_ids else "recompute") for r in active
+                request_info(r, r.num_tokens, "prefill" if not r.output_token_ids else "recompute")
+                for r in active
             ]
             for r in active:
                 r.num_computed_tokens = 0  # nothing is cached: every token is computed again
             begin_step(
-                self.stats.steps, "naive", infos, {"positions": batch.positions, "cu_seqlens_q": batch.cu_seqlens_q}
+                self.stats.steps,
+                "naive",
+                infos,
+                {"positions": batch.positions, "cu_seqlens_q": batch.cu_seqlens_q},
             )
             logits = self.model.forward(batch, NoKVCache.of(batch))  # [B, vocab]
             self.stats.steps += 1

@@ -44,7 +44,9 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)  # when it was submitted
     first_scheduled_time: float | None = None  # when a step first ran any of its tokens
     token_times: list[float] = field(default_factory=list)  # when each output token was produced
-    seen: torch.Tensor | None = None  # [vocab] bool: prompt + output tokens (repetition penalty set)
+    seen: torch.Tensor | None = (
+        None  # [vocab] bool: prompt + output tokens (repetition penalty set)
+    )
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -77,11 +79,15 @@ class Request:
         if self.seen is not None:
             self.seen[token_id] = True
         params = self.params
-        is_eos = token_id in stop_ids and not params.ignore_eos  # eos, or another end-of-sequence id
+        is_eos = (
+            token_id in stop_ids and not params.ignore_eos
+        )  # eos, or another end-of-sequence id
         if is_eos:
             self.finish_reason = FinishReason.STOP
             return self.text_stream.finish()  # the EOS token itself adds no text
-        done_by_length = len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len
+        done_by_length = (
+            len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len
+        )
         delta = self.text_stream.push(token_id, final=done_by_length)
         if self.text_stream.stopped_by is not None:
             self.finish_reason = FinishReason.STOP

@@ -10,10 +10,16 @@ class RunStats:
     padding_tokens: int = 0  # rows that were padding or belonged to finished requests (wasted work)
     kv_cache_bytes: int = 0  # KV cache allocated for the run
     preemptions: int = 0  # requests sent back to waiting because blocks ran out (paged)
-    blocks_in_use: list[int] = field(default_factory=list)  # KV blocks held during each step (paged)
+    blocks_in_use: list[int] = field(
+        default_factory=list
+    )  # KV blocks held during each step (paged)
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (paged)
     prefix_hit_tokens: int = 0  # of those, tokens whose K/V were reused (paged)
 
     @property
     def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
+        return (
+            self.prefix_hit_tokens / self.prefix_queried_tokens
+            if self.prefix_queried_tokens
+            else 0.0
+        )

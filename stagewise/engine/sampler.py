@@ -16,18 +16,26 @@ from stagewise.stages.sampling import SamplingTensors
 def sample_next_tokens(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list[int]:
     """logits [num_seqs, vocab] (row b = requests[b]) -> one token id per request."""
     vocab = logits.shape[-1]
-    if logits.is_meta:  # a shape-only model has no numbers: sample from all-zero logits (token 0, greedy)
+    if (
+        logits.is_meta
+    ):  # a shape-only model has no numbers: sample from all-zero logits (token 0, greedy)
         logits = torch.zeros(logits.shape, dtype=logits.dtype)
     if any(r.params.repetition_penalty != 1.0 for r in requests):
         seen = torch.stack([r.seen_mask(vocab) for r in requests])  # [B, vocab] bool, on the host
     else:
-        seen = torch.zeros(len(requests), vocab, dtype=torch.bool, device=logits.device)  # no penalty: nothing
+        seen = torch.zeros(
+            len(requests), vocab, dtype=torch.bool, device=logits.device
+        )  # no penalty: nothing
     sampling = SamplingTensors.from_params(
         params=[r.params for r in requests],
         seen=seen,
-        offsets=[len(r.output_token_ids) for r in requests],  # each request's position in its own stream
+        offsets=[
+            len(r.output_token_ids) for r in requests
+        ],  # each request's position in its own stream
         seeds=[r.seed for r in requests],
         device=logits.device,
     )
     tokens = ops("sampling", logits=logits, sampling=sampling)  # [B, vocab] -> [B]
-    return tokens.tolist()  # the step's one device -> host read: the engine needs the ids (EOS, stop strings)
+    return (
+        tokens.tolist()
+    )  # the step's one device -> host read: the engine needs the ids (EOS, stop strings)

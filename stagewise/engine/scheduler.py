@@ -50,7 +50,9 @@ class ScheduledRequest:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)  # requests sent back to waiting this step
+    preempted: list[Request] = field(
+        default_factory=list
+    )  # requests sent back to waiting this step
     admitted: list[Request] = field(default_factory=list)  # waiting requests that started running
 
     @property
@@ -69,7 +71,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs  # constraint 1
         self.max_num_batched_tokens = max_num_batched_tokens  # constraint 2
-        self.prefill_beside_decodes = prefill_beside_decodes  # constraint 2, in steps with decodes (None: no cap)
+        self.prefill_beside_decodes = (
+            prefill_beside_decodes  # constraint 2, in steps with decodes (None: no cap)
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -88,7 +92,9 @@ class Scheduler:
         bm = self.block_manager
         decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
         cap = self.prefill_beside_decodes
-        prefill_left = min(budget, cap) if decoding and cap is not None else budget  # prompt tokens this step
+        prefill_left = (
+            min(budget, cap) if decoding and cap is not None else budget
+        )  # prompt tokens this step
 
         # 1) running requests, FCFS; preempt from the back when blocks run out
         i = 0
@@ -96,7 +102,9 @@ class Scheduler:
             req = self.running[i]
             remaining = req.num_tokens - req.num_computed_tokens
             n = min(remaining, budget) if remaining == 1 else min(remaining, budget, prefill_left)
-            if n == 0:  # a prefill chunk, and this step's prompt tokens are spent: it continues next step
+            if (
+                n == 0
+            ):  # a prefill chunk, and this step's prompt tokens are spent: it continues next step
                 i += 1
                 continue
             while not bm.allocate(req, n):

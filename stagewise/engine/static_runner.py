@@ -30,7 +30,14 @@ from stagewise.runtime import to_device
 
 
 class StaticBatchRunner:
-    def __init__(self, model: LlamaModel, stop_ids: frozenset[int], pad_id: int, max_model_len: int, max_num_seqs: int):
+    def __init__(
+        self,
+        model: LlamaModel,
+        stop_ids: frozenset[int],
+        pad_id: int,
+        max_model_len: int,
+        max_num_seqs: int,
+    ):
         self.model = model
         self.stop_ids = stop_ids  # eos and the other end-of-sequence ids
         self.pad_id = pad_id
@@ -50,7 +57,13 @@ class StaticBatchRunner:
         pads = [prompt_len - r.num_prompt_tokens for r in reqs]
         capacity = prompt_len + max(r.params.max_tokens for r in reqs)
         cache = ContiguousKVCache(
-            cfg.num_layers, num_rows, capacity, cfg.num_kv_heads, cfg.head_dim, self.model.dtype, device
+            cfg.num_layers,
+            num_rows,
+            capacity,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.model.dtype,
+            device,
         )
         self.stats.kv_cache_bytes = max(self.stats.kv_cache_bytes, cache.num_bytes())
         row_start = [b * capacity for b in range(num_rows)]
@@ -60,13 +73,19 @@ class StaticBatchRunner:
         for b, r in enumerate(reqs):
             ids += [self.pad_id] * pads[b] + r.prompt_token_ids
             positions += [0] * pads[b] + list(range(r.num_prompt_tokens))
-            slots += [-1] * pads[b] + [row_start[b] + pads[b] + t for t in range(r.num_prompt_tokens)]
-        cu_q = [b * prompt_len for b in range(num_rows + 1)]  # [B+1]: every row has P_max query rows
+            slots += [-1] * pads[b] + [
+                row_start[b] + pads[b] + t for t in range(r.num_prompt_tokens)
+            ]
+        cu_q = [
+            b * prompt_len for b in range(num_rows + 1)
+        ]  # [B+1]: every row has P_max query rows
         seq_lens = [r.num_prompt_tokens for r in reqs]
         now = time.perf_counter()
         for r in reqs:
             r.status, r.first_scheduled_time = RequestStatus.RUNNING, now
-        yield from self._step(reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, len(ids), sum(pads))
+        yield from self._step(
+            reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, len(ids), sum(pads)
+        )
 
         # Decode: one token per row until the longest request is done.
         while not all(r.finished for r in reqs):
@@ -83,7 +102,9 @@ class StaticBatchRunner:
                     seq_lens[b] = r.num_tokens
             wasted = sum(r.finished for r in reqs)
             cu_q = list(range(num_rows + 1))  # one query row per sequence
-            yield from self._step(reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_rows, wasted)
+            yield from self._step(
+                reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_rows, wasted
+            )
 
     def _step(self, reqs, cache, ids, positions, slots, cu_q, pads, seq_lens, num_tokens, wasted):
         device = self.model.batch_device
@@ -95,7 +116,9 @@ class StaticBatchRunner:
             cu_seqlens_q_host=cu_q,
             max_q_len=num_tokens // len(reqs),  # every row has the same count: P_max, or 1
         )
-        starts = [b * cache.capacity + pads[b] for b in range(len(reqs))] + [len(reqs) * cache.capacity]
+        starts = [b * cache.capacity + pads[b] for b in range(len(reqs))] + [
+            len(reqs) * cache.capacity
+        ]
         kv = ContiguousKVStep(
             cache=cache,
             slot_mapping=to_device(slots, torch.long, device),
@@ -137,7 +160,9 @@ class StaticBatchRunner:
         self.stats.padding_tokens += wasted
         live = [b for b, r in enumerate(reqs) if not r.finished]
         if len(live) < len(reqs):  # rows of finished requests are not sampled
-            logits = logits.index_select(0, to_device(live, torch.long, logits.device))  # [B, V] -> [live, V]
+            logits = logits.index_select(
+                0, to_device(live, torch.long, logits.device)
+            )  # [B, V] -> [live, V]
         tokens = sample_next_tokens(self.model.ops, logits, [reqs[b] for b in live])
         results = []
         for b, token in zip(live, tokens):

@@ -10,10 +10,14 @@ def _plain(value):
     return value.tolist() if isinstance(value, torch.Tensor) else value
 
 
-def begin_step(index: int, mode: str, requests: list[dict], batch: dict, scheduler: dict | None = None) -> None:
+def begin_step(
+    index: int, mode: str, requests: list[dict], batch: dict, scheduler: dict | None = None
+) -> None:
     tracer = active_tracer()
     if tracer is not None:
-        tracer.begin_step(index, mode, requests, {k: _plain(v) for k, v in batch.items()}, scheduler)
+        tracer.begin_step(
+            index, mode, requests, {k: _plain(v) for k, v in batch.items()}, scheduler
+        )
 
 
 def end_step(sampled: list[tuple[Request, int]]) -> None:

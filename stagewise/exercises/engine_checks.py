@@ -73,8 +73,10 @@ def check_rows_computed(fn) -> str:
     """my_rows_computed(prompt_len, new_tokens) -> (rows the naive engine computes, rows the kv engine computes)."""
     for prompt_len, new_tokens in [(5, 1), (7, 4), (3, 9)]:
         got = tuple(call(fn, prompt_len, new_tokens))  # first: a stub stops here, before any engine runs
-        want = (run_tiny("naive", [prompt_len], [new_tokens]).tokens_computed,
-                run_tiny("kv", [prompt_len], [new_tokens]).tokens_computed)
+        want = (
+            run_tiny("naive", [prompt_len], [new_tokens]).tokens_computed,
+            run_tiny("kv", [prompt_len], [new_tokens]).tokens_computed,
+        )
         equal(got, want, f"P = {prompt_len}, n = {new_tokens}")
     return "3 requests: the engines' own row counters (tiny model, modes naive and kv)"
 
@@ -108,8 +110,14 @@ def check_slot_mapping(fn) -> str:
     for chunk in (range(0, 9), range(9, 13), range(13, 14)):  # a prefill, a chunk, a decode token
         slots = torch.as_tensor(call(fn, list(block_ids), list(chunk), block_size), dtype=torch.long)
         equal(slots.shape[0], len(chunk), "number of slots")
-        STAGES["kv_store"].naive(k=k[chunk.start : chunk.stop], v=k[chunk.start : chunk.stop], k_cache=k_cache,
-                                 v_cache=v_cache, slot_mapping=slots, all_slots_valid=True)
+        STAGES["kv_store"].naive(
+            k=k[chunk.start : chunk.stop],
+            v=k[chunk.start : chunk.stop],
+            k_cache=k_cache,
+            v_cache=v_cache,
+            slot_mapping=slots,
+            all_slots_valid=True,
+        )
     back = gather_kv(k_cache.view(num_blocks, block_size, Hkv, d), torch.tensor(block_ids), seq_len)
     close(back, k, "K read back through the block table", atol=0, rtol=0)
     return "K written through your slots (kv_store) reads back in order through the block table"
@@ -176,8 +184,14 @@ def check_merge_splits(fn) -> str:
     H, Hkv, d, n = TINY.num_heads, TINY.num_kv_heads, TINY.head_dim, 40
     q = torch.randn(1, H, d, generator=g)  # one decode query
     k, v = torch.randn(n, Hkv, d, generator=g), torch.randn(n, Hkv, d, generator=g)  # its n cached keys and values
-    want = STAGES["attention"].naive(q=q, k=k, v=v, cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
-                                     cu_seqlens_k=torch.tensor([0, n], dtype=torch.int32), scale=d**-0.5)  # [1, H, d]
+    want = STAGES["attention"].naive(
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
+        cu_seqlens_k=torch.tensor([0, n], dtype=torch.int32),
+        scale=d**-0.5,
+    )  # [1, H, d]
     for splits in (1, 3, 8):
         for h in (0, H - 1):
             kv_head = h // (H // Hkv)

@@ -45,7 +45,14 @@ from stagewise.kernels.checks import (
     check_same_device,
 )
 from stagewise.kernels.matmul import round_to_bf16
-from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.kernels.row_tiles import (
+    TileConfig,
+    gpu_candidates,
+    launch,
+    token_bucket,
+    tokens_per_program,
+    warps_for,
+)
 from stagewise.kernels.targets import checked_target
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,10 +85,16 @@ def _silu_and_mul_kernel(
     out = gate / (1.0 + tl.exp(-gate)) * up
     if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         out = round_to_bf16(out)
-    tl.store(out_ptr + rows64 * stride_out_row + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows64 * stride_out_row + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
-def silu_and_mul_tiles(num_tokens: int, inter: int, interpreter: bool = INTERPRETER) -> tuple[TileConfig, ...]:
+def silu_and_mul_tiles(
+    num_tokens: int, inter: int, interpreter: bool = INTERPRETER
+) -> tuple[TileConfig, ...]:
     """Tile candidates: one under the interpreter, a few around it on a GPU.
 
     BLOCK_C: up to MAX_BLOCK columns, a power of 2 dividing `inter` when one >= MIN_BLOCK does;
@@ -102,7 +115,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     check_dtype("silu_and_mul", "gate_up", gate_up, FLOAT_DTYPES)
     check_same_device("silu_and_mul", gate_up=gate_up)
     if gate_up.shape[1] % 2:
-        raise KernelInputError(f"silu_and_mul: gate_up last dimension must be even (gate | up), got {gate_up.shape[1]}")
+        raise KernelInputError(
+            f"silu_and_mul: gate_up last dimension must be even (gate | up), got {gate_up.shape[1]}"
+        )
     if gate_up.shape[1]:
         check_last_dim_contiguous("silu_and_mul", "gate_up", gate_up)
     num_tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
@@ -114,7 +129,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         _silu_and_mul_kernel,
         silu_and_mul_tiles(num_tokens, inter),
         key=("tokens_bucket", "inter"),
-        grid=lambda meta: (triton.cdiv(num_tokens, meta["BLOCK_T"]), triton.cdiv(inter, meta["BLOCK_C"])),
+        grid=lambda meta: (
+            triton.cdiv(num_tokens, meta["BLOCK_T"]),
+            triton.cdiv(inter, meta["BLOCK_C"]),
+        ),
         gate_up_ptr=gate_up,
         out_ptr=out,
         num_tokens=num_tokens,

@@ -63,11 +63,17 @@ from stagewise.kernels.targets import Target
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
-M_INIT_VALUE = -1.0e30  # the running max's start: finite, so a row with no visible key never computes -inf - -inf
-M_INIT = tl.constexpr(M_INIT_VALUE)  # the same for kernels (@triton.jit code may read constexpr globals only)
+M_INIT_VALUE = (
+    -1.0e30
+)  # the running max's start: finite, so a row with no visible key never computes -inf - -inf
+M_INIT = tl.constexpr(
+    M_INIT_VALUE
+)  # the same for kernels (@triton.jit code may read constexpr globals only)
 
 
-def online_softmax_reference(scores: torch.Tensor, values: torch.Tensor, block_n: int) -> torch.Tensor:
+def online_softmax_reference(
+    scores: torch.Tensor, values: torch.Tensor, block_n: int
+) -> torch.Tensor:
     """softmax(scores) @ values, walking the keys `block_n` at a time; never holds a full row of P.
 
     scores [M, N] (-inf = masked), values [N, d] -> [M, d]. Rows with no finite score give 0.
@@ -75,14 +81,18 @@ def online_softmax_reference(scores: torch.Tensor, values: torch.Tensor, block_n
     scores, values = scores.double(), values.double()
     m = torch.full((scores.shape[0],), M_INIT_VALUE, dtype=torch.float64)  # [M] running max
     row_sum = torch.zeros(scores.shape[0], dtype=torch.float64)  # [M] running sum of exp(s - m)
-    acc = torch.zeros(scores.shape[0], values.shape[1], dtype=torch.float64)  # [M, d] running sum of exp(s - m) v
+    acc = torch.zeros(
+        scores.shape[0], values.shape[1], dtype=torch.float64
+    )  # [M, d] running sum of exp(s - m) v
     for start in range(0, scores.shape[1], block_n):
         s = scores[:, start : start + block_n]  # [M, block_n]: one tile of scores
         m_new = torch.maximum(m, s.max(dim=1).values)  # [M]
         alpha = torch.exp(m - m_new)  # [M] rescale factor for everything summed so far
         p = torch.exp(s - m_new[:, None])  # [M, block_n]
         row_sum = alpha * row_sum + p.sum(dim=1)
-        acc = alpha[:, None] * acc + p @ values[start : start + block_n]  # [M, block_n] @ [block_n, d]
+        acc = (
+            alpha[:, None] * acc + p @ values[start : start + block_n]
+        )  # [M, block_n] @ [block_n, d]
         m = m_new
     return torch.where(row_sum[:, None] > 0, acc / row_sum.clamp_min(1e-300)[:, None], 0.0)
 
@@ -113,12 +123,19 @@ def attend_tile(
     p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]; masked -> exp2(-inf) = 0
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    acc += tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)  # 16-bit v: P rounded to 16 bits, as in FA
+    acc += tl.dot(
+        p.to(v.dtype), v, input_precision=INPUT_PRECISION
+    )  # 16-bit v: P rounded to 16 bits, as in FA
     return acc, m_new, l_i
 
 
 def check_qkv(
-    kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_ndim: int, kv_names=("k", "v")
+    kernel: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_ndim: int,
+    kv_names=("k", "v"),
 ) -> tuple[int, int, int]:
     """q [T, H, d] and K/V [..., Hkv, d] of one dtype and head_dim, H a multiple of Hkv -> (H, Hkv, d)."""
     k_name, v_name = kv_names
@@ -135,7 +152,9 @@ def check_qkv(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[-2]
     if k.shape[-1] != head_dim:
-        raise KernelInputError(f"{kernel}: {k_name} has head_dim {k.shape[-1]}, but q has {head_dim}")
+        raise KernelInputError(
+            f"{kernel}: {k_name} has head_dim {k.shape[-1]}, but q has {head_dim}"
+        )
     check_head_dim(kernel, head_dim)
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
         raise KernelInputError(
@@ -170,7 +189,15 @@ def fma_dots(dtype: torch.dtype, target: Target) -> bool:
     return dtype == torch.float32 or target.capability < 80
 
 
-def tile_fits(block_m: int, block_n: int, num_warps: int, num_stages: int, head_dim: int, dtype, target: Target):
+def tile_fits(
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    head_dim: int,
+    dtype,
+    target: Target,
+):
     """Whether an attention tile fits a GPU: its shared memory, and registers without spilling.
 
     Shared memory (bytes): num_stages - 1 pairs of K and V tiles [BLOCK_N, d] in flight, the Q tile
@@ -186,10 +213,18 @@ def tile_fits(block_m: int, block_n: int, num_warps: int, num_stages: int, head_
         return True
     size, threads = dtype.itemsize, 32 * num_warps
     kv = 2 * block_n * head_dim * size
-    shared = max(num_stages - 1, 1) * kv + (block_m * head_dim + block_m * block_n) * size + block_m * 4
-    if fma_dots(dtype, target):  # measured: sm_90 (ptxas 13) and sm_75 spill at half what sm_80/89 hold
-        registers_ok = block_m * block_n * head_dim <= (512 if 80 <= target.capability < 90 else 256) * threads
+    shared = (
+        max(num_stages - 1, 1) * kv + (block_m * head_dim + block_m * block_n) * size + block_m * 4
+    )
+    if fma_dots(
+        dtype, target
+    ):  # measured: sm_90 (ptxas 13) and sm_75 spill at half what sm_80/89 hold
+        registers_ok = (
+            block_m * block_n * head_dim <= (512 if 80 <= target.capability < 90 else 256) * threads
+        )
     else:
-        words = (block_m * head_dim * (4 + size) + block_m * block_n * (4 + size) + kv) // (4 * threads)
+        words = (block_m * head_dim * (4 + size) + block_m * block_n * (4 + size) + kv) // (
+            4 * threads
+        )
         registers_ok = words <= 160
     return shared <= target.shared_memory and registers_ok

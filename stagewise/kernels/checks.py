@@ -17,7 +17,9 @@ class KernelInputError(StagewiseError):
 def check_dtype(kernel: str, name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise KernelInputError(f"{kernel}: {name} has dtype {str(t.dtype).removeprefix('torch.')}, expected {names}")
+        raise KernelInputError(
+            f"{kernel}: {name} has dtype {str(t.dtype).removeprefix('torch.')}, expected {names}"
+        )
 
 
 def check_dim(kernel: str, name: str, t: torch.Tensor, ndim: int) -> None:
@@ -42,7 +44,9 @@ def check_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
 
 def check_last_dim_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
     if t.stride(-1) != 1:
-        raise KernelInputError(f"{kernel}: {name} must have a contiguous last dimension (strides {list(t.stride())})")
+        raise KernelInputError(
+            f"{kernel}: {name} must have a contiguous last dimension (strides {list(t.stride())})"
+        )
 
 
 def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
@@ -51,14 +55,20 @@ def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
         raise KernelInputError(f"{kernel}: tensors are on different devices: {devices}")
     device = next(iter(devices.values()))
     if device.type not in ("cpu", "cuda"):
-        raise KernelInputError(f"{kernel}: tensors must be on cpu (interpreter) or cuda, got {devices}")
+        raise KernelInputError(
+            f"{kernel}: tensors must be on cpu (interpreter) or cuda, got {devices}"
+        )
     from stagewise.kernels import INTERPRETER  # the package sets it before any kernel module loads
 
     if device.type != ("cpu" if INTERPRETER else "cuda"):
         where = "the CPU interpreter" if INTERPRETER else "the GPU"
-        raise KernelInputError(f"{kernel}: tensors are on {device.type}, but Triton runs on {where} in this process")
+        raise KernelInputError(
+            f"{kernel}: tensors are on {device.type}, but Triton runs on {where} in this process"
+        )
 
 
 def check_head_dim(kernel: str, head_dim: int) -> None:
     if head_dim not in (16, 32, 64, 128, 256):
-        raise KernelInputError(f"{kernel}: head_dim {head_dim} is not supported; use 16, 32, 64, 128 or 256")
+        raise KernelInputError(
+            f"{kernel}: head_dim {head_dim} is not supported; use 16, 32, 64, 128 or 256"
+        )

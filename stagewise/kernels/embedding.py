@@ -49,7 +49,14 @@ from stagewise.kernels.checks import (
     check_dtype,
     check_same_device,
 )
-from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.kernels.row_tiles import (
+    TileConfig,
+    gpu_candidates,
+    launch,
+    token_bucket,
+    tokens_per_program,
+    warps_for,
+)
 from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
@@ -58,8 +65,12 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ID_DTYPES = (torch.int32, torch.int64)
 MAX_BLOCK = 4096  # columns per program: a whole Llama-3-8B row
 MIN_BLOCK = 256  # narrowest column block when a short batch splits its rows
-TOKEN_TILE = 8192  # elements of one [BLOCK_T, BLOCK_C] tile: 16 KB in bf16 (interpreter; GPU: around it)
-MIN_PROGRAMS = 128  # a short batch splits its rows until it has this many programs (about one per SM)
+TOKEN_TILE = (
+    8192  # elements of one [BLOCK_T, BLOCK_C] tile: 16 KB in bf16 (interpreter; GPU: around it)
+)
+MIN_PROGRAMS = (
+    128  # a short batch splits its rows until it has this many programs (about one per SM)
+)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
@@ -76,15 +87,21 @@ def _embedding_kernel(
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
     token_ok = tokens < num_tokens
-    rows = tl.load(ids_ptr + tokens, mask=token_ok, other=0).to(tl.int64)  # [BLOCK_T] which table rows
-    mask = token_ok[:, None] & (cols < hidden)[None, :]  # [BLOCK_T, BLOCK_C]: ragged last tile, last columns
+    rows = tl.load(ids_ptr + tokens, mask=token_ok, other=0).to(
+        tl.int64
+    )  # [BLOCK_T] which table rows
+    mask = (
+        token_ok[:, None] & (cols < hidden)[None, :]
+    )  # [BLOCK_T, BLOCK_C]: ragged last tile, last columns
     src = weight_ptr + rows[:, None] * hidden + cols[None, :]  # int64: vocab * hidden may pass 2^31
     values = tl.load(src, mask=mask, other=0.0)  # [BLOCK_T, BLOCK_C], no arithmetic
     dst = out_ptr + tokens.to(tl.int64)[:, None] * hidden + cols[None, :]
     tl.store(dst, values, mask=mask)
 
 
-def embedding_tiles(num_tokens: int, hidden: int, interpreter: bool = INTERPRETER) -> tuple[TileConfig, ...]:
+def embedding_tiles(
+    num_tokens: int, hidden: int, interpreter: bool = INTERPRETER
+) -> tuple[TileConfig, ...]:
     """Tile candidates: one under the interpreter, a few around it on a GPU.
 
     Whole rows up to MAX_BLOCK columns, and BLOCK_T tokens so the tile is about TOKEN_TILE elements;
@@ -92,7 +109,10 @@ def embedding_tiles(num_tokens: int, hidden: int, interpreter: bool = INTERPRETE
     """
     block_c = min(triton.next_power_of_2(hidden), MAX_BLOCK)
     block_t = tokens_per_program(num_tokens, block_c, TOKEN_TILE)
-    while block_t > 1 and triton.cdiv(num_tokens, block_t) * triton.cdiv(hidden, block_c) < MIN_PROGRAMS:
+    while (
+        block_t > 1
+        and triton.cdiv(num_tokens, block_t) * triton.cdiv(hidden, block_c) < MIN_PROGRAMS
+    ):
         block_t //= 2
     while block_c > MIN_BLOCK and num_tokens * triton.cdiv(hidden, block_c) < MIN_PROGRAMS:
         block_c //= 2
@@ -121,7 +141,9 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if debug_checks():  # a value check reads ids on the host: a sync, so only on request
         lo, hi = torch.stack(list(torch.aminmax(ids))).tolist()
         if lo < 0 or hi >= vocab:
-            raise KernelInputError(f"{NAME}: ids must lie in [0, {vocab}) (the vocab size); got min {lo}, max {hi}")
+            raise KernelInputError(
+                f"{NAME}: ids must lie in [0, {vocab}) (the vocab size); got min {lo}, max {hi}"
+            )
     ids = ids.contiguous()  # [T]: a strided id vector is copied (T ints, negligible)
     checked_target(NAME, weight)  # the pre-Ampere policy (targets.py)
 
@@ -129,7 +151,10 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         _embedding_kernel,
         embedding_tiles(num_tokens, hidden),
         key=("tokens_bucket", "hidden"),
-        grid=lambda meta: (triton.cdiv(num_tokens, meta["BLOCK_T"]), triton.cdiv(hidden, meta["BLOCK_C"])),
+        grid=lambda meta: (
+            triton.cdiv(num_tokens, meta["BLOCK_T"]),
+            triton.cdiv(hidden, meta["BLOCK_C"]),
+        ),
         ids_ptr=ids,
         weight_ptr=weight,
         out_ptr=out,

@@ -90,14 +90,26 @@ from stagewise.kernels.targets import LaunchPlan, Target, checked_target, launch
 from stagewise.runtime import debug_checks
 
 NAME = "flash_attention"
-INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}  # the interpreter pays per op, not per FLOP: few, small tiles
+INTERPRETER_BLOCKS = {
+    "BLOCK_M": 16,
+    "BLOCK_N": 32,
+}  # the interpreter pays per op, not per FLOP: few, small tiles
 DECODE_ROWS = 16  # a longest run of at most this many (query, group head) rows gets the decode tile
-KV_TILE_BYTES = 8 * 1024  # decode: bytes of one K (or V) tile, sets BLOCK_N; 16 KB spills registers (ptxas)
+KV_TILE_BYTES = (
+    8 * 1024
+)  # decode: bytes of one K (or V) tile, sets BLOCK_N; 16 KB spills registers (ptxas)
 
 
 # GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner may try; `_fits` keeps those that fit the
 # target, dtype and head_dim. fp32 dots run on FMA units and hold whole operand rows per thread: small tiles.
-TILES_16BIT = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)]
+TILES_16BIT = [
+    (128, 64, 4, 3),
+    (128, 64, 8, 3),
+    (128, 32, 4, 3),
+    (128, 32, 8, 3),
+    (64, 64, 4, 3),
+    (128, 128, 8, 2),
+]
 TILES_16BIT += [(64, 32, 4, 2)]
 TILES_FP32 = [(64, 32, 8, 2), (32, 32, 8, 2), (32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
 
@@ -170,7 +182,9 @@ def _flash_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
     row_ok = query < q_len
     q_rows = (q_start + query).to(tl.int64)  # int64: row * stride may pass 2^31
-    q_ptrs = q_ptr + q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
+    q_ptrs = (
+        q_ptr + q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
+    )
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
     if FP32_DOTS:
         q = q.to(tl.float32)
@@ -180,8 +194,12 @@ def _flash_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     last_query = (tl.minimum(f0 + BLOCK_M, q_len * GROUP) - 1) // GROUP  # the tile's last query
-    hi = tl.maximum(tl.minimum(k_len, last_query + shift + 1), 0)  # keys past hi: no row of the tile sees them
-    full = tl.maximum(tl.minimum(k_len, f0 // GROUP + shift + 1), 0)  # keys before full: every row sees them
+    hi = tl.maximum(
+        tl.minimum(k_len, last_query + shift + 1), 0
+    )  # keys past hi: no row of the tile sees them
+    full = tl.maximum(
+        tl.minimum(k_len, f0 // GROUP + shift + 1), 0
+    )  # keys before full: every row sees them
     full = (full // BLOCK_N) * BLOCK_N  # whole tiles only
     lo = 0
     if NUM_SPLITS > 1:  # this program's share of [0, hi), in whole tiles
@@ -198,7 +216,9 @@ def _flash_attention_kernel(
         v = tl.load(v_base + keys[:, None] * stride_v_token)
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION)
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION
+        )
 
     for n0 in range(mid, hi, BLOCK_N):  # the diagonal band: causal and length masks
         cols = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions within the sequence
@@ -209,15 +229,23 @@ def _flash_attention_kernel(
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
         visible = (cols[None, :] <= query[:, None] + shift) & col_ok[None, :]  # [BLOCK_M, BLOCK_N]
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION)
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION
+        )
 
     o_rows = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head  # [BLOCK_M, 1]
     if NUM_SPLITS == 1:
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0 and l == 0 -> writes 0
+        l_safe = tl.where(
+            l_i > 0.0, l_i, 1.0
+        )  # a row that saw no key has acc == 0 and l == 0 -> writes 0
         out = acc / l_safe[:, None]
-        tl.store(out_ptr + o_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            out_ptr + o_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]
+        )
     else:  # unnormalised partials; split_k_reduce merges the NUM_SPLITS of each row
-        tl.store(out_ptr + o_rows + split * stride_o_split + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(
+            out_ptr + o_rows + split * stride_o_split + dims[None, :], acc, mask=row_ok[:, None]
+        )
         ml_rows = q_rows * stride_ml_token + head * stride_ml_head + split  # [BLOCK_M]
         tl.store(m_part_ptr + ml_rows, m_i, mask=row_ok)
         tl.store(l_part_ptr + ml_rows, l_i, mask=row_ok)
@@ -242,18 +270,28 @@ def _decode_blocks(head_dim: int, fp32_dots: bool) -> dict:
     return {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 1 if fp32_dots else 2}
 
 
-def flash_attention_plan(max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target) -> LaunchPlan:
+def flash_attention_plan(
+    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+) -> LaunchPlan:
     """Tiles: the interpreter's, the decode tile (a GQA group, fixed), or the autotuner's candidates that fit."""
     constexprs = {"GROUP": group, "HEAD_DIM": head_dim}
     if target.interpreter:
-        return LaunchPlan(NAME, constexprs, (triton.Config(INTERPRETER_BLOCKS, num_warps=4, num_stages=1),))
+        return LaunchPlan(
+            NAME, constexprs, (triton.Config(INTERPRETER_BLOCKS, num_warps=4, num_stages=1),)
+        )
     if max_q_len * group <= DECODE_ROWS:
         blocks = _decode_blocks(head_dim, dtype == torch.float32)
         warps, stages = blocks.pop("num_warps"), blocks.pop("num_stages")
-        while blocks["BLOCK_N"] > 16 and not tile_fits(*blocks.values(), warps, stages, head_dim, dtype, target):
+        while blocks["BLOCK_N"] > 16 and not tile_fits(
+            *blocks.values(), warps, stages, head_dim, dtype, target
+        ):
             blocks["BLOCK_N"] //= 2  # e.g. sm_75's FMA dots: fewer keys per tile
-        return LaunchPlan(NAME, constexprs, (triton.Config(blocks, num_warps=warps, num_stages=stages),))
-    return LaunchPlan(NAME, constexprs, tuple(c for c in _gpu_configs() if _fits(c, head_dim, dtype, target)))
+        return LaunchPlan(
+            NAME, constexprs, (triton.Config(blocks, num_warps=warps, num_stages=stages),)
+        )
+    return LaunchPlan(
+        NAME, constexprs, tuple(c for c in _gpu_configs() if _fits(c, head_dim, dtype, target))
+    )
 
 
 _flash_attention_kernel = triton.jit(_flash_attention_kernel)
@@ -279,7 +317,9 @@ def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_q_len: int | 
             )
     longest = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
     if max_q_len is not None and max_q_len < longest:
-        raise KernelInputError(f"{NAME}: max_q_len {max_q_len} is below the longest sequence's {longest} query rows")
+        raise KernelInputError(
+            f"{NAME}: max_q_len {max_q_len} is below the longest sequence's {longest} query rows"
+        )
 
 
 def flash_attention(
@@ -314,7 +354,13 @@ def flash_attention(
     if seqused_k is not None:
         check_index(NAME, "seqused_k", seqused_k, num_seqs)
         check_same_device(
-            NAME, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k
+            NAME,
+            q=q,
+            k=k,
+            v=v,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            seqused_k=seqused_k,
         )
     else:
         check_same_device(NAME, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
@@ -334,7 +380,9 @@ def flash_attention(
     if INTERPRETER or rows <= DECODE_ROWS:  # fixed tiles: the interpreter's, or the decode tile
         kernel, (config,) = _flash_attention_kernel, plan.configs
         blocks = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-        if num_splits is None:  # a few long sequences leave SMs idle: split their keys (flash decoding)
+        if (
+            num_splits is None
+        ):  # a few long sequences leave SMs idle: split their keys (flash decoding)
             programs = triton.cdiv(rows, blocks["BLOCK_M"]) * num_seqs * num_kv_heads
             num_splits = choose_num_splits(programs, k.shape[0] // num_seqs, num_sms(q.device))
     else:  # autotune picks BLOCK_M / BLOCK_N; a prefill grid is large enough unsplit
@@ -343,11 +391,19 @@ def flash_attention(
     if num_splits < 1:
         raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
     if num_splits == 1:
-        target, m_part, l_part = out, out, out  # the partial buffers are not touched without split-K
+        target, m_part, l_part = (
+            out,
+            out,
+            out,
+        )  # the partial buffers are not touched without split-K
         stride_o_split, stride_ml = 0, (0, 0)
     else:
-        target = torch.empty(*q.shape[:2], num_splits, head_dim, dtype=torch.float32, device=q.device)
-        m_part = torch.empty(*q.shape[:2], num_splits, dtype=torch.float32, device=q.device)  # [Tq, H, S]
+        target = torch.empty(
+            *q.shape[:2], num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        m_part = torch.empty(
+            *q.shape[:2], num_splits, dtype=torch.float32, device=q.device
+        )  # [Tq, H, S]
         l_part = torch.empty_like(m_part)
         stride_o_split, stride_ml = target.stride(2), m_part.stride()[:2]
     grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads * num_splits)
@@ -360,7 +416,9 @@ def flash_attention(
         l_part_ptr=l_part,
         cu_seqlens_q_ptr=cu_seqlens_q,
         cu_seqlens_k_ptr=cu_seqlens_k,
-        seqused_k_ptr=seqused_k if seqused_k is not None else cu_seqlens_k,  # unread without HAS_SEQUSED_K
+        seqused_k_ptr=seqused_k
+        if seqused_k is not None
+        else cu_seqlens_k,  # unread without HAS_SEQUSED_K
         qk_scale=qk_scale,
         q_len_bucket=min(triton.next_power_of_2(max_q_len), 8192),
         stride_q_token=q.stride(0),

@@ -56,7 +56,14 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_same_device,
 )
-from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, launch, token_bucket, tokens_per_program, warps_for
+from stagewise.kernels.row_tiles import (
+    TileConfig,
+    gpu_candidates,
+    launch,
+    token_bucket,
+    tokens_per_program,
+    warps_for,
+)
 from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
@@ -90,19 +97,31 @@ def _kv_store_kernel(
     heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)  # [BLOCK_HEADS]
     dims = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     token_ok = tokens < num_tokens
-    mask = token_ok[:, None, None] & (heads < num_kv_heads)[None, :, None] & (dims < HEAD_DIM)[None, None, :]
+    mask = (
+        token_ok[:, None, None]
+        & (heads < num_kv_heads)[None, :, None]
+        & (dims < HEAD_DIM)[None, None, :]
+    )
     rows = tokens.to(tl.int64)[:, None, None]  # int64: T * token_stride may pass 2^31
 
     # Issue all three loads before waiting on any: K, V and the slots are independent.
-    k_src = k_ptr + rows * k_token_stride + heads[None, :, None] * k_head_stride + dims[None, None, :]
+    k_src = (
+        k_ptr + rows * k_token_stride + heads[None, :, None] * k_head_stride + dims[None, None, :]
+    )
     k = tl.load(k_src, mask=mask, other=0.0)  # [BLOCK_T, BLOCK_HEADS, BLOCK_D]
-    v_src = v_ptr + rows * v_token_stride + heads[None, :, None] * v_head_stride + dims[None, None, :]
+    v_src = (
+        v_ptr + rows * v_token_stride + heads[None, :, None] * v_head_stride + dims[None, None, :]
+    )
     v = tl.load(v_src, mask=mask, other=0.0)
     slots = tl.load(slot_mapping_ptr + tokens, mask=token_ok, other=-1).to(tl.int64)  # [BLOCK_T]
 
     keep = mask & (slots >= 0)[:, None, None]  # -1: padding, not stored
-    within = heads[None, :, None] * HEAD_DIM + dims[None, None, :]  # [1, BLOCK_HEADS, BLOCK_D]: offset inside a slot
-    dst = slots[:, None, None] * (num_kv_heads * HEAD_DIM) + within  # [BLOCK_T, BLOCK_HEADS, BLOCK_D]
+    within = (
+        heads[None, :, None] * HEAD_DIM + dims[None, None, :]
+    )  # [1, BLOCK_HEADS, BLOCK_D]: offset inside a slot
+    dst = (
+        slots[:, None, None] * (num_kv_heads * HEAD_DIM) + within
+    )  # [BLOCK_T, BLOCK_HEADS, BLOCK_D]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=keep)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=keep)
 
@@ -125,7 +144,11 @@ def kv_store_tiles(
 
 
 def kv_store(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """k, v [T, Hkv, d] (strided along tokens allowed); caches [num_slots, Hkv, d] contiguous; slot_mapping [T].
 
@@ -178,7 +201,10 @@ def kv_store(
         _kv_store_kernel,
         candidates,
         key=("tokens_bucket", "num_kv_heads", "HEAD_DIM"),
-        grid=lambda meta: (triton.cdiv(num_tokens, meta["BLOCK_T"]), num_head_blocks),  # (token tile, head block)
+        grid=lambda meta: (
+            triton.cdiv(num_tokens, meta["BLOCK_T"]),
+            num_head_blocks,
+        ),  # (token tile, head block)
         k_ptr=k,
         k_token_stride=k.stride(0),
         k_head_stride=k.stride(1),

@@ -58,7 +58,13 @@ import triton.language as tl
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
 from stagewise.kernels.precision import dot_policy
-from stagewise.kernels.targets import INTERPRETER_TARGET, LaunchPlan, Target, checked_target, launch_target
+from stagewise.kernels.targets import (
+    INTERPRETER_TARGET,
+    LaunchPlan,
+    Target,
+    checked_target,
+    launch_target,
+)
 from stagewise.runtime import debug_checks
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,10 +84,17 @@ class GemmConfig:
     def __post_init__(self) -> None:
         blocks = (self.block_m, self.block_n, self.block_k)
         if any(b < 16 or b & (b - 1) for b in blocks) or self.group_m < 1:
-            raise KernelInputError(f"matmul: blocks {blocks} must be powers of two >= 16 (tl.dot), group_m >= 1")
+            raise KernelInputError(
+                f"matmul: blocks {blocks} must be powers of two >= 16 (tl.dot), group_m >= 1"
+            )
 
     def triton_config(self) -> "triton.Config":
-        meta = {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+        meta = {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "BLOCK_K": self.block_k,
+            "GROUP_M": self.group_m,
+        }
         return triton.Config(meta, num_warps=self.num_warps, num_stages=self.num_stages)
 
     def shared_memory(self, dtype: torch.dtype) -> int:
@@ -114,7 +127,9 @@ def gemm_configs(m: int, dtype: torch.dtype, target: Target) -> list[GemmConfig]
     return [c for c in configs if _fits(c, dtype, target)]
 
 
-def gemm_config(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, target: Target = INTERPRETER_TARGET):
+def gemm_config(
+    m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, target: Target = INTERPRETER_TARGET
+):
     """One fixed config per shape class: decode (m <= 16, memory bound) or prefill (compute bound).
 
     The interpreter always uses it; on a GPU the launcher autotunes instead, unless a config is passed
@@ -123,12 +138,16 @@ def gemm_config(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, tar
     """
     if target.interpreter:
         if m <= DECODE_MAX_M:
-            return GemmConfig(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4)
+            return GemmConfig(
+                block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4
+            )
         return GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
     return gemm_configs(m, dtype, target)[0]
 
 
-def gemm_plan(m: int, dtype: torch.dtype, target: Target, config: GemmConfig | None = None) -> LaunchPlan:
+def gemm_plan(
+    m: int, dtype: torch.dtype, target: Target, config: GemmConfig | None = None
+) -> LaunchPlan:
     """The launch's tile configs: a fixed one (interpreter, or `config`), else the autotuner's candidates."""
     if config is not None or target.interpreter:
         configs = [config or gemm_config(m, 0, 0, dtype, target)]
@@ -192,7 +211,9 @@ def _matmul_kernel(
     mask_n = offs_n < N
 
     if GATHER:
-        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)  # [BLOCK_M] rows of a
+        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(
+            tl.int64
+        )  # [BLOCK_M] rows of a
     else:
         rows_a = offs_m.to(tl.int64)  # int64: row * stride may pass 2**31 on large inputs
     cols_b = offs_n.to(tl.int64)
@@ -207,7 +228,9 @@ def _matmul_kernel(
         if FP32_DOTS:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
+        acc = tl.dot(
+            a, b, acc, input_precision=INPUT_PRECISION
+        )  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
@@ -223,7 +246,9 @@ def _matmul_kernel(
 _DECODE_CONFIGS = [
     GemmConfig(16, 128, 128, 1, num_warps=4, num_stages=4),  # bf16: 108 KB: sm_80, sm_90
     GemmConfig(16, 64, 128, 1, num_warps=4, num_stages=4),  # bf16: 60 KB: every target from sm_80
-    GemmConfig(16, 32, 256, 1, num_warps=4, num_stages=3),  # narrow N tiles: more programs for small N
+    GemmConfig(
+        16, 32, 256, 1, num_warps=4, num_stages=3
+    ),  # narrow N tiles: more programs for small N
     GemmConfig(16, 64, 64, 1, num_warps=4, num_stages=4),
     # FMA dots (fp32, sm_75): short K steps, so each thread's operand rows stay in registers
     GemmConfig(16, 128, 32, 1, num_warps=4, num_stages=4),
@@ -254,7 +279,14 @@ def _prune(configs: list, named_args: dict, **kwargs) -> list:
 
 def _from_triton(c: "triton.Config") -> GemmConfig:
     meta = c.kwargs
-    return GemmConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["GROUP_M"], c.num_warps, c.num_stages)
+    return GemmConfig(
+        meta["BLOCK_M"],
+        meta["BLOCK_N"],
+        meta["BLOCK_K"],
+        meta["GROUP_M"],
+        c.num_warps,
+        c.num_stages,
+    )
 
 
 if not INTERPRETER:
@@ -275,7 +307,9 @@ if not INTERPRETER:
     }
 
 
-def _check_inputs(a: torch.Tensor, b: torch.Tensor, row_index: torch.Tensor | None, out_dtype) -> None:
+def _check_inputs(
+    a: torch.Tensor, b: torch.Tensor, row_index: torch.Tensor | None, out_dtype
+) -> None:
     check_dim("matmul", "a", a, 2)
     check_dim("matmul", "b", b, 2)
     check_dtype("matmul", "a", a, FLOAT_DTYPES)
@@ -283,19 +317,27 @@ def _check_inputs(a: torch.Tensor, b: torch.Tensor, row_index: torch.Tensor | No
     if a.dtype != b.dtype:
         raise KernelInputError(f"matmul: a is {a.dtype} but b is {b.dtype}; cast one so they match")
     if a.shape[1] != b.shape[0]:
-        raise KernelInputError(f"matmul: inner dimensions differ: a {list(a.shape)} @ b {list(b.shape)}")
+        raise KernelInputError(
+            f"matmul: inner dimensions differ: a {list(a.shape)} @ b {list(b.shape)}"
+        )
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
-        raise KernelInputError(f"matmul: out_dtype {out_dtype} is not one of float32, bfloat16, float16")
+        raise KernelInputError(
+            f"matmul: out_dtype {out_dtype} is not one of float32, bfloat16, float16"
+        )
     if row_index is None:
         check_same_device("matmul", a=a, b=b)
         return
     check_same_device("matmul", a=a, b=b, row_index=row_index)
     check_dim("matmul", "row_index", row_index, 1)
     check_dtype("matmul", "row_index", row_index, INDEX_DTYPES)
-    if debug_checks() and row_index.numel():  # a value check reads row_index on the host: a sync, on request only
+    if (
+        debug_checks() and row_index.numel()
+    ):  # a value check reads row_index on the host: a sync, on request only
         lo, hi = torch.stack(list(torch.aminmax(row_index))).tolist()
         if lo < 0 or hi >= a.shape[0]:
-            raise KernelInputError(f"matmul: row_index spans [{lo}, {hi}] but a has {a.shape[0]} rows")
+            raise KernelInputError(
+                f"matmul: row_index spans [{lo}, {hi}] but a has {a.shape[0]} rows"
+            )
 
 
 def matmul(
@@ -324,9 +366,15 @@ def matmul(
     if k == 0:
         return c.zero_()
     policy = dot_policy(a.dtype)
-    target = checked_target("matmul", a)  # the pre-Ampere policy (targets.py), for the decode path too
-    if config is None and m <= DECODE_MAX_M:  # decode: split-K over the weights (kernels/matmul_decode.py)
-        from stagewise.kernels.matmul_decode import matmul_decode  # imported here: it imports this module
+    target = checked_target(
+        "matmul", a
+    )  # the pre-Ampere policy (targets.py), for the decode path too
+    if (
+        config is None and m <= DECODE_MAX_M
+    ):  # decode: split-K over the weights (kernels/matmul_decode.py)
+        from stagewise.kernels.matmul_decode import (
+            matmul_decode,
+        )  # imported here: it imports this module
 
         return matmul_decode(a, b, c, row_index=row_index, policy=policy)
     args = dict(

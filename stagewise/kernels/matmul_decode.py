@@ -81,7 +81,9 @@ from stagewise.kernels.split_k import num_sms
 
 BLOCK_M = DECODE_MAX_M  # one tile-row of 16 covers every decode batch; tl.dot's minimum
 MAX_SPLIT_K = 16  # bounds the partial buffer [SPLIT_K, M, N] and the reduce's work
-SMEM_BUDGET = 96 * 1024  # bytes of shared memory per program when the GPU's limit is unknown: fits sm_89 (99 KB)
+SMEM_BUDGET = (
+    96 * 1024
+)  # bytes of shared memory per program when the GPU's limit is unknown: fits sm_89 (99 KB)
 SMEM_HEADROOM = 8 * 1024  # kept free under the GPU's opt-in limit
 PROGRAMS_PER_SM = (2, 4)  # GPU candidates aim at these many programs per SM
 REDUCE_BLOCK = 1024  # output elements per program of the reduce kernel
@@ -93,7 +95,9 @@ class DecodeConfig:
     block_k: int  # depth of one step along K; power of two >= 16
     split_k: int  # K ranges (programs per tile of N); 1 = no split, the program stores c itself
     num_warps: int = 4  # GPU only: warps per program
-    num_stages: int = 3  # GPU only: software-pipelining depth (num_stages - 1 tiles of b loading ahead)
+    num_stages: int = (
+        3  # GPU only: software-pipelining depth (num_stages - 1 tiles of b loading ahead)
+    )
 
     def __post_init__(self) -> None:
         blocks = (self.block_n, self.block_k)
@@ -156,7 +160,9 @@ def _decode_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     if GATHER:
-        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)  # [BLOCK_M] rows of a
+        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(
+            tl.int64
+        )  # [BLOCK_M] rows of a
     else:
         rows_a = offs_m.to(tl.int64)
     cols_b = offs_n.to(tl.int64)  # int64: col * stride may pass 2**31 for a transposed LM head
@@ -172,13 +178,20 @@ def _decode_kernel(
         if FP32_DOTS:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
+        acc = tl.dot(
+            a, b, acc, input_precision=INPUT_PRECISION
+        )  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
     if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         acc = round_to_bf16(acc)
-    out_ptrs = out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None] * stride_om + cols_b[None, :] * stride_on
+    out_ptrs = (
+        out_ptr
+        + split.to(tl.int64) * stride_os
+        + offs_m[:, None] * stride_om
+        + cols_b[None, :] * stride_on
+    )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -191,10 +204,14 @@ def _split_k_sum_kernel(
     INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 rounded by hand
     BLOCK: tl.constexpr,  # output elements per program
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] flat positions in c
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(
+        0, BLOCK
+    )  # [BLOCK] flat positions in c
     mask = offs < NUMEL
     total = tl.load(partials_ptr + offs, mask=mask, other=0.0)  # [BLOCK] partial 0
-    for s in range(1, SPLIT_K):  # fixed order: the same bits every run, whichever split finished first
+    for s in range(
+        1, SPLIT_K
+    ):  # fixed order: the same bits every run, whichever split finished first
         total += tl.load(partials_ptr + s * NUMEL + offs, mask=mask, other=0.0)
     if INTERPRETED and c_ptr.dtype.element_ty == tl.bfloat16:
         total = round_to_bf16(total)
@@ -209,7 +226,9 @@ def split_k_sum(partials: torch.Tensor, c: torch.Tensor) -> None:
     check_contiguous("matmul_decode", "partials", partials)
     check_contiguous("matmul_decode", "c", c)
     if partials.dtype != torch.float32 or partials.dim() != 3:
-        raise KernelInputError(f"matmul_decode: partials must be 3-D float32, got {partials.dtype} {partials.shape}")
+        raise KernelInputError(
+            f"matmul_decode: partials must be 3-D float32, got {partials.dtype} {partials.shape}"
+        )
     check_shape("matmul_decode", "c", c, tuple(partials.shape[1:]))
     _sum_partials(partials, c)
 
@@ -330,8 +349,12 @@ def decode_config(a, b, c, row_index, policy: DotPolicy) -> DecodeConfig:
     key = (n, k, a.dtype, b.stride(1) == 1, policy.input_precision, row_index is not None)
     cfg = _TUNED.get(key)
     if cfg is None:
-        fma = torch.cuda.get_device_capability(c.device)[0] < 8  # pre-Ampere: no tensor cores for these dots
-        candidates = gpu_candidates(n, k, a.element_size(), num_sms(c.device), smem_budget(c.device), fma)
+        fma = (
+            torch.cuda.get_device_capability(c.device)[0] < 8
+        )  # pre-Ampere: no tensor cores for these dots
+        candidates = gpu_candidates(
+            n, k, a.element_size(), num_sms(c.device), smem_budget(c.device), fma
+        )
         times = [_time_ms(a, b, c, row_index, cand, policy) for cand in candidates]
         cfg = _TUNED[key] = candidates[times.index(min(times))]
     return cfg
@@ -344,7 +367,9 @@ def tuned_configs() -> dict[tuple, DecodeConfig]:
 
 def _time_ms(a, b, c, row_index, cfg: DecodeConfig, policy: DotPolicy) -> float:
     """GPU milliseconds of one decode GEMM with cfg, reduce included (do_bench flushes L2 between runs)."""
-    return triton.testing.do_bench(lambda: _launch(a, b, c, row_index, cfg, policy), warmup=5, rep=25)
+    return triton.testing.do_bench(
+        lambda: _launch(a, b, c, row_index, cfg, policy), warmup=5, rep=25
+    )
 
 
 def matmul_decode(
@@ -364,8 +389,12 @@ def matmul_decode(
     """
     m = c.shape[0]
     if m > BLOCK_M:
-        raise KernelInputError(f"matmul_decode: {m} rows; the decode kernel takes at most {BLOCK_M}")
-    if not c.is_contiguous() or c.dim() != 2 or c.shape[1] != b.shape[1]:  # cheap test first: this runs per call
+        raise KernelInputError(
+            f"matmul_decode: {m} rows; the decode kernel takes at most {BLOCK_M}"
+        )
+    if (
+        not c.is_contiguous() or c.dim() != 2 or c.shape[1] != b.shape[1]
+    ):  # cheap test first: this runs per call
         check_contiguous("matmul_decode", "c", c)
         check_shape("matmul_decode", "c", c, (None, b.shape[1]))
     if m == 0 or c.shape[1] == 0:

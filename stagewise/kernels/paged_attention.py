@@ -50,7 +50,13 @@ from stagewise.kernels.attention_common import (
     qk_scale_log2,
     tile_fits,
 )
-from stagewise.kernels.checks import KernelInputError, check_contiguous, check_dim, check_dtype, check_same_device
+from stagewise.kernels.checks import (
+    KernelInputError,
+    check_contiguous,
+    check_dim,
+    check_dtype,
+    check_same_device,
+)
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import choose_num_splits, num_sms, split_k_reduce
 from stagewise.kernels.targets import LaunchPlan, Target, checked_target
@@ -77,7 +83,9 @@ def _load_kv_tile(
         block_id = tl.load(block_table_row_ptr + positions // BLOCK_SIZE, mask=in_seq, other=0)
     else:
         block_id = tl.load(block_table_row_ptr + positions // BLOCK_SIZE)
-    slot = block_id.to(tl.int64) * BLOCK_SIZE + positions % BLOCK_SIZE  # int64: slots * Hkv * d may pass 2^31
+    slot = (
+        block_id.to(tl.int64) * BLOCK_SIZE + positions % BLOCK_SIZE
+    )  # int64: slots * Hkv * d may pass 2^31
     ptrs = cache_ptr + slot[:, None] * stride_slot + kv_head * stride_head + dims[None, :]
     if MASKED:
         tile = tl.load(ptrs, mask=in_seq[:, None], other=0.0)
@@ -135,7 +143,9 @@ def _paged_attention_kernel(
     row_ok = query < q_len
     dims = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + query).to(tl.int64)
-    q_ptrs = q_ptr + q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
+    q_ptrs = (
+        q_ptr + q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
+    )
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
     if FP32_DOTS:
         q = q.to(tl.float32)
@@ -145,8 +155,12 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     last_query = (tl.minimum(f0 + BLOCK_M, q_len * GROUP) - 1) // GROUP
-    hi = tl.maximum(tl.minimum(seq_len, last_query + shift + 1), 0)  # no row of the tile sees keys past hi
-    full = tl.maximum(tl.minimum(seq_len, f0 // GROUP + shift + 1), 0)  # every row sees the keys before full
+    hi = tl.maximum(
+        tl.minimum(seq_len, last_query + shift + 1), 0
+    )  # no row of the tile sees keys past hi
+    full = tl.maximum(
+        tl.minimum(seq_len, f0 // GROUP + shift + 1), 0
+    )  # every row sees the keys before full
     full = (full // BLOCK_N) * BLOCK_N
     lo = 0
     if NUM_SPLITS > 1:  # this program's share of [0, hi), in whole tiles
@@ -158,33 +172,81 @@ def _paged_attention_kernel(
 
     for n0 in range(lo, mid, BLOCK_N):  # keys every row sees, all inside the sequence: no masks
         pos = n0 + tl.arange(0, BLOCK_N)
-        k = _load_kv_tile(k_cache_ptr, bt_row, pos, pos, kv_head, dims, stride_slot, stride_kv_head, BLOCK_SIZE, False)
-        v = _load_kv_tile(v_cache_ptr, bt_row, pos, pos, kv_head, dims, stride_slot, stride_kv_head, BLOCK_SIZE, False)
+        k = _load_kv_tile(
+            k_cache_ptr,
+            bt_row,
+            pos,
+            pos,
+            kv_head,
+            dims,
+            stride_slot,
+            stride_kv_head,
+            BLOCK_SIZE,
+            False,
+        )
+        v = _load_kv_tile(
+            v_cache_ptr,
+            bt_row,
+            pos,
+            pos,
+            kv_head,
+            dims,
+            stride_slot,
+            stride_kv_head,
+            BLOCK_SIZE,
+            False,
+        )
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION)
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, k, v, row_ok[:, None], qk_scale, False, INPUT_PRECISION
+        )
 
     for n0 in range(mid, hi, BLOCK_N):  # the causal diagonal and the sequence's last, partial tile
         pos = n0 + tl.arange(0, BLOCK_N)
         in_seq = pos < seq_len
         k = _load_kv_tile(
-            k_cache_ptr, bt_row, pos, in_seq, kv_head, dims, stride_slot, stride_kv_head, BLOCK_SIZE, True
+            k_cache_ptr,
+            bt_row,
+            pos,
+            in_seq,
+            kv_head,
+            dims,
+            stride_slot,
+            stride_kv_head,
+            BLOCK_SIZE,
+            True,
         )
         v = _load_kv_tile(
-            v_cache_ptr, bt_row, pos, in_seq, kv_head, dims, stride_slot, stride_kv_head, BLOCK_SIZE, True
+            v_cache_ptr,
+            bt_row,
+            pos,
+            in_seq,
+            kv_head,
+            dims,
+            stride_slot,
+            stride_kv_head,
+            BLOCK_SIZE,
+            True,
         )
         if FP32_DOTS:
             k, v = k.to(tl.float32), v.to(tl.float32)
         visible = (pos[None, :] <= query[:, None] + shift) & in_seq[None, :]  # [BLOCK_M, BLOCK_N]
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION)
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, k, v, visible, qk_scale, True, INPUT_PRECISION
+        )
 
     o_rows = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head  # [BLOCK_M, 1]
     if NUM_SPLITS == 1:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0 -> writes 0
         out = acc / l_safe[:, None]
-        tl.store(out_ptr + o_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            out_ptr + o_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]
+        )
     else:  # unnormalised partials; split_k_reduce merges the NUM_SPLITS of each row
-        tl.store(out_ptr + o_rows + split * stride_o_split + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(
+            out_ptr + o_rows + split * stride_o_split + dims[None, :], acc, mask=row_ok[:, None]
+        )
         ml_rows = q_rows * stride_ml_token + head * stride_ml_head + split  # [BLOCK_M]
         tl.store(m_part_ptr + ml_rows, m_i, mask=row_ok)
         tl.store(l_part_ptr + ml_rows, l_i, mask=row_ok)
@@ -196,7 +258,9 @@ DECODE_TILES = [(16, 64, 4, 3), (16, 32, 4, 3), (16, 32, 4, 2), (16, 16, 4, 2)]
 PREFILL_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
 
 
-def paged_attention_plan(max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target) -> LaunchPlan:
+def paged_attention_plan(
+    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+) -> LaunchPlan:
     """Tile shape and launch options: a decode tile is one GQA group; a prefill chunk gets taller tiles.
 
     On a GPU the tile is the first of DECODE_TILES / PREFILL_TILES that fits the target's shared memory
@@ -204,30 +268,43 @@ def paged_attention_plan(max_q_len: int, group: int, head_dim: int, dtype: torch
     smaller ones than an H100 (227 KB).
     """
     rows = max(16, triton.next_power_of_2(max_q_len * group))
-    constexprs = {"GROUP": group, "HEAD_DIM": head_dim}  # + FP32_DOTS, INPUT_PRECISION: precision.dot_policy
+    constexprs = {
+        "GROUP": group,
+        "HEAD_DIM": head_dim,
+    }  # + FP32_DOTS, INPUT_PRECISION: precision.dot_policy
     if target.interpreter:  # cost is per op, not per FLOP: few tiles
         meta, warps, stages = {"BLOCK_M": min(rows, 64), "BLOCK_N": 32}, 4, 1
     else:
-        tiles = DECODE_TILES if rows <= 16 else PREFILL_TILES  # decode: one group per program, K/V stream through
+        tiles = (
+            DECODE_TILES if rows <= 16 else PREFILL_TILES
+        )  # decode: one group per program, K/V stream through
         fitting = [t for t in tiles if tile_fits(*t, head_dim, dtype, target)]
         block_m, block_n, warps, stages = (fitting or tiles[-1:])[0]
         meta = {"BLOCK_M": block_m, "BLOCK_N": block_n}
     return LaunchPlan(NAME, constexprs, (triton.Config(meta, num_warps=warps, num_stages=stages),))
 
 
-def _check_values(num_tokens: int, block_table, seq_lens, cu_seqlens_q, block_size: int, max_q_len, max_seq_len):
+def _check_values(
+    num_tokens: int, block_table, seq_lens, cu_seqlens_q, block_size: int, max_q_len, max_seq_len
+):
     """Debug checks: read the lengths on the host; check them against q, the block table and the host maxima."""
     cu_q, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     check_cu_seqlens_q(NAME, cu_q, num_tokens)
     capacity = block_table.shape[1] * block_size
     for b, n in enumerate(lens):
         if n < 0 or n > capacity:
-            raise KernelInputError(f"{NAME}: seq_lens[{b}] = {n} does not fit a block-table row ({capacity} tokens)")
+            raise KernelInputError(
+                f"{NAME}: seq_lens[{b}] = {n} does not fit a block-table row ({capacity} tokens)"
+            )
     longest_q = max((b - a for a, b in zip(cu_q, cu_q[1:])), default=0)
     if max_q_len is not None and max_q_len < longest_q:
-        raise KernelInputError(f"{NAME}: max_q_len {max_q_len} is below the longest sequence's {longest_q} query rows")
+        raise KernelInputError(
+            f"{NAME}: max_q_len {max_q_len} is below the longest sequence's {longest_q} query rows"
+        )
     if max_seq_len is not None and max_seq_len < max(lens, default=0):
-        raise KernelInputError(f"{NAME}: max_seq_len {max_seq_len} is below the longest seq_lens {max(lens)}")
+        raise KernelInputError(
+            f"{NAME}: max_seq_len {max_seq_len} is below the longest seq_lens {max(lens)}"
+        )
 
 
 def paged_attention(
@@ -254,13 +331,17 @@ def paged_attention(
     (one sync; the engine always passes it). With debug checks on (`stagewise.runtime.debug_checks`)
     it reads both and checks them against q, the block table and the maxima.
     """
-    num_heads, num_kv_heads, head_dim = check_qkv(NAME, q, k_cache, v_cache, kv_ndim=4, kv_names=("k_cache", "v_cache"))
+    num_heads, num_kv_heads, head_dim = check_qkv(
+        NAME, q, k_cache, v_cache, kv_ndim=4, kv_names=("k_cache", "v_cache")
+    )
     check_contiguous(NAME, "k_cache", k_cache)
     check_contiguous(NAME, "v_cache", v_cache)
     check_dim(NAME, "block_table", block_table, 2)
     check_dtype(NAME, "block_table", block_table, (torch.int32,))
     if block_table.stride(1) != 1:
-        raise KernelInputError(f"{NAME}: block_table rows must be contiguous (strides {list(block_table.stride())})")
+        raise KernelInputError(
+            f"{NAME}: block_table rows must be contiguous (strides {list(block_table.stride())})"
+        )
     num_seqs = block_table.shape[0]
     check_index(NAME, "seq_lens", seq_lens, num_seqs)
     check_index(NAME, "cu_seqlens_q", cu_seqlens_q, num_seqs + 1)
@@ -276,7 +357,9 @@ def paged_attention(
     qk_scale = qk_scale_log2(scale)
     num_tokens, block_size = q.shape[0], k_cache.shape[1]
     if debug_checks():
-        _check_values(num_tokens, block_table, seq_lens, cu_seqlens_q, block_size, max_q_len, max_seq_len)
+        _check_values(
+            num_tokens, block_table, seq_lens, cu_seqlens_q, block_size, max_q_len, max_seq_len
+        )
     if max_q_len is None:  # the fallback: one host read (the engine passes max_q_len)
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if num_seqs > 0 else 0
     if max_seq_len is None:  # no read needed: no sequence is longer than its block-table row
@@ -287,19 +370,31 @@ def paged_attention(
         return out
     group = num_heads // num_kv_heads
     policy = dot_policy(q.dtype)
-    blocks = paged_attention_plan(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q)).launch_options()
+    blocks = paged_attention_plan(
+        max_q_len, group, head_dim, q.dtype, checked_target(NAME, q)
+    ).launch_options()
     num_q_blocks = triton.cdiv(max_q_len * group, blocks["BLOCK_M"])
     if num_splits is None:
-        num_splits = choose_num_splits(num_q_blocks * num_seqs * num_kv_heads, max_seq_len, num_sms(q.device))
+        num_splits = choose_num_splits(
+            num_q_blocks * num_seqs * num_kv_heads, max_seq_len, num_sms(q.device)
+        )
     if num_splits < 1:
         raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
 
     if num_splits == 1:
-        target, m_part, l_part = out, out, out  # the partial buffers are not touched without split-K
+        target, m_part, l_part = (
+            out,
+            out,
+            out,
+        )  # the partial buffers are not touched without split-K
         stride_o_split, stride_ml = 0, (0, 0)
     else:
-        target = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        m_part = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        target = torch.empty(
+            num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        m_part = torch.empty(
+            num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device
+        )
         l_part = torch.empty_like(m_part)
         stride_o_split, stride_ml = target.stride(2), m_part.stride()[:2]
     _paged_attention_kernel[(num_q_blocks, num_seqs, num_kv_heads * num_splits)](

@@ -28,13 +28,17 @@ import torch
 
 from stagewise.kernels import INTERPRETER
 
-DEFAULT_16BIT_PRECISION = "tf32"  # Triton's default input_precision; it changes nothing for 16-bit operands
+DEFAULT_16BIT_PRECISION = (
+    "tf32"  # Triton's default input_precision; it changes nothing for 16-bit operands
+)
 
 
 @dataclass(frozen=True)
 class DotPolicy:
     fp32_dots: bool  # the dots take fp32 tiles: fp32 inputs, or bf16 tiles upcast after the load (interpreter)
-    input_precision: str  # tl.dot's input_precision: "ieee" or "tf32" for fp32 tiles (16-bit tiles ignore it)
+    input_precision: (
+        str  # tl.dot's input_precision: "ieee" or "tf32" for fp32 tiles (16-bit tiles ignore it)
+    )
 
 
 def tf32_allowed() -> bool:
@@ -45,7 +49,9 @@ def tf32_allowed() -> bool:
 def dot_policy(dtype: torch.dtype, interpreter: bool = INTERPRETER) -> DotPolicy:
     """The dot precision for inputs of `dtype` (fp32, bf16 or fp16), on a GPU or in the interpreter."""
     if dtype == torch.float32:
-        use_tf32 = tf32_allowed() and not interpreter  # the interpreter computes full fp32 whatever it is told
+        use_tf32 = (
+            tf32_allowed() and not interpreter
+        )  # the interpreter computes full fp32 whatever it is told
         return DotPolicy(fp32_dots=True, input_precision="tf32" if use_tf32 else "ieee")
     if dtype == torch.bfloat16 and interpreter:
         return DotPolicy(fp32_dots=True, input_precision="ieee")

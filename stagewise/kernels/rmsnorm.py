@@ -68,7 +68,9 @@ def _rmsnorm_kernel(
     row = tl.program_id(0).to(tl.int64)  # int64: T * hidden may exceed 2^31
     cols = tl.arange(0, BLOCK_SIZE)  # [BLOCK_SIZE]
     mask = cols < hidden
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)  # [BLOCK_SIZE], input dtype
+    x = tl.load(
+        x_ptr + row * x_row_stride + cols, mask=mask, other=0.0
+    )  # [BLOCK_SIZE], input dtype
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
         # Add in fp32 and round once to the input dtype: exactly what `x + residual` does in PyTorch.
@@ -77,9 +79,13 @@ def _rmsnorm_kernel(
     xf = x.to(tl.float32)  # accumulate in fp32 whatever the input dtype (masked lanes are 0)
     mean_square = tl.sum(xf * xf, axis=0) / hidden  # scalar
     rstd = tl.rsqrt(mean_square + eps)
-    normed = (xf * rstd).to(x_ptr.dtype.element_ty)  # cast to the input dtype before the weight, like HF
+    normed = (xf * rstd).to(
+        x_ptr.dtype.element_ty
+    )  # cast to the input dtype before the weight, like HF
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    out = w.to(tl.float32) * normed.to(tl.float32)  # exact in fp32 for 16-bit inputs: one rounding at the store
+    out = w.to(tl.float32) * normed.to(
+        tl.float32
+    )  # exact in fp32 for 16-bit inputs: one rounding at the store
     tl.store(out_ptr + row * hidden + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -115,19 +121,27 @@ def rmsnorm(
     check_shape(NAME, "weight", weight, (hidden,))
     check_contiguous(NAME, "weight", weight)
     if hidden > MAX_HIDDEN:
-        raise KernelInputError(f"{NAME}: hidden {hidden} is wider than one program's row ({MAX_HIDDEN})")
+        raise KernelInputError(
+            f"{NAME}: hidden {hidden} is wider than one program's row ({MAX_HIDDEN})"
+        )
     if residual is not None:
         check_shape(NAME, "residual", residual, (num_tokens, hidden))
         check_last_dim_contiguous(NAME, "residual", residual)
         if residual.dtype != x.dtype:
-            raise KernelInputError(f"{NAME}: residual has dtype {residual.dtype}, but x has {x.dtype}; they must match")
+            raise KernelInputError(
+                f"{NAME}: residual has dtype {residual.dtype}, but x has {x.dtype}; they must match"
+            )
         check_same_device(NAME, x=x, weight=weight, residual=residual)
     else:
         check_same_device(NAME, x=x, weight=weight)
 
-    out_dtype = torch.promote_types(weight.dtype, x.dtype)  # what `weight * normed` gives in PyTorch
+    out_dtype = torch.promote_types(
+        weight.dtype, x.dtype
+    )  # what `weight * normed` gives in PyTorch
     out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
-    residual_out = x if residual is None else torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    residual_out = (
+        x if residual is None else torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    )
     if num_tokens == 0:
         return out, residual_out
 

@@ -81,8 +81,15 @@ def _load_halves(
     HALF: tl.constexpr,  # d / 2: distance between the two features of a pair
 ):
     """-> (pointers to x_i, mask, x_i, x_{i+d/2}): [BLOCK_T, BLOCK_H, BLOCK_HALF] tiles, values in float32."""
-    first = x_ptr + rows[:, None, None] * token_stride + heads[None, :, None] * head_stride + offs[None, None, :]
-    mask = token_ok[:, None, None] & (heads < num_heads)[None, :, None] & (offs < HALF)[None, None, :]
+    first = (
+        x_ptr
+        + rows[:, None, None] * token_stride
+        + heads[None, :, None] * head_stride
+        + offs[None, None, :]
+    )
+    mask = (
+        token_ok[:, None, None] & (heads < num_heads)[None, :, None] & (offs < HALF)[None, None, :]
+    )
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
     return first, mask, x1, x2
@@ -139,16 +146,22 @@ def _rope_kernel(
     )
     # 2. The angles: one cos/sin row per token, shared by all its heads of q and k.
     position = tl.load(positions_ptr + tokens, mask=token_ok, other=0).to(tl.int64)  # [BLOCK_T]
-    angle = cos_sin_ptr + position[:, None] * cos_sin_row_stride + offs[None, :]  # [BLOCK_T, BLOCK_HALF]
+    angle = (
+        cos_sin_ptr + position[:, None] * cos_sin_row_stride + offs[None, :]
+    )  # [BLOCK_T, BLOCK_HALF]
     angle_mask = token_ok[:, None] & (offs < HALF)[None, :]
-    cos = tl.load(angle, mask=angle_mask, other=0.0)[:, None, :]  # [BLOCK_T, 1, BLOCK_HALF], float32
+    cos = tl.load(angle, mask=angle_mask, other=0.0)[
+        :, None, :
+    ]  # [BLOCK_T, 1, BLOCK_HALF], float32
     sin = tl.load(angle + HALF, mask=angle_mask, other=0.0)[:, None, :]
     # 3. Rotate and store.
     _rotate_store(q_first, q_mask, q1, q2, cos, sin, HALF)
     _rotate_store(k_first, k_mask, k1, k2, cos, sin, HALF)
 
 
-def rope_tiles(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[dict, TileConfig]:
+def rope_tiles(
+    num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[dict, TileConfig]:
     """-> (head tiling constexprs, token tile): a fixed choice, on a GPU too (RoPE is in place: not autotuned).
 
     q heads: all of them when [H, d/2] fits MAX_TILE, else blocks (a second grid axis); k heads spread over
@@ -158,7 +171,9 @@ def rope_tiles(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int
     block_half = triton.next_power_of_2(half)
     block_hq = min(triton.next_power_of_2(num_heads), max(1, MAX_TILE // block_half))
     head_blocks = triton.cdiv(num_heads, block_hq)
-    block_hk = triton.next_power_of_2(triton.cdiv(num_kv_heads, head_blocks))  # head_blocks * block_hk >= Hkv
+    block_hk = triton.next_power_of_2(
+        triton.cdiv(num_kv_heads, head_blocks)
+    )  # head_blocks * block_hk >= Hkv
     per_token = (block_hq + block_hk) * block_half  # elements of one token's half-tiles of q and k
     block_t = tokens_per_program(num_tokens, per_token, TOKEN_TILE)
     heads = {"HALF": half, "BLOCK_HALF": block_half, "BLOCK_HQ": block_hq, "BLOCK_HK": block_hk}
@@ -198,7 +213,9 @@ def rope(
     if k.shape[2] != head_dim:
         raise KernelInputError(f"{NAME}: q has head_dim {head_dim} but k has {k.shape[2]}")
     if head_dim % 2 != 0:
-        raise KernelInputError(f"{NAME}: head_dim {head_dim} is odd; rotate-half pairs need an even head_dim")
+        raise KernelInputError(
+            f"{NAME}: head_dim {head_dim} is odd; rotate-half pairs need an even head_dim"
+        )
     if rotary_dim != head_dim:
         raise KernelInputError(
             f"{NAME}: cos_sin_cache rotary_dim {rotary_dim} != head_dim {head_dim}; "
@@ -221,7 +238,10 @@ def rope(
         _rope_kernel,
         (tile,),
         key=(),
-        grid=lambda meta: (triton.cdiv(num_tokens, meta["BLOCK_T"]), head_blocks),  # (token tile, head block)
+        grid=lambda meta: (
+            triton.cdiv(num_tokens, meta["BLOCK_T"]),
+            head_blocks,
+        ),  # (token tile, head block)
         positions_ptr=positions,
         q_ptr=q,
         q_token_stride=q.stride(0),

@@ -80,7 +80,9 @@ def warps_for(tile_elements: int) -> int:
 
 def gpu_candidates(best: TileConfig) -> tuple[TileConfig, ...]:
     """What the GPU autotuner tries: the rule-of-thumb tile, half and twice as many tokens, and other warps."""
-    tokens = sorted({max(1, best.block_t // 2), best.block_t, min(MAX_TOKENS_PER_PROGRAM, 2 * best.block_t)})
+    tokens = sorted(
+        {max(1, best.block_t // 2), best.block_t, min(MAX_TOKENS_PER_PROGRAM, 2 * best.block_t)}
+    )
     return tuple(TileConfig(t, w, best.block_c) for t in tokens for w in (4, 8))
 
 

@@ -98,10 +98,14 @@ from stagewise.stages.sampling import SamplingTensors
 CHUNK = 2048  # tokens of a row per program (a function of nothing but this constant: batch-independent results)
 MAX_CHUNKS = 128  # a vocab over 128 * 2048 gets larger chunks, so the combine's [chunks, 32] tile stays small
 BLOCK_MAX = 1024  # tokens per block of a streaming pass over a chunk
-SEARCH_BLOCK_GPU = 256  # tokens per block of a search pass on a GPU: a [256, 32] comparison in registers
+SEARCH_BLOCK_GPU = (
+    256  # tokens per block of a search pass on a GPU: a [256, 32] comparison in registers
+)
 RADIX_BITS = 5  # threshold bits decided per search pass: 2^5 = 32 candidates at once
 NUM_DIGITS = 6  # 6 * 5 = 30 bits: every float32 in [0, 1] has its bits below 2^30
-_PENALIZED_MAX = tl.constexpr(PENALIZED_LOGIT_MAX)  # penalized logits are clamped to +-this (sampling_params)
+_PENALIZED_MAX = tl.constexpr(
+    PENALIZED_LOGIT_MAX
+)  # penalized logits are clamped to +-this (sampling_params)
 
 # the passes, in order (constexpr: each compiles to its own kernel)
 MAX, SUM, COUNT, KEPT, MASS, DRAW = (tl.constexpr(i) for i in range(6))
@@ -115,7 +119,9 @@ def _penalized(logits_row, seen_row, offs, vocab, penalty, PENALTY: tl.constexpr
     if PENALTY:  # some row of the batch has a penalty (a host flag): else `seen` is never read
         seen = tl.load(seen_row + offs, mask=in_vocab, other=0) != 0
         penalized = tl.where(z < 0, z * penalty, tl.div_rn(z, penalty))  # div_rn: IEEE, like torch
-        penalized = tl.minimum(tl.maximum(penalized, -_PENALIZED_MAX), _PENALIZED_MAX)  # finite, as in torch
+        penalized = tl.minimum(
+            tl.maximum(penalized, -_PENALIZED_MAX), _PENALIZED_MAX
+        )  # finite, as in torch
         z = tl.where(seen, penalized, z)
     return z
 
@@ -171,8 +177,12 @@ def _pass_kernel(
         for start in range(first, last, BLOCK):
             z = _penalized(logits_row, seen_row, start + arange, vocab, penalty, PENALTY)
             block_max = tl.max(z, axis=0)
-            block_arg = tl.min(tl.where(z == block_max, start + arange, vocab), axis=0)  # first index of the max
-            argmax = tl.where(block_max > z_max, block_arg, argmax)  # strict >: an earlier block wins ties
+            block_arg = tl.min(
+                tl.where(z == block_max, start + arange, vocab), axis=0
+            )  # first index of the max
+            argmax = tl.where(
+                block_max > z_max, block_arg, argmax
+            )  # strict >: an earlier block wins ties
             z_max = tl.maximum(z_max, block_max)
         tl.store(part_f_ptr + part, z_max)
         tl.store(part_i_ptr + part, argmax)
@@ -191,7 +201,9 @@ def _pass_kernel(
             search_arange = tl.arange(0, SEARCH_BLOCK)
             candidates = tl.arange(0, 1 << RADIX_BITS)  # [R] the values of one digit
             m, s = tl.load(row_max_ptr + row), tl.load(row_sum_ptr + row)
-            t = (tl.load(prefix_ptr + row) + (candidates << shift)).to(tl.float32, bitcast=True)  # [R]
+            t = (tl.load(prefix_ptr + row) + (candidates << shift)).to(
+                tl.float32, bitcast=True
+            )  # [R]
             count = tl.zeros([1 << RADIX_BITS], dtype=tl.int32)
             for start in range(first, last, SEARCH_BLOCK):
                 offs = start + search_arange
@@ -203,7 +215,11 @@ def _pass_kernel(
     elif PASS == KEPT:  # top-p: the mass that survives min_p and top-k
         if drawn & (tl.load(top_p_ptr + row) < 1.0):
             arange = tl.arange(0, BLOCK)
-            m, s, threshold = tl.load(row_max_ptr + row), tl.load(row_sum_ptr + row), tl.load(threshold_ptr + row)
+            m, s, threshold = (
+                tl.load(row_max_ptr + row),
+                tl.load(row_sum_ptr + row),
+                tl.load(threshold_ptr + row),
+            )
             kept = 0.0
             for start in range(first, last, BLOCK):
                 z = _penalized(logits_row, seen_row, start + arange, vocab, penalty, PENALTY)
@@ -214,20 +230,30 @@ def _pass_kernel(
         if drawn & (tl.load(top_p_ptr + row) < 1.0):
             search_arange = tl.arange(0, SEARCH_BLOCK)
             candidates = tl.arange(0, 1 << RADIX_BITS)  # [R] the values of one digit
-            m, s, threshold = tl.load(row_max_ptr + row), tl.load(row_sum_ptr + row), tl.load(threshold_ptr + row)
+            m, s, threshold = (
+                tl.load(row_max_ptr + row),
+                tl.load(row_sum_ptr + row),
+                tl.load(threshold_ptr + row),
+            )
             t = (tl.load(prefix_ptr + row) + (candidates << shift)).to(tl.float32, bitcast=True)
             t = tl.maximum(t, threshold)  # [R]
             mass = tl.zeros([1 << RADIX_BITS], dtype=tl.float32)
             for start in range(first, last, SEARCH_BLOCK):
                 z = _penalized(logits_row, seen_row, start + search_arange, vocab, penalty, PENALTY)
                 p = tl.div_rn(tl.exp(tl.div_rn(z, temperature) - m), s)
-                mass += tl.sum(tl.where(p[:, None] >= t[None, :], p[:, None], 0.0), axis=0)  # [SB, R] -> [R]
+                mass += tl.sum(
+                    tl.where(p[:, None] >= t[None, :], p[:, None], 0.0), axis=0
+                )  # [SB, R] -> [R]
             tl.store(part_f_ptr + part + candidates, mass)
     else:  # DRAW: Gumbel-max over the kept tokens; log p = z / T - m - log S, and the constant drops out
         mask_row = mask_ptr + row * mask_row_stride
         arange = tl.arange(0, BLOCK)
         if drawn:
-            m, s, threshold = tl.load(row_max_ptr + row), tl.load(row_sum_ptr + row), tl.load(threshold_ptr + row)
+            m, s, threshold = (
+                tl.load(row_max_ptr + row),
+                tl.load(row_sum_ptr + row),
+                tl.load(threshold_ptr + row),
+            )
             seed = tl.load(seed_ptr + row)
             best = float("-inf")
             token = first
@@ -237,9 +263,15 @@ def _pass_kernel(
                 x = tl.div_rn(z, temperature) - m  # log p + log S
                 p = tl.div_rn(tl.exp(x), s)
                 keep = (p >= threshold) & (p > 0.0) & (offs < vocab)
-                bits = tl.randint(seed, offs).to(tl.uint32)  # Philox: a function of (row seed, token index)
-                u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # 23 bits -> (0, 1), never 0 or 1
-                score = tl.where(keep, x - tl.log(-tl.log(u)), float("-inf"))  # log p + Gumbel noise, + a constant
+                bits = tl.randint(seed, offs).to(
+                    tl.uint32
+                )  # Philox: a function of (row seed, token index)
+                u = ((bits >> 9).to(tl.float32) + 0.5) * (
+                    1.0 / 8388608.0
+                )  # 23 bits -> (0, 1), never 0 or 1
+                score = tl.where(
+                    keep, x - tl.log(-tl.log(u)), float("-inf")
+                )  # log p + Gumbel noise, + a constant
                 block_max = tl.max(score, axis=0)
                 block_arg = tl.min(tl.where(score == block_max, offs, vocab), axis=0)
                 token = tl.where(block_max > best, block_arg, token)
@@ -284,48 +316,78 @@ def _combine_kernel(
     chunks = tl.arange(0, CHUNKS_POW2)  # [C]
     row_ok = rows < batch
     ok = row_ok[:, None] & (chunks < num_chunks)[None, :]  # [ROWS, C]
-    scalars = (rows.to(tl.int64)[:, None] * num_chunks + chunks[None, :]) * (1 << RADIX_BITS)  # [ROWS, C]
+    scalars = (rows.to(tl.int64)[:, None] * num_chunks + chunks[None, :]) * (
+        1 << RADIX_BITS
+    )  # [ROWS, C]
     temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=1.0)  # [ROWS]
     drawn = row_ok & (temperature >= GREEDY)  # greedy rows skip every pass but MAX
     if PASS == MAX:
         z = tl.load(part_f_ptr + scalars, mask=ok, other=float("-inf"))  # [ROWS, C] chunk maxima
         index = tl.load(part_i_ptr + scalars, mask=ok, other=vocab)  # [ROWS, C] their first indices
         z_max = tl.max(z, axis=1)  # [ROWS]
-        token = tl.min(tl.where(z == z_max[:, None], index, vocab), axis=1)  # the first index of the max
+        token = tl.min(
+            tl.where(z == z_max[:, None], index, vocab), axis=1
+        )  # the first index of the max
         tl.store(token_ptr + rows, token.to(tl.int64), mask=row_ok)
-        tl.store(row_max_ptr + rows, tl.div_rn(z_max, tl.where(drawn, temperature, 1.0)), mask=row_ok)  # max z / T
+        tl.store(
+            row_max_ptr + rows, tl.div_rn(z_max, tl.where(drawn, temperature, 1.0)), mask=row_ok
+        )  # max z / T
     elif PASS == SUM:
-        s = tl.sum(tl.load(part_f_ptr + scalars, mask=ok & drawn[:, None], other=0.0), axis=1)  # [ROWS]
+        s = tl.sum(
+            tl.load(part_f_ptr + scalars, mask=ok & drawn[:, None], other=0.0), axis=1
+        )  # [ROWS]
         s = tl.where(drawn, s, 1.0)  # greedy rows have no partials
         min_p = tl.load(min_p_ptr + rows, mask=row_ok, other=0.0)
         tl.store(row_sum_ptr + rows, s, mask=drawn)
-        tl.store(threshold_ptr + rows, min_p * tl.div_rn(1.0, s), mask=drawn)  # min_p: p >= min_p * max prob
-        tl.store(prefix_ptr + rows, tl.zeros([ROWS], dtype=tl.int32), mask=drawn)  # the top-k search starts empty
+        tl.store(
+            threshold_ptr + rows, min_p * tl.div_rn(1.0, s), mask=drawn
+        )  # min_p: p >= min_p * max prob
+        tl.store(
+            prefix_ptr + rows, tl.zeros([ROWS], dtype=tl.int32), mask=drawn
+        )  # the top-k search starts empty
     elif PASS == COUNT:
         k = tl.load(top_k_ptr + rows, mask=row_ok, other=0)
         active = drawn & (k > 0) & (k < vocab)  # [ROWS]
         candidates = tl.arange(0, 1 << RADIX_BITS)  # [R]
-        tiles = scalars[:, :, None] + candidates[None, None, :]  # [ROWS, C, R]: each chunk's 32 partials
-        count = tl.sum(tl.load(part_i_ptr + tiles, mask=(ok & active[:, None])[:, :, None], other=0), axis=1)
-        digit = tl.max(tl.where(count >= k[:, None], candidates[None, :], 0), axis=1)  # largest j still holding k
+        tiles = (
+            scalars[:, :, None] + candidates[None, None, :]
+        )  # [ROWS, C, R]: each chunk's 32 partials
+        count = tl.sum(
+            tl.load(part_i_ptr + tiles, mask=(ok & active[:, None])[:, :, None], other=0), axis=1
+        )
+        digit = tl.max(
+            tl.where(count >= k[:, None], candidates[None, :], 0), axis=1
+        )  # largest j still holding k
         kth = tl.load(prefix_ptr + rows, mask=active, other=0) + (digit << shift)  # [ROWS]
         if shift == 0:  # the last digit: kth is the k-th largest p itself
             threshold = tl.load(threshold_ptr + rows, mask=active, other=0.0)
-            tl.store(threshold_ptr + rows, tl.maximum(threshold, kth.to(tl.float32, bitcast=True)), mask=active)
-            tl.store(prefix_ptr + rows, tl.zeros([ROWS], dtype=tl.int32), mask=active)  # top-p starts empty
+            tl.store(
+                threshold_ptr + rows,
+                tl.maximum(threshold, kth.to(tl.float32, bitcast=True)),
+                mask=active,
+            )
+            tl.store(
+                prefix_ptr + rows, tl.zeros([ROWS], dtype=tl.int32), mask=active
+            )  # top-p starts empty
         else:
             tl.store(prefix_ptr + rows, kth, mask=active)
     elif PASS == KEPT:
         top_p = tl.load(top_p_ptr + rows, mask=row_ok, other=1.0)
         active = drawn & (top_p < 1.0)  # [ROWS]
-        kept = tl.sum(tl.load(part_f_ptr + scalars, mask=ok & active[:, None], other=0.0), axis=1)  # [ROWS]
+        kept = tl.sum(
+            tl.load(part_f_ptr + scalars, mask=ok & active[:, None], other=0.0), axis=1
+        )  # [ROWS]
         tl.store(kept_ptr + rows, kept, mask=active)
     elif PASS == MASS:
         top_p = tl.load(top_p_ptr + rows, mask=row_ok, other=1.0)
         active = drawn & (top_p < 1.0)  # [ROWS]
         candidates = tl.arange(0, 1 << RADIX_BITS)  # [R]
-        tiles = scalars[:, :, None] + candidates[None, None, :]  # [ROWS, C, R]: each chunk's 32 partials
-        mass = tl.sum(tl.load(part_f_ptr + tiles, mask=(ok & active[:, None])[:, :, None], other=0.0), axis=1)
+        tiles = (
+            scalars[:, :, None] + candidates[None, None, :]
+        )  # [ROWS, C, R]: each chunk's 32 partials
+        mass = tl.sum(
+            tl.load(part_f_ptr + tiles, mask=(ok & active[:, None])[:, :, None], other=0.0), axis=1
+        )
         kept = tl.load(kept_ptr + rows, mask=active, other=1.0)
         ratio = mass / kept[:, None]  # [ROWS, R]: the survivors' share at or above each candidate
         digit = tl.max(tl.where(ratio >= top_p[:, None], candidates[None, :], 0), axis=1)
@@ -333,9 +395,15 @@ def _combine_kernel(
         tl.store(prefix_ptr + rows, cut, mask=active)
         if shift == 0:  # the last digit: cut is p_cut
             threshold = tl.load(threshold_ptr + rows, mask=active, other=0.0)
-            tl.store(threshold_ptr + rows, tl.maximum(threshold, cut.to(tl.float32, bitcast=True)), mask=active)
+            tl.store(
+                threshold_ptr + rows,
+                tl.maximum(threshold, cut.to(tl.float32, bitcast=True)),
+                mask=active,
+            )
     else:  # DRAW: the first index of the row's best score
-        best = tl.load(part_f_ptr + scalars, mask=ok & drawn[:, None], other=float("-inf"))  # [ROWS, C]
+        best = tl.load(
+            part_f_ptr + scalars, mask=ok & drawn[:, None], other=float("-inf")
+        )  # [ROWS, C]
         index = tl.load(part_i_ptr + scalars, mask=ok & drawn[:, None], other=vocab)
         top = tl.max(best, axis=1)  # [ROWS]
         token = tl.min(tl.where(best == top[:, None], index, vocab), axis=1)
@@ -377,7 +445,9 @@ def _check(logits: Tensor, sampling: SamplingTensors) -> None:
     check_last_dim_contiguous(name, "logits", logits)
     batch, vocab = logits.shape
     if batch == 0 or vocab == 0:
-        raise KernelInputError(f"{name}: logits has shape {list(logits.shape)}; need at least one row and token")
+        raise KernelInputError(
+            f"{name}: logits has shape {list(logits.shape)}; need at least one row and token"
+        )
     if vocab >= 2**30:
         raise KernelInputError(f"{name}: vocab {vocab} is too large (token indices are int32)")
     check_shape(name, "sampling.seen", sampling.seen, (batch, vocab))
@@ -396,9 +466,13 @@ def _check(logits: Tensor, sampling: SamplingTensors) -> None:
         t = getattr(sampling, field)
         check_shape(name, f"sampling.{field}", t, (batch,))
         check_dtype(name, f"sampling.{field}", t, (dtype,))
-    check_same_device(name, logits=logits, **{f: getattr(sampling, f) for f in fields}, seen=sampling.seen)
+    check_same_device(
+        name, logits=logits, **{f: getattr(sampling, f) for f in fields}, seen=sampling.seen
+    )
     if len(sampling.greedy_rows) != batch:
-        raise KernelInputError(f"{name}: sampling has {len(sampling.greedy_rows)} host rows for {batch} rows of logits")
+        raise KernelInputError(
+            f"{name}: sampling has {len(sampling.greedy_rows)} host rows for {batch} rows of logits"
+        )
 
 
 def chunk_size(vocab: int) -> int:
@@ -417,20 +491,30 @@ class SamplingTiles:
 
     @staticmethod
     def pass_warps(which: int) -> int:
-        return 8 if which in (COUNT, MASS) else 4  # a search's [256, 32] tile: 8 warps hold it without spilling
+        return (
+            8 if which in (COUNT, MASS) else 4
+        )  # a search's [256, 32] tile: 8 warps hold it without spilling
 
 
-def sampling_tiles(vocab: int, chunk: int | None = None, interpreter: bool = INTERPRETER) -> SamplingTiles:
+def sampling_tiles(
+    vocab: int, chunk: int | None = None, interpreter: bool = INTERPRETER
+) -> SamplingTiles:
     chunk = chunk or chunk_size(vocab)
     if chunk < 16 or chunk & (chunk - 1):
         raise KernelInputError(f"sample: chunk {chunk} must be a power of two >= 16")
     chunk = min(chunk, triton.next_power_of_2(vocab))  # a small vocab is one chunk of its own size
-    block = min(BLOCK_MAX, chunk, triton.next_power_of_2(vocab))  # divides chunk: blocks never straddle chunks
-    search_block = block if interpreter else min(block, SEARCH_BLOCK_GPU)  # the interpreter pays per op
+    block = min(
+        BLOCK_MAX, chunk, triton.next_power_of_2(vocab)
+    )  # divides chunk: blocks never straddle chunks
+    search_block = (
+        block if interpreter else min(block, SEARCH_BLOCK_GPU)
+    )  # the interpreter pays per op
     return SamplingTiles(chunk, triton.cdiv(vocab, chunk), block, search_block)
 
 
-def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: int | None) -> tuple[Tensor, Tensor]:
+def _launch(
+    logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: int | None
+) -> tuple[Tensor, Tensor]:
     """The passes a step needs, each a (row, chunk) grid followed by its per-row combine.
 
     Which passes run comes from host flags of `sampling` (SamplingParams are host objects), never
@@ -442,14 +526,18 @@ def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: 
     num_chunks = tiles.num_chunks
     radix = 1 << RADIX_BITS
     device = logits.device
-    row_max, row_sum, threshold, kept = torch.empty(4, batch, dtype=torch.float32, device=device)  # row state
+    row_max, row_sum, threshold, kept = torch.empty(
+        4, batch, dtype=torch.float32, device=device
+    )  # row state
     prefix = torch.empty(batch, dtype=torch.int32, device=device)
     tokens = torch.empty(batch, dtype=torch.int64, device=device)  # [B]
     part_f = torch.empty(batch, num_chunks, radix, dtype=torch.float32, device=device)  # partials
     part_i = torch.empty(batch, num_chunks, radix, dtype=torch.int32, device=device)
     mask = torch.empty((batch, vocab) if write_mask else (1, 1), dtype=torch.uint8, device=device)
     seen = sampling.seen.view(torch.uint8)  # [B, V] bool -> uint8, same bytes
-    temperature, top_k, top_p = (t.contiguous() for t in (sampling.temperature, sampling.top_k, sampling.top_p))
+    temperature, top_k, top_p = (
+        t.contiguous() for t in (sampling.temperature, sampling.top_k, sampling.top_p)
+    )
     state = dict(
         row_max_ptr=row_max,
         row_sum_ptr=row_sum,
@@ -490,7 +578,9 @@ def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: 
         kept_ptr=kept,
         token_ptr=tokens,
         batch=batch,
-        ROWS=min(triton.next_power_of_2(batch), 64) if INTERPRETER else 1,  # the interpreter pays per program
+        ROWS=min(triton.next_power_of_2(batch), 64)
+        if INTERPRETER
+        else 1,  # the interpreter pays per program
         CHUNKS_POW2=triton.next_power_of_2(num_chunks),
         **state,
     )
@@ -498,7 +588,9 @@ def _launch(logits: Tensor, sampling: SamplingTensors, write_mask: bool, chunk: 
     def run(which, shift: int = 0) -> None:
         warps = SamplingTiles.pass_warps(which)
         _pass_kernel[(batch, num_chunks)](PASS=which, shift=shift, num_warps=warps, **pass_args)
-        _combine_kernel[(triton.cdiv(batch, combine_args["ROWS"]),)](PASS=which, shift=shift, **combine_args)
+        _combine_kernel[(triton.cdiv(batch, combine_args["ROWS"]),)](
+            PASS=which, shift=shift, **combine_args
+        )
 
     run(MAX)  # every row: the greedy token, and m
     random = not sampling.all_greedy
@@ -524,6 +616,8 @@ def sample(logits: Tensor, sampling: SamplingTensors, chunk: int | None = None) 
     return _launch(logits, sampling, write_mask=False, chunk=chunk)[0]
 
 
-def sample_with_mask(logits: Tensor, sampling: SamplingTensors, chunk: int | None = None) -> tuple[Tensor, Tensor]:
+def sample_with_mask(
+    logits: Tensor, sampling: SamplingTensors, chunk: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Debug entry: the tokens [B] and the set each row could draw from, [B, V] bool (= processed_probs > 0)."""
     return _launch(logits, sampling, write_mask=True, chunk=chunk)

@@ -72,10 +72,19 @@ def _split_k_reduce_kernel(
     split_ok = splits < NUM_SPLITS
     dims = tl.arange(0, HEAD_DIM)
     ml = token * stride_ml_token + head * stride_ml_head + splits
-    m = tl.load(m_part_ptr + ml, mask=split_ok, other=float("-inf"))  # padding lanes get weight exp2(-inf) = 0
+    m = tl.load(
+        m_part_ptr + ml, mask=split_ok, other=float("-inf")
+    )  # padding lanes get weight exp2(-inf) = 0
     l_s = tl.load(l_part_ptr + ml, mask=split_ok, other=0.0)
-    a_ptrs = acc_part_ptr + token * stride_a_token + head * stride_a_head + splits[:, None] * stride_a_split
-    acc = tl.load(a_ptrs + dims[None, :], mask=split_ok[:, None], other=0.0)  # [SPLITS_POW2, HEAD_DIM]
+    a_ptrs = (
+        acc_part_ptr
+        + token * stride_a_token
+        + head * stride_a_head
+        + splits[:, None] * stride_a_split
+    )
+    acc = tl.load(
+        a_ptrs + dims[None, :], mask=split_ok[:, None], other=0.0
+    )  # [SPLITS_POW2, HEAD_DIM]
     m_max = tl.max(m, axis=0)
     w = tl.math.exp2(m - m_max)  # [SPLITS_POW2]: each split's sums rescaled to the common max
     l_total = tl.sum(w * l_s, axis=0)
@@ -86,11 +95,17 @@ def _split_k_reduce_kernel(
 
 def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
     """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile (dtype checks: the attention's)."""
-    constexprs = {"NUM_SPLITS": num_splits, "SPLITS_POW2": triton.next_power_of_2(num_splits), "HEAD_DIM": head_dim}
+    constexprs = {
+        "NUM_SPLITS": num_splits,
+        "SPLITS_POW2": triton.next_power_of_2(num_splits),
+        "HEAD_DIM": head_dim,
+    }
     return fixed_plan("split_k_reduce", constexprs, num_warps=4)
 
 
-def split_k_reduce(acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor) -> None:
+def split_k_reduce(
+    acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
+) -> None:
     """acc_part [T, H, S, d], m_part / l_part [T, H, S] (fp32, from the split kernel) -> out [T, H, d], in place."""
     num_tokens, num_heads, num_splits, head_dim = acc_part.shape
     if num_tokens == 0:

@@ -44,7 +44,16 @@ MIN_CAPABILITY = 80  # Triton's supported minimum
 BEST_EFFORT_CAPABILITY = 75  # sm_75 in float16: only kernels the compile gate proves
 # Kernels the compile gate compiles for sm_75 in float16 within 64 KB and without spilling (tests/test_compile_gate.py).
 SM75_FP16 = frozenset(
-    {"embedding", "rmsnorm", "rope", "kv_store", "silu_and_mul", "matmul", "flash_attention", "paged_attention"}
+    {
+        "embedding",
+        "rmsnorm",
+        "rope",
+        "kv_store",
+        "silu_and_mul",
+        "matmul",
+        "flash_attention",
+        "paged_attention",
+    }
     | {"split_k_reduce"}
 )
 
@@ -52,7 +61,9 @@ SM75_FP16 = frozenset(
 @dataclass(frozen=True)
 class Target:
     interpreter: bool  # True: Triton's CPU interpreter (capability unused)
-    capability: int = 0  # CUDA compute capability, 10 * major + minor (90 = H100); 0 under the interpreter
+    capability: int = (
+        0  # CUDA compute capability, 10 * major + minor (90 = H100); 0 under the interpreter
+    )
     shared_memory: int = 0  # bytes of shared memory one block may use; 0 under the interpreter
 
     @property
@@ -78,12 +89,21 @@ class LaunchPlan:
     def launch_options(self) -> dict:
         """Keyword arguments of a fixed launch: the constexprs, the config's tiles, num_warps and num_stages."""
         (config,) = self.configs
-        return {**self.constexprs, **config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        return {
+            **self.constexprs,
+            **config.kwargs,
+            "num_warps": config.num_warps,
+            "num_stages": config.num_stages,
+        }
 
 
-def fixed_plan(kernel: str, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> LaunchPlan:
+def fixed_plan(
+    kernel: str, constexprs: dict, num_warps: int = 4, num_stages: int = 3
+) -> LaunchPlan:
     """A plan with one config and no tile meta-parameters (row and element-wise kernels)."""
-    return LaunchPlan(kernel, constexprs, (triton.Config({}, num_warps=num_warps, num_stages=num_stages),))
+    return LaunchPlan(
+        kernel, constexprs, (triton.Config({}, num_warps=num_warps, num_stages=num_stages),)
+    )
 
 
 def gpu_target(capability: int) -> Target:
@@ -91,14 +111,19 @@ def gpu_target(capability: int) -> Target:
     if capability not in SHARED_MEMORY_PER_BLOCK:
         known = ", ".join(str(c) for c in SHARED_MEMORY_PER_BLOCK)
         raise StagewiseError(f"unknown compute capability {capability}; known: {known}")
-    return Target(interpreter=False, capability=capability, shared_memory=SHARED_MEMORY_PER_BLOCK[capability])
+    return Target(
+        interpreter=False, capability=capability, shared_memory=SHARED_MEMORY_PER_BLOCK[capability]
+    )
 
 
 @functools.cache
 def _cuda_target(index: int) -> Target:
     props = torch.cuda.get_device_properties(index)
     capability = 10 * props.major + props.minor
-    nearest = max((c for c in SHARED_MEMORY_PER_BLOCK if c <= capability), default=min(SHARED_MEMORY_PER_BLOCK))
+    nearest = max(
+        (c for c in SHARED_MEMORY_PER_BLOCK if c <= capability),
+        default=min(SHARED_MEMORY_PER_BLOCK),
+    )
     shared = getattr(props, "shared_memory_per_block_optin", 0) or SHARED_MEMORY_PER_BLOCK[nearest]
     return Target(interpreter=False, capability=capability, shared_memory=shared)
 
@@ -127,7 +152,9 @@ def check_target(kernel: str, target: Target, dtype: torch.dtype) -> None:
         return
     where = f"compute capability {target.capability // 10}.{target.capability % 10}"
     if target.capability < BEST_EFFORT_CAPABILITY:
-        raise StagewiseError(f"{kernel}: Triton kernels need compute capability 7.5+, this GPU has {where}")
+        raise StagewiseError(
+            f"{kernel}: Triton kernels need compute capability 7.5+, this GPU has {where}"
+        )
     if dtype != torch.float16 or kernel not in SM75_FP16:
         raise StagewiseError(
             f"{kernel}: on {where} the Triton kernels run in float16 only (no bfloat16 tensor cores, and Triton "
@@ -135,4 +162,7 @@ def check_target(kernel: str, target: Target, dtype: torch.dtype) -> None:
         )
     if "sm75" not in _warned:
         _warned.add("sm75")
-        print(f"stagewise: Triton on {where} is best effort (Triton supports 8.0+); float16 only", file=sys.stderr)
+        print(
+            f"stagewise: Triton on {where} is best effort (Triton supports 8.0+); float16 only",
+            file=sys.stderr,
+        )

@@ -64,9 +64,13 @@ def train_bpe(corpus: str, num_new_tokens: int, pre: str = "smollm") -> list[tup
     Returns the merges in rank order, each a pair of byte-alphabet strings ("Ġ", "t").
     """
     byte_map = bytes_to_unicode()
-    spelled = ("".join(byte_map[b] for b in piece.encode("utf-8")) for piece in pre_tokenize(corpus, pre))
+    spelled = (
+        "".join(byte_map[b] for b in piece.encode("utf-8")) for piece in pre_tokenize(corpus, pre)
+    )
     piece_counts = Counter(spelled)  # "Ġthe" -> how often the piece " the" occurs
-    words = {tuple(piece): count for piece, count in piece_counts.items()}  # "Ġthe" -> ("Ġ","t","h","e")
+    words = {
+        tuple(piece): count for piece, count in piece_counts.items()
+    }  # "Ġthe" -> ("Ġ","t","h","e")
     known = set(byte_map.values())
     merges: list[tuple[str, str]] = []
     while len(known) - 256 < num_new_tokens:
@@ -76,8 +80,12 @@ def train_bpe(corpus: str, num_new_tokens: int, pre: str = "smollm") -> list[tup
                 pair_counts[pair] += count
         if not pair_counts:
             learned = len(known) - 256
-            raise StagewiseError(f"corpus too small: only {learned} of {num_new_tokens} new tokens learned")
-        best = min(pair_counts, key=lambda pair: (-pair_counts[pair], pair))  # most frequent, then sorted
+            raise StagewiseError(
+                f"corpus too small: only {learned} of {num_new_tokens} new tokens learned"
+            )
+        best = min(
+            pair_counts, key=lambda pair: (-pair_counts[pair], pair)
+        )  # most frequent, then sorted
         merges.append(best)
         known.add(best[0] + best[1])
         words = {merge_pair(symbols, best): count for symbols, count in words.items()}

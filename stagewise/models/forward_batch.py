@@ -27,9 +27,15 @@ from stagewise.runtime import to_device
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64: the tokens to run, all sequences concatenated
     positions: torch.Tensor  # [T] int64: each token's position within its own sequence
-    cu_seqlens_q: torch.Tensor  # [B+1] int32: sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
-    last_token_index: torch.Tensor  # [B] int64: the row whose logits predict each sequence's next token
-    cu_seqlens_q_host: list[int]  # [B+1] the same offsets as host ints: kernels size grids without a device read
+    cu_seqlens_q: (
+        torch.Tensor
+    )  # [B+1] int32: sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    last_token_index: (
+        torch.Tensor
+    )  # [B] int64: the row whose logits predict each sequence's next token
+    cu_seqlens_q_host: list[
+        int
+    ]  # [B+1] the same offsets as host ints: kernels size grids without a device read
     max_q_len: int  # the most rows any one sequence has this step (host int)
 
     @property
@@ -58,7 +64,9 @@ class ForwardBatch:
 
 
 class KVAccess(Protocol):
-    def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         """q [T, H, d], new k/v [T, Hkv, d] -> attention output [T, H, d]."""
         ...
 
@@ -68,7 +76,9 @@ class NoKVCache:
     """Naive recompute: the batch holds every token of every sequence; K/V are not kept."""
 
     cu_seqlens: torch.Tensor  # [B+1] int32: the batch's cu_seqlens_q (queries and keys coincide)
-    cu_seqlens_host: list[int] | None = None  # [B+1] the same on the host (None: the stages read the tensor)
+    cu_seqlens_host: list[int] | None = (
+        None  # [B+1] the same on the host (None: the stages read the tensor)
+    )
     max_len: int | None = None  # the longest sequence (host int; None: the kernel reads the tensor)
 
     @classmethod
@@ -76,7 +86,9 @@ class NoKVCache:
         """Attention over the batch itself, with its host lengths (no device reads)."""
         return cls(batch.cu_seqlens_q, batch.cu_seqlens_q_host, batch.max_q_len)
 
-    def attend(self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         return ops(
             "attention",
             layer=layer,

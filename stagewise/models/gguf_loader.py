@@ -38,7 +38,9 @@ def open_gguf(path: str | Path):
         return gguf.GGUFReader(path)
     except Exception as exc:  # the reader raises ValueError, IndexError, struct errors, ...
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StagewiseError(f"{path} is not a valid GGUF file (truncated or corrupt?): {reason}") from None
+        raise StagewiseError(
+            f"{path} is not a valid GGUF file (truncated or corrupt?): {reason}"
+        ) from None
 
 
 def field(reader, key: str, default=None):
@@ -50,7 +52,9 @@ def field(reader, key: str, default=None):
 def config_from_gguf(reader, name: str) -> ModelConfig:
     arch = field(reader, "general.architecture")
     if arch != "llama":
-        raise StagewiseError(f"{name}: architecture '{arch}' is not supported; stagewise runs Llama models")
+        raise StagewiseError(
+            f"{name}: architecture '{arch}' is not supported; stagewise runs Llama models"
+        )
 
     def value(key: str, default, kind: type):
         """llama.<key> as an int or a float; a missing required key or a wrong type is a one-line error."""
@@ -58,18 +62,24 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         if raw is None:
             raise StagewiseError(f"{name}: GGUF metadata lacks llama.{key}")
         if not is_number(raw) or (kind is int and raw != int(raw)):
-            raise StagewiseError(f"{name}: GGUF metadata llama.{key} must be {kind.__name__}, got {raw!r}")
+            raise StagewiseError(
+                f"{name}: GGUF metadata llama.{key} must be {kind.__name__}, got {raw!r}"
+            )
         return kind(raw)
 
     hidden, heads = value("embedding_length", None, int), value("attention.head_count", None, int)
     tokens = field(reader, "tokenizer.ggml.tokens")
     vocab = field(reader, "llama.vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
-        raise StagewiseError(f"{name}: GGUF metadata lacks both llama.vocab_size and tokenizer.ggml.tokens")
+        raise StagewiseError(
+            f"{name}: GGUF metadata lacks both llama.vocab_size and tokenizer.ggml.tokens"
+        )
     names = {t.name for t in reader.tensors}
     experts = field(reader, "llama.expert_count", 0)
     if is_number(experts) and experts > 0:  # Mixtral-style files use the llama architecture name
-        raise StagewiseError(f"{name}: a mixture of {experts} experts (llama.expert_count); stagewise runs dense Llama")
+        raise StagewiseError(
+            f"{name}: a mixture of {experts} experts (llama.expert_count); stagewise runs dense Llama"
+        )
     return ModelConfig(
         name=name,
         vocab_size=vocab,
@@ -99,17 +109,23 @@ def rope_scaling_from_gguf(reader, name: str) -> RopeScaling | None:
 
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
-        factors = np.asarray(dequantize(freqs.data, freqs.tensor_type), dtype=np.float32).reshape(-1)
+        factors = np.asarray(dequantize(freqs.data, freqs.tensor_type), dtype=np.float32).reshape(
+            -1
+        )
         return RopeScaling(kind="freq_factors", freq_factors=tuple(float(f) for f in factors))
     kind = field(reader, "llama.rope.scaling.type", "none")
     factor = field(reader, "llama.rope.scaling.factor") or field(reader, "llama.rope.scale_linear")
     if kind == "linear" or (kind == "none" and factor not in (None, 1.0)):
         if not is_number(factor):
-            raise StagewiseError(f"{name}: linear RoPE scaling needs a numeric factor, got {factor!r}")
+            raise StagewiseError(
+                f"{name}: linear RoPE scaling needs a numeric factor, got {factor!r}"
+            )
         return RopeScaling(kind="linear", factor=float(factor))
     if kind == "none":
         return None
-    raise StagewiseError(f"{name}: RoPE scaling '{kind}' is not supported; known: none, linear, rope_freqs (llama3)")
+    raise StagewiseError(
+        f"{name}: RoPE scaling '{kind}' is not supported; known: none, linear, rope_freqs (llama3)"
+    )
 
 
 def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -125,7 +141,9 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(out_features, in_features)
 
 
-def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, LlamaWeights]:
+def load_gguf(
+    path: str | Path, reader=None, dtype: torch.dtype = torch.float32
+) -> tuple[ModelConfig, LlamaWeights]:
     """GGUF file -> (config, weights in `dtype` on CPU); pass `reader` to reuse an open file.
 
     One tensor at a time: dequantize to float32, rearrange, cast to `dtype`, drop the float32
@@ -147,16 +165,26 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
         try:
             array = dequantize(t.data, t.tensor_type)
         except Exception as exc:
-            raise StagewiseError(f"{path}: cannot read tensor '{name}' ({type(exc).__name__}: {exc})") from None
+            raise StagewiseError(
+                f"{path}: cannot read tensor '{name}' ({type(exc).__name__}: {exc})"
+            ) from None
         if tuple(array.shape) != shape:
-            raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(array.shape)}, expected {shape}")
-        array = np.asarray(array, dtype=np.float32)  # float32, possibly a read-only view of the file
-        if not np.isfinite(array).all():  # a corrupt file would otherwise generate garbage without a word
+            raise StagewiseError(
+                f"{path}: tensor '{name}' has shape {tuple(array.shape)}, expected {shape}"
+            )
+        array = np.asarray(
+            array, dtype=np.float32
+        )  # float32, possibly a read-only view of the file
+        if not np.isfinite(
+            array
+        ).all():  # a corrupt file would otherwise generate garbage without a word
             raise StagewiseError(f"{path}: tensor '{name}' holds NaN or infinite values")
         return array
 
     def cast(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True)).to(dtype)  # owned
+        return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True)).to(
+            dtype
+        )  # owned
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return cast(read(name, shape))
@@ -172,12 +200,19 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
         wq = linear(p + "attn_q.weight", config.q_size, hidden, heads=config.num_heads)
         wk = linear(p + "attn_k.weight", config.kv_size, hidden, heads=config.num_kv_heads)
         wv = linear(p + "attn_v.weight", config.kv_size, hidden)
-        gate, up = linear(p + "ffn_gate.weight", inter, hidden), linear(p + "ffn_up.weight", inter, hidden)
+        gate, up = (
+            linear(p + "ffn_gate.weight", inter, hidden),
+            linear(p + "ffn_up.weight", inter, hidden),
+        )
         layers.append(
             LayerWeights(
                 attn_norm=get(p + "attn_norm.weight", (hidden,)),
-                w_qkv=torch.cat([wq, wk, wv]).t(),  # [(H+2Hkv)*d, hidden] -> [hidden, (H+2Hkv)*d] view
-                w_o=linear(p + "attn_output.weight", hidden, config.q_size).t(),  # views; LlamaWeights.to
+                w_qkv=torch.cat(
+                    [wq, wk, wv]
+                ).t(),  # [(H+2Hkv)*d, hidden] -> [hidden, (H+2Hkv)*d] view
+                w_o=linear(
+                    p + "attn_output.weight", hidden, config.q_size
+                ).t(),  # views; LlamaWeights.to
                 ffn_norm=get(p + "ffn_norm.weight", (hidden,)),  # picks the layout per device
                 w_gate_up=torch.cat([gate, up]).t(),  # [hidden, 2*inter]
                 w_down=linear(p + "ffn_down.weight", hidden, inter).t(),  # [inter, hidden]
@@ -185,12 +220,16 @@ def load_gguf(path: str | Path, reader=None, dtype: torch.dtype = torch.float32)
         )
         del wq, wk, wv, gate, up
     embed = get("token_embd.weight", (config.vocab_size, hidden))  # [vocab, hidden]
-    head = embed if config.tie_word_embeddings else get("output.weight", (config.vocab_size, hidden))
+    head = (
+        embed if config.tie_word_embeddings else get("output.weight", (config.vocab_size, hidden))
+    )
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("output_norm.weight", (hidden,))
     # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq in some old
     # conversions) is derived from the metadata, so skipped
     shown = unused_tensors(set(tensors) - used, derived=("attn_rot_embd",))
     if shown:
-        raise StagewiseError(f"{path}: the file holds tensors a Llama of this metadata does not use: {shown}")
+        raise StagewiseError(
+            f"{path}: the file holds tensors a Llama of this metadata does not use: {shown}"
+        )
     return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

@@ -19,12 +19,16 @@ from stagewise.models.weights import LayerWeights, LlamaWeights
 def config_from_hf(path: Path) -> ModelConfig:
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise StagewiseError(f"{path} has no config.json; expected a Hugging Face Llama checkpoint directory")
+        raise StagewiseError(
+            f"{path} has no config.json; expected a Hugging Face Llama checkpoint directory"
+        )
     cfg = read_json_object(config_file)
     archs = cfg.get("architectures") or []
     if cfg.get("model_type") != "llama" and "LlamaForCausalLM" not in archs:
         kind = cfg.get("model_type") or ", ".join(map(str, archs)) or "unknown"
-        raise StagewiseError(f"{path}: model type '{kind}' is not supported; stagewise runs Llama models")
+        raise StagewiseError(
+            f"{path}: model type '{kind}' is not supported; stagewise runs Llama models"
+        )
     check_llama_math(cfg, config_file)
     rope_scaling = rope_scaling_from_hf(hf_rope_dict(cfg, str(config_file)), cfg, path)
     return config_from_hf_dict(cfg, str(path), str(config_file), rope_scaling=rope_scaling)
@@ -42,10 +46,14 @@ def check_llama_math(cfg: dict, where: Path) -> None:
     """
     act = cfg.get("hidden_act", "silu")
     if act not in SILU_NAMES:
-        raise StagewiseError(f"{where}: hidden_act {act!r} is not supported; a Llama FFN is SwiGLU (hidden_act 'silu')")
+        raise StagewiseError(
+            f"{where}: hidden_act {act!r} is not supported; a Llama FFN is SwiGLU (hidden_act 'silu')"
+        )
     for key, what in (("attention_bias", "q/k/v/o projections"), ("mlp_bias", "FFN projections")):
         if cfg.get(key):
-            raise StagewiseError(f"{where}: {key} is true (biases on the {what}); stagewise runs Llama without biases")
+            raise StagewiseError(
+                f"{where}: {key} is true (biases on the {what}); stagewise runs Llama without biases"
+            )
     window, limit = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
     if is_number(window) and is_number(limit) and window < limit:
         raise StagewiseError(
@@ -97,7 +105,9 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
         if str(where) in str(exc):
             raise
         raise StagewiseError(f"{where}: {exc}") from None
-    raise StagewiseError(f"{path}: RoPE scaling '{kind}' is not supported; known: default, linear, llama3")
+    raise StagewiseError(
+        f"{path}: RoPE scaling '{kind}' is not supported; known: default, linear, llama3"
+    )
 
 
 def _open_shards(path: Path) -> dict:
@@ -112,12 +122,16 @@ def _open_shards(path: Path) -> dict:
         try:
             handle = safe_open(shard, framework="pt")
         except (SafetensorError, OSError, ValueError) as exc:
-            raise StagewiseError(f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}") from None
+            raise StagewiseError(
+                f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}"
+            ) from None
         where.update(dict.fromkeys(handle.keys(), (shard, handle)))
     return where
 
 
-def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, LlamaWeights]:
+def load_hf_dir(
+    path: str | Path, dtype: torch.dtype = torch.float32
+) -> tuple[ModelConfig, LlamaWeights]:
     """Hugging Face Llama directory -> (config, weights in `dtype` on CPU), read one tensor at a time."""
     from safetensors import SafetensorError
 
@@ -135,18 +149,33 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[M
         try:
             stored = handle.get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise StagewiseError(f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}") from None
+            raise StagewiseError(
+                f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}"
+            ) from None
         if not stored.is_floating_point():
-            raise StagewiseError(f"{shard}: tensor '{name}' is {stored.dtype}; quantized weights are not supported")
+            raise StagewiseError(
+                f"{shard}: tensor '{name}' is {stored.dtype}; quantized weights are not supported"
+            )
         if tuple(stored.shape) != shape:
-            raise StagewiseError(f"{path}: tensor '{name}' has shape {tuple(stored.shape)}, expected {shape}")
+            raise StagewiseError(
+                f"{path}: tensor '{name}' has shape {tuple(stored.shape)}, expected {shape}"
+            )
         t = stored.to(dtype)
         del stored
-        if not torch.isfinite(t).all():  # NaN in the file, or a value beyond `dtype`'s range (float16: 65504)
-            raise StagewiseError(f"{shard}: tensor '{name}' holds NaN or values infinite in {dtype}")
+        if not torch.isfinite(
+            t
+        ).all():  # NaN in the file, or a value beyond `dtype`'s range (float16: 65504)
+            raise StagewiseError(
+                f"{shard}: tensor '{name}' holds NaN or values infinite in {dtype}"
+            )
         return t
 
-    hidden, inter, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    hidden, inter, q, kv = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.q_size,
+        config.kv_size,
+    )
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
@@ -166,8 +195,12 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[M
             )
         )
     embed = get("model.embed_tokens.weight", (config.vocab_size, hidden))
-    head = embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
-    if config.tie_word_embeddings and "lm_head.weight" in shards:  # many files store the tied copy as well
+    head = (
+        embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
+    )
+    if (
+        config.tie_word_embeddings and "lm_head.weight" in shards
+    ):  # many files store the tied copy as well
         if not torch.equal(get("lm_head.weight", (config.vocab_size, hidden)), embed):
             raise StagewiseError(
                 f"{path}: config.json ties the LM head to the embedding (tie_word_embeddings), but the weight "
@@ -185,4 +218,6 @@ def check_nothing_left(path: Path, unused: set[str]) -> None:
     RoPE's `inv_freq` buffers, saved by older transformers, are derived from config.json and skipped."""
     shown = unused_tensors(unused, derived=("rotary_emb.inv_freq",))
     if shown:
-        raise StagewiseError(f"{path}: the weight files hold tensors a Llama of this config.json does not use: {shown}")
+        raise StagewiseError(
+            f"{path}: the weight files hold tensors a Llama of this config.json does not use: {shown}"
+        )

@@ -23,11 +23,15 @@ class IncrementalDecoder:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors=tokenizer._utf8_errors)
-        self._at_start = tokenizer.strips_leading_space  # the first character may be the dummy prefix
+        self._at_start = (
+            tokenizer.strips_leading_space
+        )  # the first character may be the dummy prefix
 
     def add(self, token_id: int) -> str:
         """Append one id; return the text it completes ("" while a character is incomplete)."""
-        return self._strip(self._utf8.decode(self.tokenizer._bytes_of([token_id], self.skip_special_tokens)))
+        return self._strip(
+            self._utf8.decode(self.tokenizer._bytes_of([token_id], self.skip_special_tokens))
+        )
 
     def finish(self) -> str:
         """End of stream: flush held-back bytes (an unfinished character becomes U+FFFD)."""

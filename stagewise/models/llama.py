@@ -50,12 +50,20 @@ class LlamaModel:
         cfg = self.config
         # Precomputed rotation angles: [max_position, rotary_dim], float32 (space for time).
         self.cos_sin_cache = build_cos_sin_cache(
-            cfg.max_position_embeddings, cfg.rotary_dim, cfg.rope_theta, self.device, scaling=cfg.rope_scaling
+            cfg.max_position_embeddings,
+            cfg.rotary_dim,
+            cfg.rope_theta,
+            self.device,
+            scaling=cfg.rope_scaling,
         )
         self.scale = cfg.head_dim**-0.5
 
-    CALIBRATE_BYTES = 64 * 2**20  # below this the weights sit in cache and the GEMM form hardly matters
-    CALIBRATE_SAMPLE_BYTES = 2 * 2**30  # far beyond any L3, so streamed from memory; bounds the load-time cost
+    CALIBRATE_BYTES = (
+        64 * 2**20
+    )  # below this the weights sit in cache and the GEMM form hardly matters
+    CALIBRATE_SAMPLE_BYTES = (
+        2 * 2**30
+    )  # far beyond any L3, so streamed from memory; bounds the load-time cost
 
     def calibrate_cpu_gemm(self) -> None:
         """On a CPU, measure once per process how this BLAS streams these weights fastest (`stages/gemm.py`).
@@ -63,7 +71,9 @@ class LlamaModel:
         A model up to CALIBRATE_SAMPLE_BYTES is measured whole; a bigger one on its first whole layers up
         to that size (the same shapes repeat in every layer), so an 8B model does not stream 32 GB per pass.
         """
-        naive_projections = all(self.ops.backends[s] == "naive" for s in ("qkv_proj", "o_proj", "ffn", "lm_head"))
+        naive_projections = all(
+            self.ops.backends[s] == "naive" for s in ("qkv_proj", "o_proj", "ffn", "lm_head")
+        )
         big = self.device.type == "cpu" and self.weights.decode_bytes() >= self.CALIBRATE_BYTES
         if naive_projections and big and not gemm.CPU_FORMS.measured_ms:
             gemm.calibrate(self.calibration_sample())
@@ -86,26 +96,49 @@ class LlamaModel:
         """-> logits [num_seqs, vocab] for the last token of each sequence."""
         cfg, w, ops, tp = self.config, self.weights, self.ops, self.tp
         num_tokens = batch.num_tokens
-        h = tp.embed(ops, batch.input_ids, w.embed)  # [T] -> [T, hidden] (TP: masked lookup + all-reduce)
+        h = tp.embed(
+            ops, batch.input_ids, w.embed
+        )  # [T] -> [T, hidden] (TP: masked lookup + all-reduce)
         residual = None
         angles = None  # the PyTorch RoPE's cos/sin rows for this step's positions: gathered once, used by all layers
         if ops.backends["rope"] == "naive":
             angles = rope.angles_at(batch.positions, self.cos_sin_cache)  # -> cos, sin [T, 1, d]
         for i, lw in enumerate(w.layers):
-            x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.attn_norm, eps=cfg.rms_norm_eps, residual=residual)
+            x, residual = ops(
+                "rmsnorm",
+                layer=i,
+                x=h,
+                weight=lw.attn_norm,
+                eps=cfg.rms_norm_eps,
+                residual=residual,
+            )
             qkv = ops("qkv_proj", layer=i, x=x, w_qkv=lw.w_qkv)  # [T, hidden] -> [T, (H+2Hkv)*d]
             q, k, v = split_qkv(qkv, cfg)  # -> [T, H, d], [T, Hkv, d], [T, Hkv, d]
             q, k = ops(
-                "rope", layer=i, positions=batch.positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache, angles=angles
+                "rope",
+                layer=i,
+                positions=batch.positions,
+                q=q,
+                k=k,
+                cos_sin_cache=self.cos_sin_cache,
+                angles=angles,
             )
             attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
-            h = ops("o_proj", layer=i, x=attn.reshape(num_tokens, cfg.q_size), w_o=lw.w_o)  # -> [T, hidden]
+            h = ops(
+                "o_proj", layer=i, x=attn.reshape(num_tokens, cfg.q_size), w_o=lw.w_o
+            )  # -> [T, hidden]
             h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial o_proj outputs
-            x, residual = ops("rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual)
+            x, residual = ops(
+                "rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual
+            )
             h = ops("ffn", layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
             h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial down outputs
         x, _ = ops("rmsnorm", x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
-        if batch.last_token_index.numel() == 0:  # a step of prefill chunks only: nothing to predict yet
+        if (
+            batch.last_token_index.numel() == 0
+        ):  # a step of prefill chunks only: nothing to predict yet
             return x.new_empty(0, cfg.vocab_size)
-        logits = ops("lm_head", hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head)  # [B, vocab]
+        logits = ops(
+            "lm_head", hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head
+        )  # [B, vocab]
         return tp.gather_vocab(logits)  # TP: [B, vocab/N] per rank -> [B, vocab] on rank 0

@@ -71,7 +71,9 @@ def check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device, na
         free = free_bytes(where)
         if free is None or needed * HEADROOM <= free:
             continue
-        half = dtype if dtype != torch.float32 else torch.bfloat16  # the size asked for, or the smaller one
+        half = (
+            dtype if dtype != torch.float32 else torch.bfloat16
+        )  # the size asked for, or the smaller one
         sizes = (
             f"{weight_bytes(config, torch.float32) / GB:.1f} GB in float32, "
             f"{weight_bytes(config, half) / GB:.1f} GB in {str(half).removeprefix('torch.')}"

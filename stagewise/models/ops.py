@@ -22,14 +22,17 @@ class StageOps:
         for name, choice in [("*", backend), *overrides.items()]:
             if choice not in BACKENDS:
                 choices = ", ".join(BACKENDS)
-                raise StagewiseError(f"unknown backend '{choice}' for stage '{name}'; use one of {choices}")
+                raise StagewiseError(
+                    f"unknown backend '{choice}' for stage '{name}'; use one of {choices}"
+                )
             if name != "*" and name not in STAGES:
                 raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
         self.backend = backend  # the tier asked for every stage
         self.overrides = overrides  # stage -> tier, where one stage was asked otherwise
         # stage -> the tier that runs ("torch" falls back to "naive" where a stage has no torch tier)
         self.backends = {
-            name: stage.tier_that_runs(overrides.get(name, backend)) for name, stage in STAGES.items()
+            name: stage.tier_that_runs(overrides.get(name, backend))
+            for name, stage in STAGES.items()
         }
         if "triton" in self.backends.values():
             from stagewise.runtime import configure_triton

@@ -48,11 +48,15 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedM
     """`random:<preset>`: the preset's shapes, seeded random weights drawn on the device."""
     preset = name.removeprefix(RANDOM_PREFIX)
     if preset not in PRESETS:
-        raise StagewiseError(f"unknown model '{name}'; after '{RANDOM_PREFIX}' name one of {', '.join(PRESETS)}")
+        raise StagewiseError(
+            f"unknown model '{name}'; after '{RANDOM_PREFIX}' name one of {', '.join(PRESETS)}"
+        )
     config = replace(PRESETS[preset], name=name, shape_only=False)
     weights = synthetic_weights(config, device, dtype, seed=0)
     tokenizer = Tokenizer.synthetic(config.vocab_size)
-    return LoadedModel(config, weights, tokenizer, f"{preset} shapes, random weights (seed 0)", device, dtype)
+    return LoadedModel(
+        config, weights, tokenizer, f"{preset} shapes, random weights (seed 0)", device, dtype
+    )
 
 
 def _load_files(
@@ -64,7 +68,9 @@ def _load_files(
 
     def from_gguf(path: Path):
         reader = open_gguf(path)  # parsed once (~2 s), shared by the weights and the tokenizer
-        config = config_from_gguf(reader, str(path))  # the architecture first: a clear error if not Llama
+        config = config_from_gguf(
+            reader, str(path)
+        )  # the architecture first: a clear error if not Llama
         tokenizer = Tokenizer.from_gguf_reader(reader, path.name)
         tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
@@ -76,7 +82,12 @@ def _load_files(
         return replace(config, name=name), weights, tokenizer, source
     if name == "tiny":
         config = PRESETS["tiny"]
-        return config, random_weights(config, seed=0), Tokenizer.tiny(), "tiny (random weights, seed 0)"
+        return (
+            config,
+            random_weights(config, seed=0),
+            Tokenizer.tiny(),
+            "tiny (random weights, seed 0)",
+        )
     path = Path(name).expanduser()
     if path.is_dir():
         config = config_from_hf(path)
@@ -97,7 +108,9 @@ def _load_files(
 def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) -> Tokenizer:
     """Every token id must have an embedding row; a model may have more rows than tokens (padding, e.g. to a
     multiple of 64): the model can still pick such an id, which then decodes to no text, as in transformers."""
-    if tokenizer.vocab_size > config.vocab_size:  # else an id past the table fails inside the embedding
+    if (
+        tokenizer.vocab_size > config.vocab_size
+    ):  # else an id past the table fails inside the embedding
         raise StagewiseError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
             f" {config.vocab_size} embedding rows"
@@ -119,7 +132,9 @@ def parse_device(device: str | torch.device | None) -> torch.device:
         if not torch.cuda.is_available():
             raise StagewiseError(f"--device {device}: torch sees no CUDA device here; use cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise StagewiseError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise StagewiseError(
+                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
     elif device.type == "cpu" and device.index not in (None, 0):
         raise StagewiseError(f"--device {device}: there is one CPU device; use cpu")
     elif device.type not in ("cpu", "meta"):
@@ -135,19 +150,26 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_model(
-    name: str = DEFAULT_MODEL, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    name: str = DEFAULT_MODEL,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> LoadedModel:
     """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16 before
     compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there in float16 only)."""
     if not isinstance(name, str) or not name.strip():
-        raise StagewiseError(f"model name is empty; choose one of {', '.join(PRESETS)}, a .gguf file or a folder")
+        raise StagewiseError(
+            f"model name is empty; choose one of {', '.join(PRESETS)}, a .gguf file or a folder"
+        )
     if name in PRESETS and PRESETS[name].shape_only:
         config = PRESETS[name]
         dtype = dtype or torch.bfloat16
         # Token ids only need a tokenizer; shapes come from the preset. Use the default model's
         # tokenizer when it is installed, else the tiny one (ids are valid rows either way).
         try:
-            tokenizer, tokenizer_name = Tokenizer.from_gguf(smollm2_gguf_path()), "SmolLM2's tokenizer"
+            tokenizer, tokenizer_name = (
+                Tokenizer.from_gguf(smollm2_gguf_path()),
+                "SmolLM2's tokenizer",
+            )
         except StagewiseError:
             tokenizer, tokenizer_name = Tokenizer.tiny(), "the tiny tokenizer"
         weights = empty_weights(config, device="meta", dtype=dtype)

@@ -33,7 +33,11 @@ SENTENCEPIECE_BPE = 2  # TrainerSpec.model_type: 1 unigram, 2 BPE, 3 word, 4 cha
 
 
 def literal_tokens(tokens: list[str], types: list[int]) -> dict[str, int]:
-    return {token: i for i, (token, kind) in enumerate(zip(tokens, types, strict=True)) if kind in LITERAL_TYPES}
+    return {
+        token: i
+        for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
+        if kind in LITERAL_TYPES
+    }
 
 
 def from_gguf_fields(read, name: str) -> dict:
@@ -42,7 +46,9 @@ def from_gguf_fields(read, name: str) -> dict:
     scores = read("tokenizer.ggml.scores")
     types = read("tokenizer.ggml.token_type")
     if not tokens or scores is None or types is None:
-        raise StagewiseError(f"{name}: a 'llama' tokenizer needs tokenizer.ggml.tokens, scores and token_type")
+        raise StagewiseError(
+            f"{name}: a 'llama' tokenizer needs tokenizer.ggml.tokens, scores and token_type"
+        )
     return {
         "tokens": tokens,
         "merges": [],
@@ -50,8 +56,12 @@ def from_gguf_fields(read, name: str) -> dict:
         "token_types": [int(t) for t in types],
         "special_tokens": literal_tokens(tokens, types),
         "unk_id": read("tokenizer.ggml.unknown_token_id"),
-        "add_bos": bool(read("tokenizer.ggml.add_bos_token", True)),  # llama.cpp's default for SentencePiece
-        "space_prefix": "sentencepiece" if read("tokenizer.ggml.add_space_prefix", True) else "none",
+        "add_bos": bool(
+            read("tokenizer.ggml.add_bos_token", True)
+        ),  # llama.cpp's default for SentencePiece
+        "space_prefix": "sentencepiece"
+        if read("tokenizer.ggml.add_space_prefix", True)
+        else "none",
     }
 
 
@@ -69,23 +79,41 @@ def from_tokenizer_json(spec: dict, where: str) -> dict:
     if sorted(by_id) != list(range(len(by_id))):
         raise StagewiseError(f"{where}: token ids are not contiguous from 0")
     tokens = [by_id[i] for i in range(len(by_id))]
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+    merges = [
+        tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])
+    ]
     first_rank = {}
     for rank, (left, right) in enumerate(merges):
         first_rank.setdefault(left + right, rank)
-    added_kind = {entry["content"]: CONTROL if entry.get("special") else USER_DEFINED for entry in added}
+    added_kind = {
+        entry["content"]: CONTROL if entry.get("special") else USER_DEFINED for entry in added
+    }
     types = [
         added_kind.get(token)
-        or (UNKNOWN if token == model.get("unk_token") else BYTE if byte_value(token) is not None else NORMAL)
+        or (
+            UNKNOWN
+            if token == model.get("unk_token")
+            else BYTE
+            if byte_value(token) is not None
+            else NORMAL
+        )
         for token in tokens
     ]
     # A piece no merge builds can never be formed by merging: -inf keeps it out of the score table.
-    scores = [-float(first_rank[t]) if t in first_rank else (0.0 if len(t) == 1 else float("-inf")) for t in tokens]
+    scores = [
+        -float(first_rank[t]) if t in first_rank else (0.0 if len(t) == 1 else float("-inf"))
+        for t in tokens
+    ]
     unk = model.get("unk_token")
     post = spec.get("post_processor") or {}
-    bos_first = post.get("type") == "TemplateProcessing" and "SpecialToken" in (post.get("single") or [{}])[0]
+    bos_first = (
+        post.get("type") == "TemplateProcessing"
+        and "SpecialToken" in (post.get("single") or [{}])[0]
+    )
     return {
-        **({"add_bos": bos_first} if post.get("type") == "TemplateProcessing" else {}),  # the file says it
+        **(
+            {"add_bos": bos_first} if post.get("type") == "TemplateProcessing" else {}
+        ),  # the file says it
         "tokens": tokens,
         "merges": merges,
         "scores": scores,
@@ -99,16 +127,26 @@ def from_tokenizer_json(spec: dict, where: str) -> dict:
 def _space_prefix_of(spec: dict, where: str) -> str:
     """Which SPACE_PREFIXES scheme a tokenizer.json's normalizer / pre-tokenizer spells."""
     norm, pre = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}
-    steps = norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm] if norm else []
+    steps = (
+        norm.get("normalizers", [norm])
+        if norm.get("type") == "Sequence"
+        else [norm]
+        if norm
+        else []
+    )
     kinds = [step.get("type") for step in steps]
     if pre.get("type") == "Metaspace" and not pre.get("split", True) and not steps:
         scheme = pre.get("prepend_scheme", "always")
         return {"always": "metaspace-always", "first": "metaspace-first", "never": "none"}[scheme]
     if not pre and kinds in (["Prepend", "Replace"], ["Replace"]):
         if kinds[0] == "Prepend" and steps[0].get("prepend") != "▁":
-            raise StagewiseError(f"{where}: normalizer prepends {steps[0].get('prepend')!r}, expected '▁'")
+            raise StagewiseError(
+                f"{where}: normalizer prepends {steps[0].get('prepend')!r}, expected '▁'"
+            )
         return "sentencepiece" if kinds[0] == "Prepend" else "none"
-    raise StagewiseError(f"{where}: unsupported SentencePiece normalizer {kinds} / pre-tokenizer {pre.get('type')}")
+    raise StagewiseError(
+        f"{where}: unsupported SentencePiece normalizer {kinds} / pre-tokenizer {pre.get('type')}"
+    )
 
 
 # ---- tokenizer.model: protobuf wire format ---------------------------------------------------
@@ -166,7 +204,9 @@ def read_model_proto(path: Path) -> dict:
         raise StagewiseError(f"{path} is not a valid SentencePiece model: {exc}") from None
     types = [int(p.get(3, NORMAL)) for p in pieces]
     if trainer.get(3, 1) != SENTENCEPIECE_BPE:
-        raise StagewiseError(f"{path}: SentencePiece model type {trainer.get(3, 1)} is not supported; only BPE (2) is")
+        raise StagewiseError(
+            f"{path}: SentencePiece model type {trainer.get(3, 1)} is not supported; only BPE (2) is"
+        )
     name = normalizer.get(1, b"identity").decode()
     if name != "identity" or normalizer.get(4, 1):
         raise StagewiseError(

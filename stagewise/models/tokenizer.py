@@ -39,7 +39,10 @@ from stagewise.stages import tokenize_sentencepiece as sp_stage
 from stagewise.stages.pre_tokenizers import IGNORE_MERGES, canonical_pre_name
 
 TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE, SentencePiece BPE (llama.cpp's names)
-GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4  # llama.cpp token types that are matched literally, before BPE
+GGUF_CONTROL, GGUF_USER_DEFINED = (
+    3,
+    4,
+)  # llama.cpp token types that are matched literally, before BPE
 # `encode(backend=...)` -> stage path; "optimized" and "triton" are the names the rest of the package uses.
 ENCODE_BACKENDS = {
     "naive": tokenize_stage.naive,
@@ -53,22 +56,38 @@ ENCODE_BACKENDS = {
 class Tokenizer:
     """A byte-level or SentencePiece BPE vocabulary and what goes with it; `encode` runs the tokenize stage."""
 
-    tokens: list[str]  # id -> token: byte alphabet ("Ġthe") or SentencePiece ("▁the", "<0x0A>"); specials as written
-    merges: list[tuple[str, str]]  # BPE merges in rank order (SentencePiece: [] = derived from the scores)
+    tokens: list[
+        str
+    ]  # id -> token: byte alphabet ("Ġthe") or SentencePiece ("▁the", "<0x0A>"); specials as written
+    merges: list[
+        tuple[str, str]
+    ]  # BPE merges in rank order (SentencePiece: [] = derived from the scores)
     special_tokens: dict[str, int]  # tokens matched literally in the text before BPE -> id
     bos_id: int | None  # beginning-of-sequence id
     eos_id: int | None  # end-of-sequence id; generation stops on it
     pad_id: int | None = None  # padding id, if the model names one
     chat_template: str | None = None  # jinja2 template that renders a chat into one prompt string
-    pre: str = "gpt2"  # pre-tokenizer name (llama.cpp's), canonicalised to a key of `PRE_TOKENIZERS`
-    add_bos: bool = False  # prepend bos_id when encoding (SmolLM2: False, its template writes the markers)
+    pre: str = (
+        "gpt2"  # pre-tokenizer name (llama.cpp's), canonicalised to a key of `PRE_TOKENIZERS`
+    )
+    add_bos: bool = (
+        False  # prepend bos_id when encoding (SmolLM2: False, its template writes the markers)
+    )
     ignore_merges: bool = False  # Llama 3: a piece that is already a token skips the merges
-    model: str = "gpt2"  # "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE); see TOKENIZER_MODELS
-    scores: list[float] | None = None  # llama: id -> piece score; the best-scoring pair merges first
-    token_types: list[int] | None = None  # llama: id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+    model: str = (
+        "gpt2"  # "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE); see TOKENIZER_MODELS
+    )
+    scores: list[float] | None = (
+        None  # llama: id -> piece score; the best-scoring pair merges first
+    )
+    token_types: list[int] | None = (
+        None  # llama: id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+    )
     unk_id: int | None = None  # llama: the <unk> id, for characters without byte tokens
     space_prefix: str = "sentencepiece"  # llama: where the dummy "▁" goes (sp_stage.SPACE_PREFIXES)
-    embedding_rows: int | None = None  # a model with more embedding rows than tokens: ids past the tokens have no text
+    embedding_rows: int | None = (
+        None  # a model with more embedding rows than tokens: ids past the tokens have no text
+    )
     # More ids that end generation besides eos_id: generation_config.json's eos_token_id list (Llama 3.1+:
     # <|end_of_text|>, <|eom_id|>, <|eot_id|>), a GGUF's tokenizer.ggml.eot_token_id / eom_token_id.
     extra_eos_ids: tuple[int, ...] = ()
@@ -90,11 +109,15 @@ class Tokenizer:
             raise StagewiseError(
                 f"unknown space prefix '{self.space_prefix}'; known: {', '.join(sp_stage.SPACE_PREFIXES)}"
             )
-        self.pre = canonical_pre_name(self.pre)  # llama.cpp's other spellings ("gpt-2") -> ours ("gpt2")
+        self.pre = canonical_pre_name(
+            self.pre
+        )  # llama.cpp's other spellings ("gpt-2") -> ours ("gpt2")
         for name in ("bos_id", "eos_id", "pad_id", "unk_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < len(self.tokens):
-                raise StagewiseError(f"{name} {value} is outside the vocabulary of {len(self.tokens)} tokens")
+                raise StagewiseError(
+                    f"{name} {value} is outside the vocabulary of {len(self.tokens)} tokens"
+                )
         self.extra_eos_ids = checked_eos_ids(self.extra_eos_ids, len(self.tokens), "extra_eos_ids")
         if self.add_bos and self.bos_id is None:
             raise StagewiseError("add_bos is set but the tokenizer has no bos token")
@@ -130,7 +153,9 @@ class Tokenizer:
             return cls(model="llama", **common, **sentencepiece_files.from_gguf_fields(read, name))
         if model != "gpt2":
             known = ", ".join(TOKENIZER_MODELS)
-            raise StagewiseError(f"{name}: tokenizer model '{model}' is not supported; known: {known}")
+            raise StagewiseError(
+                f"{name}: tokenizer model '{model}' is not supported; known: {known}"
+            )
         tokens = read("tokenizer.ggml.tokens")
         token_types = read("tokenizer.ggml.token_type", [])
         literal_types = (GGUF_CONTROL, GGUF_USER_DEFINED)
@@ -161,8 +186,16 @@ class Tokenizer:
             tokenizer = cls._from_tokenizer_json(path, tokenizer_file, spec)
         except StagewiseError:
             raise
-        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:  # a field of the wrong shape
-            raise StagewiseError(f"{tokenizer_file}: not a tokenizer file this loader understands ({exc!r})") from None
+        except (
+            KeyError,
+            TypeError,
+            AttributeError,
+            ValueError,
+            IndexError,
+        ) as exc:  # a field of the wrong shape
+            raise StagewiseError(
+                f"{tokenizer_file}: not a tokenizer file this loader understands ({exc!r})"
+            ) from None
         return tokenizer.with_generation_config(path)
 
     def with_generation_config(self, path: Path) -> "Tokenizer":
@@ -176,7 +209,9 @@ class Tokenizer:
         if listed is None:
             return self
         ids = checked_eos_ids(listed, len(self.tokens), f"{config_file}: eos_token_id")
-        self.extra_eos_ids = tuple(dict.fromkeys((*self.extra_eos_ids, *(i for i in ids if i != self.eos_id))))
+        self.extra_eos_ids = tuple(
+            dict.fromkeys((*self.extra_eos_ids, *(i for i in ids if i != self.eos_id)))
+        )
         return self
 
     @property
@@ -187,13 +222,19 @@ class Tokenizer:
     @classmethod
     def _from_tokenizer_json(cls, path: Path, tokenizer_file: Path, spec: dict) -> "Tokenizer":
         if sentencepiece_files.is_sentencepiece_json(spec):
-            return cls._sentencepiece(path, sentencepiece_files.from_tokenizer_json(spec, str(tokenizer_file)))
+            return cls._sentencepiece(
+                path, sentencepiece_files.from_tokenizer_json(spec, str(tokenizer_file))
+            )
         model = spec.get("model") or {}
         if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
             kind = f"{model.get('type')} model, {(spec.get('decoder') or {}).get('type')} decoder"
-            raise StagewiseError(f"{tokenizer_file}: {kind}; only GPT-2 style byte-level BPE is supported")
+            raise StagewiseError(
+                f"{tokenizer_file}: {kind}; only GPT-2 style byte-level BPE is supported"
+            )
         if spec.get("normalizer"):
-            raise StagewiseError(f"{tokenizer_file}: a normalizer is not supported by byte-level BPE here")
+            raise StagewiseError(
+                f"{tokenizer_file}: a normalizer is not supported by byte-level BPE here"
+            )
         pre = tokenize_stage.pre_name_from_hf(spec.get("pre_tokenizer"))
 
         by_id = {token_id: token for token, token_id in model["vocab"].items()}
@@ -201,7 +242,10 @@ class Tokenizer:
         by_id.update({token_id: token for token, token_id in added.items()})
         if sorted(by_id) != list(range(len(by_id))):
             raise StagewiseError(f"{tokenizer_file}: token ids are not contiguous from 0")
-        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+        merges = [
+            tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+            for m in model.get("merges", [])
+        ]
 
         tokens = [by_id[i] for i in range(len(by_id))]
         lookup = {token: i for i, token in enumerate(tokens)}
@@ -209,8 +253,13 @@ class Tokenizer:
         # A Llama 3 style file says "add bos" through its post-processor rather than the config.
         bos_from_post = _bos_from_post_processor(spec.get("post_processor"))
         names = {key: config.get(f"{key}_token") for key in ("bos", "eos", "pad")}
-        names = {key: value.get("content") if isinstance(value, dict) else value for key, value in names.items()}
-        check_named_tokens({k: names[k] for k in ("bos", "eos")}, lookup, path / "tokenizer_config.json")
+        names = {
+            key: value.get("content") if isinstance(value, dict) else value
+            for key, value in names.items()
+        }
+        check_named_tokens(
+            {k: names[k] for k in ("bos", "eos")}, lookup, path / "tokenizer_config.json"
+        )
         return cls(
             tokens=tokens,
             merges=merges,
@@ -237,7 +286,10 @@ class Tokenizer:
         fields.setdefault("bos_id", lookup.get("<s>"))
         fields.setdefault("eos_id", lookup.get("</s>"))
         # tokenizer.json's post-processor decides; else the config; else True, Llama 2's default.
-        add_bos = bool(fields.pop("add_bos", config.get("add_bos_token", True))) and fields["bos_id"] is not None
+        add_bos = (
+            bool(fields.pop("add_bos", config.get("add_bos_token", True)))
+            and fields["bos_id"] is not None
+        )
         return cls(model="llama", chat_template=template, add_bos=add_bos, **fields)
 
     @classmethod
@@ -255,7 +307,9 @@ class Tokenizer:
         """
         base = _tiny_tokenizer()
         if vocab_size < base.vocab_size:
-            raise StagewiseError(f"a synthetic vocabulary needs >= {base.vocab_size} tokens, got {vocab_size}")
+            raise StagewiseError(
+                f"a synthetic vocabulary needs >= {base.vocab_size} tokens, got {vocab_size}"
+            )
         fillers = [f"<|synthetic_{i}|>" for i in range(base.vocab_size, vocab_size)]
         return dataclasses.replace(base, tokens=base.tokens + fillers)
 
@@ -280,8 +334,14 @@ class Tokenizer:
         config_text = json.dumps(config, indent=2, ensure_ascii=False)
         (path / "tokenizer_config.json").write_text(config_text, encoding="utf-8")
         if self.extra_eos_ids:  # where transformers keeps the other end-of-sequence ids
-            eos = [self.eos_id, *self.extra_eos_ids] if self.eos_id is not None else list(self.extra_eos_ids)
-            (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}, indent=2))
+            eos = (
+                [self.eos_id, *self.extra_eos_ids]
+                if self.eos_id is not None
+                else list(self.extra_eos_ids)
+            )
+            (path / "generation_config.json").write_text(
+                json.dumps({"eos_token_id": eos}, indent=2)
+            )
         return path
 
     # ---- derived lookups, built on first use ---------------------------------------------
@@ -307,7 +367,11 @@ class Tokenizer:
         """llama: the pieces a merge may build (normal tokens with a finite score) -> score."""
         normal = sp_stage.NORMAL
         pairs = zip(self.tokens, self.scores, self.token_types, strict=True)
-        return {token: score for token, score, kind in pairs if kind == normal and score != float("-inf")}
+        return {
+            token: score
+            for token, score, kind in pairs
+            if kind == normal and score != float("-inf")
+        }
 
     @functools.cached_property
     def sp_space_inside_pieces(self) -> bool:
@@ -318,7 +382,9 @@ class Tokenizer:
     def sp_pieces(self) -> dict[str, int]:
         """llama: normal pieces -> id (a merged symbol outside this map falls back to bytes)."""
         return {
-            token: i for i, (token, kind) in enumerate(zip(self.tokens, self.token_types)) if kind == sp_stage.NORMAL
+            token: i
+            for i, (token, kind) in enumerate(zip(self.tokens, self.token_types))
+            if kind == sp_stage.NORMAL
         }
 
     @functools.cached_property
@@ -346,14 +412,18 @@ class Tokenizer:
 
     # ---- text <-> ids --------------------------------------------------------------------
 
-    def encode(self, text: str, backend: str = "naive", add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, backend: str = "naive", add_special_tokens: bool = True
+    ) -> list[int]:
         """Token ids of `text`: backend "naive" (pure Python) or "fast" (Rust; also "optimized", "triton").
 
         `add_special_tokens=False`: no bos even if the model adds one (text from a chat template).
         """
         if backend not in ENCODE_BACKENDS:
             raise StagewiseError(f"unknown tokenizer backend '{backend}'; use naive or fast")
-        return ENCODE_BACKENDS[backend](text=text, tokenizer=self, add_special_tokens=add_special_tokens).tolist()
+        return ENCODE_BACKENDS[backend](
+            text=text, tokenizer=self, add_special_tokens=add_special_tokens
+        ).tolist()
 
     @property
     def _utf8_errors(self) -> str:
@@ -366,7 +436,9 @@ class Tokenizer:
         """SentencePiece decoders drop the dummy prefix: one space at the start of the text."""
         return self.model == "llama" and self.space_prefix != "none"
 
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False, continuation: bool = False) -> str:
+    def decode(
+        self, ids: Iterable[int], skip_special_tokens: bool = False, continuation: bool = False
+    ) -> str:
         """Text of `ids`: join the tokens' bytes, decode UTF-8 (broken bytes become U+FFFD), drop a dummy prefix.
 
         `continuation`: the ids continue a text (a generated output after its prompt), so a leading
@@ -386,7 +458,9 @@ class Tokenizer:
         its user-defined tokens are text, as transformers treats them)."""
         if self.model == "llama":
             skipped = (sp_stage.CONTROL, sp_stage.UNKNOWN)
-            return frozenset(i for i in self.special_tokens.values() if self.token_types[i] in skipped)
+            return frozenset(
+                i for i in self.special_tokens.values() if self.token_types[i] in skipped
+            )
         return frozenset(self.special_tokens.values())
 
     def _bytes_of(self, ids: Iterable[int], skip_special_tokens: bool) -> bytes:
@@ -398,7 +472,9 @@ class Tokenizer:
             if not 0 <= token_id < len(table):
                 if self.embedding_rows and len(table) <= token_id < self.embedding_rows:
                     continue  # a padding row of the model's table: a real id with no text (as transformers)
-                raise StagewiseError(f"token id {token_id} is outside the vocabulary of {len(table)} tokens")
+                raise StagewiseError(
+                    f"token id {token_id} is outside the vocabulary of {len(table)} tokens"
+                )
             if token_id not in special_ids:
                 out.append(table[token_id])
         return b"".join(out)
@@ -417,7 +493,9 @@ class Tokenizer:
         }
         return render_chat_template(self.chat_template, messages, add_generation_prompt, special)
 
-    def chat_segments(self, messages: list[dict], add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    def chat_segments(
+        self, messages: list[dict], add_generation_prompt: bool = True
+    ) -> list[tuple[str, bool]]:
         """The rendered chat as (text, is_template) pieces: the template's own text, and each message's content.
 
         Only the template's pieces may hold control tokens (`<|im_start|>`, Llama 3's headers);
@@ -427,7 +505,9 @@ class Tokenizer:
         A template whose markers are plain text (Llama 2's `[INST]`) cannot be protected
         this way: the model sees the same tokens either way.
         """
-        holders = [f"\ue000{i}\ue001" for i in range(len(messages))]  # private-use code points: no template edits them
+        holders = [
+            f"\ue000{i}\ue001" for i in range(len(messages))
+        ]  # private-use code points: no template edits them
         rendered = self.apply_chat_template(
             [{**m, "content": h} for m, h in zip(messages, holders)], add_generation_prompt
         )
@@ -471,11 +551,15 @@ def _read_hf_config(path: Path) -> tuple[dict, str | None]:
 
 def checked_eos_ids(ids, vocab_size: int, where: str) -> tuple[int, ...]:
     """A list of end-of-sequence ids: ints inside the vocabulary, else one line naming `where`."""
-    if not isinstance(ids, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list | tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
         raise StagewiseError(f"{where} must be an int or a list of ints, got {ids!r}")
     outside = [i for i in ids if not 0 <= i < vocab_size]
     if outside:
-        raise StagewiseError(f"{where}: {outside[0]} is outside the vocabulary of {vocab_size} tokens")
+        raise StagewiseError(
+            f"{where}: {outside[0]} is outside the vocabulary of {vocab_size} tokens"
+        )
     return tuple(ids)
 
 
@@ -498,7 +582,9 @@ def _bos_from_post_processor(post: dict | None) -> str | None:
 def _tiny_tokenizer() -> Tokenizer:
     """The tiny vocabulary with SmolLM2's special-token ids, pre-tokenizer and chat template."""
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens, merges = bpe_train.train_vocabulary(bpe_train.TINY_CORPUS, specials, PRESETS["tiny"].vocab_size)
+    tokens, merges = bpe_train.train_vocabulary(
+        bpe_train.TINY_CORPUS, specials, PRESETS["tiny"].vocab_size
+    )
     return Tokenizer(
         tokens=tokens,
         merges=merges,

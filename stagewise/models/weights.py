@@ -51,10 +51,16 @@ class LlamaWeights:
                 return t.t().contiguous().t()  # [in, out] view of a row-major [out, in] matrix
             return t.contiguous()
 
-        layers = [LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers]
-        embed = self.embed.to(device=device, dtype=dtype).contiguous()  # [vocab, hidden]: rows are gathered
+        layers = [
+            LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers
+        ]
+        embed = self.embed.to(
+            device=device, dtype=dtype
+        ).contiguous()  # [vocab, hidden]: rows are gathered
         lm_head = embed.t() if self.tied() and out_major else move(self.lm_head)  # [hidden, vocab]
-        return LlamaWeights(embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head)
+        return LlamaWeights(
+            embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head
+        )
 
     def tied(self) -> bool:
         """True when the LM head is a view of the embedding table's memory (tied embeddings)."""
@@ -72,7 +78,11 @@ class LlamaWeights:
         The embedding table is not read whole — one row per token — so it is left out: with tied
         embeddings this is the parameter count minus the table's duplicate, times the element size.
         """
-        tensors = [self.final_norm, self.lm_head, *(t for layer in self.layers for t in vars(layer).values())]
+        tensors = [
+            self.final_norm,
+            self.lm_head,
+            *(t for layer in self.layers for t in vars(layer).values()),
+        ]
         return sum(t.numel() * t.element_size() for t in tensors) + self._embed_row_bytes()
 
     def _embed_row_bytes(self) -> int:
@@ -91,10 +101,17 @@ def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def empty_weights(config: ModelConfig, device: str = "meta", dtype: torch.dtype = torch.bfloat16) -> LlamaWeights:
+def empty_weights(
+    config: ModelConfig, device: str = "meta", dtype: torch.dtype = torch.bfloat16
+) -> LlamaWeights:
     """Weights with the right shapes and no data (meta device): the shape-only presets."""
     layers = [
-        LayerWeights(**{k: torch.empty(s, device=device, dtype=dtype) for k, s in _layer_shapes(config).items()})
+        LayerWeights(
+            **{
+                k: torch.empty(s, device=device, dtype=dtype)
+                for k, s in _layer_shapes(config).items()
+            }
+        )
         for _ in range(config.num_layers)
     ]
     embed = torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
@@ -113,12 +130,17 @@ def random_weights(config: ModelConfig, seed: int = 0) -> LlamaWeights:
         return torch.randn(shape, generator=gen) / shape[0] ** 0.5  # fan-in scaling
 
     layers = [
-        LayerWeights(**{k: init(k, s) for k, s in _layer_shapes(config).items()}) for _ in range(config.num_layers)
+        LayerWeights(**{k: init(k, s) for k, s in _layer_shapes(config).items()})
+        for _ in range(config.num_layers)
     ]
     # Rows of norm ~1, so tied logits h . e have std ~1: a spread-out distribution worth sampling from.
-    embed = torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
+    embed = (
+        torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
+    )
     untied = torch.randn(embed.shape, generator=gen) / config.hidden_size**0.5
-    lm_head = (embed if config.tie_word_embeddings else untied).t()  # [hidden, vocab] view (tied: shares memory)
+    lm_head = (
+        embed if config.tie_word_embeddings else untied
+    ).t()  # [hidden, vocab] view (tied: shares memory)
     final_norm = init("final_norm", (config.hidden_size,))
     return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
@@ -141,10 +163,19 @@ def synthetic_weights(
             return t.mul_(0.1).add_(1.0)
         return t.mul_(shape[0] ** -0.5)  # fan-in scaling
 
-    layers = [LayerWeights(**{k: init(s) for k, s in _layer_shapes(config).items()}) for _ in range(config.num_layers)]
+    layers = [
+        LayerWeights(**{k: init(s) for k, s in _layer_shapes(config).items()})
+        for _ in range(config.num_layers)
+    ]
     # Rows of norm ~1, as in `random_weights`: tied logits h . e have std ~1.
-    embed = torch.randn(config.vocab_size, config.hidden_size, generator=gen, device=device, dtype=dtype)
+    embed = torch.randn(
+        config.vocab_size, config.hidden_size, generator=gen, device=device, dtype=dtype
+    )
     embed.mul_(config.hidden_size**-0.5)
-    lm_head = embed.t() if config.tie_word_embeddings else init((config.hidden_size, config.vocab_size))
-    weights = LlamaWeights(embed=embed, layers=layers, final_norm=init((config.hidden_size,)), lm_head=lm_head)
+    lm_head = (
+        embed.t() if config.tie_word_embeddings else init((config.hidden_size, config.vocab_size))
+    )
+    weights = LlamaWeights(
+        embed=embed, layers=layers, final_norm=init((config.hidden_size,)), lm_head=lm_head
+    )
     return weights.to(device, dtype)  # the device's layout (a no-op on a GPU)

@@ -52,14 +52,20 @@ from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
 
 
-def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention_one_sequence(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
     """One sequence: q [Lq, H, d] (its last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] in float32."""
     len_q, num_heads, head_dim = q.shape
     len_k, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads  # query heads per KV head
     qg = q.float().view(len_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, g, Lq, d]
-    qg = qg.reshape(num_kv_heads, group * len_q, head_dim)  # [Hkv, g*Lq, d]: every query row of one KV head
-    kt = k.float().permute(1, 2, 0)  # [Lk, Hkv, d] -> [Hkv, d, Lk], a strided view: K is never copied
+    qg = qg.reshape(
+        num_kv_heads, group * len_q, head_dim
+    )  # [Hkv, g*Lq, d]: every query row of one KV head
+    kt = k.float().permute(
+        1, 2, 0
+    )  # [Lk, Hkv, d] -> [Hkv, d, Lk], a strided view: K is never copied
     scores = torch.bmm(qg, kt) * scale  # [Hkv, g*Lq, d] @ [Hkv, d, Lk] -> [Hkv, g*Lq, Lk]
     scores = scores.view(num_kv_heads, group, len_q, len_k)  # [Hkv, g, Lq, Lk]
     if len_q > 1 or len_q > len_k:  # one query at the end sees every key: no mask needed
@@ -68,11 +74,15 @@ def causal_attention_one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
-        probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # rows with no key -> 0, not NaN
+        probs = torch.where(
+            allowed.any(dim=-1, keepdim=True), probs, 0.0
+        )  # rows with no key -> 0, not NaN
     else:
         probs = torch.softmax(scores, dim=-1)  # [Hkv, g, 1, Lk]
     probs = probs.reshape(num_kv_heads, group * len_q, len_k)  # [Hkv, g*Lq, Lk]
-    out = torch.bmm(probs, v.float().permute(1, 0, 2))  # [Hkv, g*Lq, Lk] @ [Hkv, Lk, d] -> [Hkv, g*Lq, d]
+    out = torch.bmm(
+        probs, v.float().permute(1, 0, 2)
+    )  # [Hkv, g*Lq, Lk] @ [Hkv, Lk, d] -> [Hkv, g*Lq, d]
     out = out.view(num_kv_heads, group, len_q, head_dim)  # [Hkv, g, Lq, d]
     return out.permute(2, 0, 1, 3).reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
 
@@ -108,7 +118,10 @@ def naive(
         q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
         if q_end == q_start:
             continue
-        kb, vb = k[k_start : k_start + used[b]], v[k_start : k_start + used[b]]  # [Lk, Hkv, d] views
+        kb, vb = (
+            k[k_start : k_start + used[b]],
+            v[k_start : k_start + used[b]],
+        )  # [Lk, Hkv, d] views
         out[q_start:q_end] = causal_attention_one_sequence(q[q_start:q_end], kb, vb, scale)
     return out
 
@@ -130,11 +143,17 @@ def optimized(
 
     Only `max_q_len` (host int) is needed, to size the grid; the kernel reads the offsets itself.
     """
-    from stagewise.kernels.flash_attention import flash_attention  # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.flash_attention import (
+        flash_attention,
+    )  # lazily: importing kernels picks GPU or interpreter
 
     if max_q_len is None and cu_seqlens_q_host is not None:
-        max_q_len = max((b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0)
-    return flash_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k, max_q_len=max_q_len)  # [Tq, H, d]
+        max_q_len = max(
+            (b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0
+        )
+    return flash_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k, max_q_len=max_q_len
+    )  # [Tq, H, d]
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -156,7 +175,9 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
         "cu_seqlens_q": cu_q.to(device, torch.int32),
         "cu_seqlens_k": cu_k.to(device, torch.int32),
         "scale": config.head_dim**-0.5,
-        "max_q_len": max(q_lens, default=0),  # the same lengths on the host, as the engine passes them
+        "max_q_len": max(
+            q_lens, default=0
+        ),  # the same lengths on the host, as the engine passes them
         "cu_seqlens_q_host": cu_q.tolist(),
         "cu_seqlens_k_host": cu_k.tolist(),
     }

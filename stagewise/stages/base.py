@@ -19,7 +19,11 @@ import torch
 from stagewise.config import ModelConfig
 
 ExampleInputs = Callable[[ModelConfig, int, torch.device, torch.dtype], dict]
-TIERS = ("naive", "torch", "triton")  # what `LLM(backend=...)`, the CLI's --backend and `Stage.tier` take
+TIERS = (
+    "naive",
+    "torch",
+    "triton",
+)  # what `LLM(backend=...)`, the CLI's --backend and `Stage.tier` take
 
 
 @dataclass(frozen=True)
@@ -31,8 +35,12 @@ class Stage:
     triton: Callable  # same signature as `naive`: the Triton kernel (tokenize: Rust `tokenizers`)
     triton_kind: str  # what `triton` is: "triton: ...", "rust tokenizers"
     example_inputs: ExampleInputs  # (config, num_tokens, device, dtype) -> kwargs for every tier
-    outputs: tuple[str, ...] = ("out",)  # names of the returned tensors, in order (() = returns nothing)
-    axes: dict[str, str] = field(default_factory=dict)  # tensor name -> axis names, "num_tokens hidden"
+    outputs: tuple[str, ...] = (
+        "out",
+    )  # names of the returned tensors, in order (() = returns nothing)
+    axes: dict[str, str] = field(
+        default_factory=dict
+    )  # tensor name -> axis names, "num_tokens hidden"
     torch: Callable | None = None  # same signature: the fast PyTorch tier, where a stage has one
     torch_kind: str = ""  # what `torch` changes, one line ("" when there is no torch tier)
 
@@ -50,7 +58,9 @@ class Stage:
         tier = "triton" if tier == "optimized" else tier
         if tier not in TIERS:
             choices = ", ".join(TIERS)
-            raise ValueError(f"unknown backend '{tier}' for stage '{self.name}'; use one of {choices}")
+            raise ValueError(
+                f"unknown backend '{tier}' for stage '{self.name}'; use one of {choices}"
+            )
         return "naive" if tier == "torch" and self.torch is None else tier
 
     def tier(self, tier: str) -> Callable:

@@ -30,7 +30,9 @@ def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def optimized(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Triton gather: one program per (tile of tokens, column block) copies its slice of their table rows."""
-    from stagewise.kernels.embedding import embedding  # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.embedding import (
+        embedding,
+    )  # lazily: importing kernels picks GPU or interpreter
 
     return embedding(ids, weight)  # [T] -> [T, hidden]
 

@@ -37,7 +37,9 @@ def naive(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> tor
 
 def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden] with Triton kernels."""
-    from stagewise.kernels.activation import silu_and_mul  # lazy: importing kernels chooses GPU or interpreter
+    from stagewise.kernels.activation import (
+        silu_and_mul,
+    )  # lazy: importing kernels chooses GPU or interpreter
     from stagewise.kernels.matmul import matmul
 
     gate_up = matmul(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
@@ -51,7 +53,11 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     x = torch.randn(num_tokens, hidden, generator=gen)
     w_gate_up = torch.randn(hidden, 2 * inter, generator=gen) / hidden**0.5
     w_down = torch.randn(inter, hidden, generator=gen) / inter**0.5
-    return {"x": x.to(device, dtype), "w_gate_up": w_gate_up.to(device, dtype), "w_down": w_down.to(device, dtype)}
+    return {
+        "x": x.to(device, dtype),
+        "w_gate_up": w_gate_up.to(device, dtype),
+        "w_down": w_down.to(device, dtype),
+    }
 
 
 STAGE = Stage(

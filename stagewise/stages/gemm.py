@@ -75,8 +75,12 @@ def bucket(m: int) -> str:
 class CpuForms:
     """The form `gemm` uses on the CPU for small M, per bucket, and the timings that chose it."""
 
-    chosen: dict[str, str] = field(default_factory=lambda: dict.fromkeys(BUCKET_M, "plain"))  # bucket -> form
-    measured_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # bucket -> form -> ms per pass
+    chosen: dict[str, str] = field(
+        default_factory=lambda: dict.fromkeys(BUCKET_M, "plain")
+    )  # bucket -> form
+    measured_ms: dict[str, dict[str, float]] = field(
+        default_factory=dict
+    )  # bucket -> form -> ms per pass
 
     def describe(self) -> str:
         if not self.measured_ms:
@@ -88,7 +92,9 @@ class CpuForms:
         return "CPU GEMM forms, measured on this model's weights: " + "; ".join(parts)
 
 
-CPU_FORMS = CpuForms()  # a property of this machine's BLAS, measured once per process (like an autotune cache)
+CPU_FORMS = (
+    CpuForms()
+)  # a property of this machine's BLAS, measured once per process (like an autotune cache)
 
 
 def is_out_major(w: torch.Tensor) -> bool:
@@ -114,7 +120,9 @@ def gemm_blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if n % BLOCK_N:
         return x @ w  # no whole number of blocks: the plain product
     blocks = w.t().view(n // BLOCK_N, BLOCK_N, k)  # [N, K] -> [N/64, 64, K]: a view, no copy
-    shared = x.expand(n // BLOCK_N, m, k)  # [M, K] -> [N/64, M, K]: the same rows for every block, no copy
+    shared = x.expand(
+        n // BLOCK_N, m, k
+    )  # [M, K] -> [N/64, M, K]: the same rows for every block, no copy
     out = torch.bmm(shared, blocks.transpose(1, 2))  # [N/64, M, K] @ [N/64, K, 64] -> [N/64, M, 64]
     return out.transpose(0, 1).reshape(m, n)  # [N/64, M, 64] -> [M, N/64, 64] -> [M, N] (copies)
 

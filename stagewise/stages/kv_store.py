@@ -57,7 +57,9 @@ def optimized(
 
     The kernel skips -1 slots itself, so `all_slots_valid` is not needed here.
     """
-    from stagewise.kernels.kv_store import kv_store  # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.kv_store import (
+        kv_store,
+    )  # lazily: importing kernels picks GPU or interpreter
 
     kv_store(k, v, k_cache, v_cache, slot_mapping)  # writes k_cache, v_cache in place
 
@@ -72,8 +74,12 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     return {
         "k": torch.randn(shape, generator=gen).to(device, dtype),
         "v": torch.randn(shape, generator=gen).to(device, dtype),
-        "k_cache": torch.zeros(num_slots, config.num_kv_heads, config.head_dim, device=device, dtype=dtype),
-        "v_cache": torch.zeros(num_slots, config.num_kv_heads, config.head_dim, device=device, dtype=dtype),
+        "k_cache": torch.zeros(
+            num_slots, config.num_kv_heads, config.head_dim, device=device, dtype=dtype
+        ),
+        "v_cache": torch.zeros(
+            num_slots, config.num_kv_heads, config.head_dim, device=device, dtype=dtype
+        ),
         "slot_mapping": slots.to(device),
     }
 

@@ -29,12 +29,18 @@ from stagewise.stages.gemm import gemm
 def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:
     """hidden [T, hidden], last_token_index [num_seqs], w_lm [hidden, vocab] -> [num_seqs, vocab]."""
     last = hidden[last_token_index]  # [T, hidden] -> [num_seqs, hidden]
-    return gemm(last, w_lm)  # last @ w_lm: [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
+    return gemm(
+        last, w_lm
+    )  # last @ w_lm: [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
 
 
-def optimized(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:
+def optimized(
+    hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor
+) -> torch.Tensor:
     """hidden [T, hidden], last_token_index [num_seqs], w_lm [hidden, vocab] -> [num_seqs, vocab]."""
-    from stagewise.kernels.matmul import matmul  # lazy: importing kernels chooses GPU or interpreter first
+    from stagewise.kernels.matmul import (
+        matmul,
+    )  # lazy: importing kernels chooses GPU or interpreter first
 
     # hidden[last_token_index] @ w_lm: [num_seqs of T, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
     return matmul(hidden, w_lm, row_index=last_token_index)
@@ -46,7 +52,9 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     # Split the tokens into up to three sequences of irregular length; keep the last index of each.
     cuts = sorted({num_tokens, max(1, num_tokens // 3), max(1, (2 * num_tokens) // 3)})
     last_token_index = torch.tensor([c - 1 for c in cuts], dtype=torch.long)
-    w_lm = torch.randn(config.hidden_size, config.vocab_size, generator=gen) / config.hidden_size**0.5
+    w_lm = (
+        torch.randn(config.hidden_size, config.vocab_size, generator=gen) / config.hidden_size**0.5
+    )
     return {
         "hidden": hidden.to(device, dtype),
         "last_token_index": last_token_index.to(device),

@@ -25,7 +25,9 @@ def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
 
 def optimized(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     """x [T, H*d], w_o [H*d, hidden] -> [T, hidden] through the Triton GEMM."""
-    from stagewise.kernels.matmul import matmul  # lazy: importing kernels chooses GPU or interpreter first
+    from stagewise.kernels.matmul import (
+        matmul,
+    )  # lazy: importing kernels chooses GPU or interpreter first
 
     return matmul(x, w_o)  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
 

@@ -56,12 +56,16 @@ def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> tor
     Position p comes from slot block_ids[p // block_size] * block_size + p % block_size.
     """
     num_blocks = -(-seq_len // cache.shape[1])  # ceil: the blocks that hold its tokens
-    index = block_ids[:num_blocks].to(device=cache.device, dtype=torch.long)  # [n_blocks] physical block ids
+    index = block_ids[:num_blocks].to(
+        device=cache.device, dtype=torch.long
+    )  # [n_blocks] physical block ids
     blocks = cache.index_select(0, index)  # [n_blocks, block_size, Hkv, d], in logical order
     return blocks.flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d]
 
 
-def one_sequence(q: torch.Tensor, k_cache, v_cache, block_ids: torch.Tensor, seq_len: int, scale: float):
+def one_sequence(
+    q: torch.Tensor, k_cache, v_cache, block_ids: torch.Tensor, seq_len: int, scale: float
+):
     """One sequence's query rows q [Lq, H, d] over its first seq_len cached keys -> [Lq, H, d] (float32)."""
     k = gather_kv(k_cache, block_ids, seq_len)  # [seq_len, Hkv, d]
     v = gather_kv(v_cache, block_ids, seq_len)
@@ -94,7 +98,9 @@ def one_by_one(
     for b, seq_len in enumerate(lens):
         q_start, q_end = cu_q[b], cu_q[b + 1]
         if q_end > q_start:
-            out[q_start:q_end] = one_sequence(q[q_start:q_end], k_cache, v_cache, block_table[b], seq_len, scale)
+            out[q_start:q_end] = one_sequence(
+                q[q_start:q_end], k_cache, v_cache, block_table[b], seq_len, scale
+            )
     return out
 
 
@@ -122,16 +128,24 @@ def naive(
     if decode_plan is None:
         decode_plan = plan_decode(block_table, seq_lens, cu_q, lens, k_cache.shape[1])
     if not decode_plan:
-        return one_by_one(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, None, None, cu_q, lens)
-    if len(decode_plan) == 1 and decode_plan[0].rows == slice(0, q.shape[0]):  # a pure decode step, one group
-        return attend_group(q, k_cache, v_cache, decode_plan[0], scale)  # [T, H, d], no copy into an `out`
+        return one_by_one(
+            q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, None, None, cu_q, lens
+        )
+    if len(decode_plan) == 1 and decode_plan[0].rows == slice(
+        0, q.shape[0]
+    ):  # a pure decode step, one group
+        return attend_group(
+            q, k_cache, v_cache, decode_plan[0], scale
+        )  # [T, H, d], no copy into an `out`
     out = torch.empty_like(q)
     for group in decode_plan:
         out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
     for b in range(len(lens)):
         q_start, q_end = cu_q[b], cu_q[b + 1]
         if q_end - q_start > 1:  # a prefill or a prefill chunk: the reference, one sequence
-            out[q_start:q_end] = one_sequence(q[q_start:q_end], k_cache, v_cache, block_table[b], lens[b], scale)
+            out[q_start:q_end] = one_sequence(
+                q[q_start:q_end], k_cache, v_cache, block_table[b], lens[b], scale
+            )
     return out
 
 
@@ -154,18 +168,32 @@ def optimized(
     Only `max_q_len` and `max_seq_len` (host ints) are needed, to size the grid and choose split-K;
     `decode_plan` (the PyTorch path's gather slots) is not used.
     """
-    from stagewise.kernels.paged_attention import paged_attention  # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.paged_attention import (
+        paged_attention,
+    )  # lazily: importing kernels picks GPU or interpreter
 
     if max_q_len is None and cu_seqlens_q_host is not None:
-        max_q_len = max((b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0)
+        max_q_len = max(
+            (b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0
+        )
     if max_seq_len is None and seq_lens_host is not None:
         max_seq_len = max(seq_lens_host, default=0)
     return paged_attention(
-        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, max_q_len=max_q_len, max_seq_len=max_seq_len
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        cu_seqlens_q,
+        scale,
+        max_q_len=max_q_len,
+        max_seq_len=max_seq_len,
     )  # -> [T, H, d]
 
 
-def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_size: int = 16) -> dict:
+def example_inputs(
+    config: ModelConfig, num_tokens: int, device, dtype, block_size: int = 16
+) -> dict:
     """Three sequences: a decode, a prefill chunk on a cached prefix, a fresh prefill; blocks shuffled."""
     gen = torch.Generator().manual_seed(0)
     q_lens = [1, max(1, num_tokens // 2), 0]
@@ -192,7 +220,9 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype, block_si
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
         "cu_seqlens_q": torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32),
         "scale": config.head_dim**-0.5,
-        "max_q_len": max(q_lens, default=0),  # the same lengths on the host, as the engine passes them
+        "max_q_len": max(
+            q_lens, default=0
+        ),  # the same lengths on the host, as the engine passes them
         "max_seq_len": max(seq_lens, default=0),
         "cu_seqlens_q_host": list(itertools.accumulate(q_lens, initial=0)),
         "seq_lens_host": seq_lens,

@@ -53,8 +53,12 @@ class DecodeGroup:
     """A run of consecutive decoding sequences, one query row each, attended in one call."""
 
     rows: slice  # their query rows (consecutive)
-    slots: torch.Tensor  # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
-    mask: torch.Tensor | None  # [D, 1, 1, S] bool: True = a real key; None when no sequence is padded
+    slots: (
+        torch.Tensor
+    )  # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
+    mask: (
+        torch.Tensor | None
+    )  # [D, 1, 1, S] bool: True = a real key; None when no sequence is padded
 
 
 def group_runs(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
@@ -73,7 +77,11 @@ def group_runs(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
 
 
 def plan_decode(
-    block_table: torch.Tensor, seq_lens: torch.Tensor, cu_q: list[int], lens: list[int], block_size: int
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_q: list[int],
+    lens: list[int],
+    block_size: int,
 ) -> list[DecodeGroup]:
     """Step 1 of the module docstring, for every sequence with exactly one query row this step."""
     decoding = [b for b in range(len(lens)) if cu_q[b + 1] - cu_q[b] == 1]
@@ -82,7 +90,9 @@ def plan_decode(
         first, last = run[0], run[-1] + 1
         longest = max(lens[first:last])
         num_blocks = -(-longest // block_size)
-        blocks = block_table[first:last, :num_blocks].to(torch.long)  # [D, n_blocks] physical block ids
+        blocks = block_table[first:last, :num_blocks].to(
+            torch.long
+        )  # [D, n_blocks] physical block ids
         offsets = torch.arange(block_size, device=blocks.device)  # [block_size]
         slots = (blocks.unsqueeze(-1) * block_size + offsets).flatten(1)[:, :longest]  # [D, S]
         mask = None
@@ -105,8 +115,12 @@ def attend_group(
     index = group.slots.reshape(-1)  # [D * S]
     k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)  # [D * S, Hkv, d]: a copy
     v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)
-    k = k.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)  # [D, Hkv, S, d], a strided view
+    k = k.view(num_seqs, padded, num_kv_heads, head_dim).transpose(
+        1, 2
+    )  # [D, Hkv, S, d], a strided view
     v = v.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [D, Hkv, G, d]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)  # -> [D, Hkv, G, d]
+    out = F.scaled_dot_product_attention(
+        qg, k, v, attn_mask=group.mask, scale=scale
+    )  # -> [D, Hkv, G, d]
     return out.reshape(num_seqs, num_heads, head_dim)  # [D, H, d]

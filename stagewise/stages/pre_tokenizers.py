@@ -54,9 +54,16 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
 
 # Every other name llama.cpp gives the same rules (llama-vocab.cpp), for Llama-family GGUFs and their kin.
 PRE_TOKENIZER_ALIASES: dict[str, str] = {
-    **dict.fromkeys(["gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "mellum", "a.x-4.0", "exaone4"], "gpt2"),
-    **dict.fromkeys(["starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"], "smollm"),
-    **dict.fromkeys(["llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"], "llama-bpe"),
+    **dict.fromkeys(
+        ["gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "mellum", "a.x-4.0", "exaone4"],
+        "gpt2",
+    ),
+    **dict.fromkeys(
+        ["starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"], "smollm"
+    ),
+    **dict.fromkeys(
+        ["llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"], "llama-bpe"
+    ),
     **dict.fromkeys(["smaug-bpe", "dbrx"], "llama-bpe"),
     **dict.fromkeys(["stablelm2", "deepseek-r1-qwen", "megrez", "kormo"], "qwen2"),
 }

@@ -33,12 +33,16 @@ def naive(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
 
 def optimized(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d] through the Triton GEMM."""
-    from stagewise.kernels.matmul import matmul  # lazy: importing kernels chooses GPU or interpreter first
+    from stagewise.kernels.matmul import (
+        matmul,
+    )  # lazy: importing kernels chooses GPU or interpreter first
 
     return matmul(x, w_qkv)  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
 
 
-def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(
+    qkv: torch.Tensor, config: ModelConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [T, (H+2Hkv)*d] -> q [T, H, d], k [T, Hkv, d], v [T, Hkv, d] (views, no copy)."""
     q, k, v = qkv.split([config.q_size, config.kv_size, config.kv_size], dim=-1)
     num_tokens = qkv.shape[0]

@@ -38,7 +38,9 @@ from stagewise.errors import StagewiseError
 from stagewise.stages.base import Stage
 
 
-def inverse_frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | None = None, device=None) -> torch.Tensor:
+def inverse_frequencies(
+    rotary_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
+) -> torch.Tensor:
     """-> [rotary_dim / 2] float32: the angle per position of each feature pair, `theta^(-2i/d)`, scaled.
 
     Long-context models change only these numbers (the rotation itself stays the same):
@@ -62,21 +64,29 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | No
     if scaling.kind == "freq_factors":
         factors = torch.tensor(scaling.freq_factors, dtype=torch.float32, device=device)
         if factors.shape != inv_freq.shape:
-            raise StagewiseError(f"rope_freqs has {factors.numel()} factors, expected {inv_freq.numel()}")
+            raise StagewiseError(
+                f"rope_freqs has {factors.numel()} factors, expected {inv_freq.numel()}"
+            )
         return inv_freq / factors
     # llama3
     original = scaling.original_max_position_embeddings
     low_wavelen = original / scaling.low_freq_factor  # longer than this: fully scaled
     high_wavelen = original / scaling.high_freq_factor  # shorter than this: untouched
     wavelen = 2 * math.pi / inv_freq  # [rotary_dim / 2] positions per full turn
-    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     blended = inv_freq * ((1 - smooth) / scaling.factor + smooth)
     scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, blended)
     return torch.where(wavelen < high_wavelen, inv_freq, scaled)  # [rotary_dim / 2]
 
 
 def build_cos_sin_cache(
-    max_position: int, rotary_dim: int, theta: float, device=None, scaling: RopeScaling | None = None
+    max_position: int,
+    rotary_dim: int,
+    theta: float,
+    device=None,
+    scaling: RopeScaling | None = None,
 ) -> torch.Tensor:
     """-> [max_position, rotary_dim] float32: cos in the first half of each row, sin in the second.
 
@@ -116,12 +126,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (xf * cos + rotated_half * sin).to(x.dtype)  # [T, heads, d]
 
 
-def angles_at(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def angles_at(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T] -> (cos, sin), each [T, 1, d] float32: the rows of the cache, each half repeated.
 
     The same for every layer of a forward pass: the model gathers them once per step and passes them in.
     """
-    cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # [max_position, d] -> [T, d/2] each
+    cos, sin = (
+        cos_sin_cache[positions].float().chunk(2, dim=-1)
+    )  # [max_position, d] -> [T, d/2] each
     cos = torch.cat([cos, cos], dim=-1).unsqueeze(1)  # [T, 1, d]: pair (i, i + d/2) shares angle i
     sin = torch.cat([sin, sin], dim=-1).unsqueeze(1)  # [T, 1, d]: broadcast over heads
     return cos, sin
@@ -138,7 +152,9 @@ def naive(
 
     `angles`: `angles_at(positions, cos_sin_cache)` when the caller already has them (once per step).
     """
-    cos, sin = angles if angles is not None else angles_at(positions, cos_sin_cache)  # [T, 1, d] each
+    cos, sin = (
+        angles if angles is not None else angles_at(positions, cos_sin_cache)
+    )  # [T, 1, d] each
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
@@ -155,7 +171,9 @@ def optimized(
     """
     from stagewise.kernels.rope import rope  # lazily: importing kernels picks GPU or interpreter
 
-    return rope(positions, q, k, cos_sin_cache)  # -> (q [T, H, d], k [T, Hkv, d]), modified in place
+    return rope(
+        positions, q, k, cos_sin_cache
+    )  # -> (q [T, H, d], k [T, Hkv, d]), modified in place
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -164,7 +182,9 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     positions = torch.randint(0, max_position, (num_tokens,), generator=gen)
     q = torch.randn(num_tokens, config.num_heads, config.head_dim, generator=gen)
     k = torch.randn(num_tokens, config.num_kv_heads, config.head_dim, generator=gen)
-    cache = build_cos_sin_cache(max_position, config.rotary_dim, config.rope_theta, scaling=config.rope_scaling)
+    cache = build_cos_sin_cache(
+        max_position, config.rotary_dim, config.rope_theta, scaling=config.rope_scaling
+    )
     return {
         "positions": positions.to(device),
         "q": q.to(device, dtype),

@@ -84,7 +84,9 @@ class SamplingTensors:
     repetition_penalty: Tensor  # [B] float32; 1.0 = off
     seen: Tensor  # [B, V] bool; tokens in the prompt or generated so far (the penalized set)
     seeds: Tensor  # [B] int64; the request's seed
-    offsets: Tensor  # [B] int64; tokens this request has drawn so far (position in its random stream)
+    offsets: (
+        Tensor  # [B] int64; tokens this request has drawn so far (position in its random stream)
+    )
     greedy_rows: list[bool]  # [B] host: row b decodes greedily (temperature < 1e-5)
     seeds_host: list[int]  # [B] host: the seeds above
     offsets_host: list[int]  # [B] host: the offsets above
@@ -108,7 +110,9 @@ class SamplingTensors:
         request and keeps it); a seed set in the params always wins.
         """
         num_seqs = len(params)
-        if not (len(offsets) == len(seeds) == num_seqs and seen.dim() == 2 and seen.shape[0] == num_seqs):
+        if not (
+            len(offsets) == len(seeds) == num_seqs and seen.dim() == 2 and seen.shape[0] == num_seqs
+        ):
             raise ValueError(
                 f"from_params: {num_seqs} params need seen [{num_seqs}, V] and {num_seqs} offsets and seeds, "
                 f"got seen {list(seen.shape)}, {len(offsets)} offsets, {len(seeds)} seeds"
@@ -116,13 +120,17 @@ class SamplingTensors:
         row_seeds = [p.seed if p.seed is not None else s for p, s in zip(params, seeds)]
         top_k = [max(p.top_k, 0) for p in params]  # -1 and 0 both mean off -> 0
         if torch.device(device).type == "cuda" and seen.device.type == "cpu":
-            seen = seen.pin_memory().to(device, non_blocking=True)  # from pinned memory: queued, no host wait
+            seen = seen.pin_memory().to(
+                device, non_blocking=True
+            )  # from pinned memory: queued, no host wait
         return cls(
             temperature=to_device([p.temperature for p in params], torch.float32, device),
             top_k=to_device(top_k, torch.int64, device),
             top_p=to_device([p.top_p for p in params], torch.float32, device),
             min_p=to_device([p.min_p for p in params], torch.float32, device),
-            repetition_penalty=to_device([p.repetition_penalty for p in params], torch.float32, device),
+            repetition_penalty=to_device(
+                [p.repetition_penalty for p in params], torch.float32, device
+            ),
             seen=seen.to(device=device, dtype=torch.bool),
             seeds=to_device(row_seeds, torch.int64, device),
             offsets=to_device(list(offsets), torch.int64, device),
@@ -185,9 +193,13 @@ def apply_top_p(probs: Tensor, top_p: Tensor) -> Tensor:
     sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
     mass = sorted_probs.cumsum(dim=-1)  # [B, V]: mass of the i+1 most likely tokens
     # the first position whose running mass reaches top_p is the last token kept
-    last = (mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)  # [B, V] -> [B, 1]
+    last = (
+        (mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+    )  # [B, V] -> [B, 1]
     cut = sorted_probs.gather(-1, last)  # [B, 1]: p_cut, the prob of the last token kept
-    cut = torch.where(top_p[:, None] >= 1.0, 0.0, cut)  # top_p = 1 is off, whatever the rounding of mass
+    cut = torch.where(
+        top_p[:, None] >= 1.0, 0.0, cut
+    )  # top_p = 1 is off, whatever the rounding of mass
     return _renormalize(probs.masked_fill(probs < cut, 0.0))  # [B, V]
 
 
@@ -195,9 +207,13 @@ def processed_probs(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     """The distribution each row draws from, [B, V] float32 (greedy rows: one-hot at the argmax)."""
     logits = logits.float()  # [B, V] in float32 whatever the model dtype
     if sampling.any_penalty:  # off for every row: nothing to change (and three [B, V] passes saved)
-        logits = apply_repetition_penalty(logits, sampling.seen, sampling.repetition_penalty)  # [B, V]
+        logits = apply_repetition_penalty(
+            logits, sampling.seen, sampling.repetition_penalty
+        )  # [B, V]
     greedy = sampling.greedy  # [B]
-    temperature = torch.where(greedy, 1.0, sampling.temperature)  # [B]; greedy rows skip the division
+    temperature = torch.where(
+        greedy, 1.0, sampling.temperature
+    )  # [B]; greedy rows skip the division
     probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [B, V]
     # A filter that is off for every row changes nothing; skipping it skips a [B, V] sort.
     # The host flags decide: testing the tensors (`bool(top_k.any())`) would be a host sync.
@@ -207,7 +223,9 @@ def processed_probs(logits: Tensor, sampling: SamplingTensors) -> Tensor:
         probs = apply_top_k(probs, sampling.top_k)  # [B, V]
     if sampling.any_top_p:
         probs = apply_top_p(probs, sampling.top_p)  # [B, V]
-    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)  # [B, V]
+    one_hot = torch.zeros_like(probs).scatter_(
+        -1, logits.argmax(dim=-1, keepdim=True), 1.0
+    )  # [B, V]
     return torch.where(greedy[:, None], one_hot, probs)  # [B, V]
 
 
@@ -232,21 +250,31 @@ def naive(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     if sampling.all_greedy:  # no probabilities needed: the argmax of the penalized logits
         penalized = logits.float()
         if sampling.any_penalty:
-            penalized = apply_repetition_penalty(penalized, sampling.seen, sampling.repetition_penalty)
+            penalized = apply_repetition_penalty(
+                penalized, sampling.seen, sampling.repetition_penalty
+            )
         return penalized.argmax(dim=-1)  # [B, V] -> [B]
     probs = processed_probs(logits, sampling)  # [B, V] float32
-    tokens = probs.argmax(dim=-1)  # [B]; exact for greedy rows (one-hot), overwritten for the others
-    random_rows = [row for row, greedy in enumerate(sampling.greedy_rows) if not greedy]  # host values
+    tokens = probs.argmax(
+        dim=-1
+    )  # [B]; exact for greedy rows (one-hot), overwritten for the others
+    random_rows = [
+        row for row, greedy in enumerate(sampling.greedy_rows) if not greedy
+    ]  # host values
     for row in random_rows:
         generator = torch.Generator(device=probs.device)
         generator.manual_seed(stream_seed(sampling.seeds_host[row], sampling.offsets_host[row]))
-        tokens[row] = torch.multinomial(probs[row], num_samples=1, generator=generator)[0]  # [V] -> []
+        tokens[row] = torch.multinomial(probs[row], num_samples=1, generator=generator)[
+            0
+        ]  # [V] -> []
     return tokens  # [B] int64
 
 
 def optimized(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     """The fused Triton kernel: [B, V] logits -> [B] int64 token ids (same distribution, own random stream)."""
-    from stagewise.kernels.sampling import sample  # lazy: importing kernels first picks GPU or interpreter
+    from stagewise.kernels.sampling import (
+        sample,
+    )  # lazy: importing kernels first picks GPU or interpreter
 
     return sample(logits, sampling)  # [B, V] -> [B]
 
@@ -254,23 +282,33 @@ def optimized(logits: Tensor, sampling: SamplingTensors) -> Tensor:
 OPTIMIZED_KIND = "triton: fused penalty/temperature/min_p/top-k/top-p + Gumbel-max, no sort"
 
 
-def example_inputs(config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype) -> dict:
+def example_inputs(
+    config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype
+) -> dict:
     """Seeded logits [num_tokens, V] (num_tokens = num_seqs here) and a mix of greedy and random rows."""
     generator = torch.Generator().manual_seed(0)
     vocab = config.vocab_size
     logits = 3.0 * torch.randn(num_tokens, vocab, generator=generator)  # [B, V]
-    seen = torch.rand(num_tokens, vocab, generator=generator) < 0.05  # [B, V]: ~5% of the vocab seen
+    seen = (
+        torch.rand(num_tokens, vocab, generator=generator) < 0.05
+    )  # [B, V]: ~5% of the vocab seen
     menu = [
-        SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.2, seed=7),
+        SamplingParams(
+            temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.2, seed=7
+        ),
         SamplingParams(temperature=0.0),  # greedy
         SamplingParams(temperature=1.0, top_p=0.95),
         SamplingParams(temperature=0.7, top_k=20),
         SamplingParams(temperature=1.3, min_p=0.1, repetition_penalty=1.1),
-        SamplingParams(temperature=0.0, top_k=5, repetition_penalty=1.3),  # greedy despite the filters
+        SamplingParams(
+            temperature=0.0, top_k=5, repetition_penalty=1.3
+        ),  # greedy despite the filters
     ]
     params = [menu[i % len(menu)] for i in range(num_tokens)]
     offsets, seeds = list(range(num_tokens)), [1000 + i for i in range(num_tokens)]
-    sampling = SamplingTensors.from_params(params, seen, offsets=offsets, seeds=seeds, device=device)
+    sampling = SamplingTensors.from_params(
+        params, seen, offsets=offsets, seeds=seeds, device=device
+    )
     return {"logits": logits.to(device=device, dtype=dtype), "sampling": sampling}
 
 

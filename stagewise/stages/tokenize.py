@@ -165,7 +165,9 @@ def piece_to_ids(piece: str, tokenizer: "Tokenizer") -> list[int]:
         symbols = bpe_merge([char for char in spelled if char in vocab], tokenizer.merge_ranks)
     missing = [symbol for symbol in symbols if symbol not in vocab]
     if missing:
-        raise StagewiseError(f"tokenizer vocabulary lacks {missing[0]!r}; the merges and tokens disagree")
+        raise StagewiseError(
+            f"tokenizer vocabulary lacks {missing[0]!r}; the merges and tokens disagree"
+        )
     cache[piece] = [vocab[symbol] for symbol in symbols]
     return cache[piece]
 
@@ -207,27 +209,37 @@ def rust_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 def pre_name_from_hf(pre_json: dict | None) -> str:
     """Inverse of `rust_pre_tokenizer`: the name of a tokenizer.json `pre_tokenizer`, or an error."""
     if not pre_json:
-        raise StagewiseError("tokenizer.json has no pre-tokenizer; only byte-level BPE is supported")
+        raise StagewiseError(
+            "tokenizer.json has no pre-tokenizer; only byte-level BPE is supported"
+        )
     steps = pre_json["pretokenizers"] if pre_json.get("type") == "Sequence" else [pre_json]
     patterns, byte_level = [], False
     for step in steps:
         kind = step.get("type")
         if kind == "Digits" and step.get("individual_digits"):
             patterns.append(DIGITS_PATTERN)
-        elif kind == "Split" and "Regex" in step.get("pattern", {}) and step.get("behavior") == "Isolated":
+        elif (
+            kind == "Split"
+            and "Regex" in step.get("pattern", {})
+            and step.get("behavior") == "Isolated"
+        ):
             patterns.append(step["pattern"]["Regex"])
         elif kind == "ByteLevel" and not step.get("add_prefix_space", False):
             byte_level = True
             if step.get("use_regex", True):
                 patterns.append(GPT2_PATTERN)
         else:
-            raise StagewiseError(f"unsupported pre-tokenizer step {step}; need GPT-2 style byte-level BPE")
+            raise StagewiseError(
+                f"unsupported pre-tokenizer step {step}; need GPT-2 style byte-level BPE"
+            )
     if not byte_level:
         raise StagewiseError("tokenizer.json has no ByteLevel pre-tokenizer; need byte-level BPE")
     for name, known in PRE_TOKENIZERS.items():
         if tuple(patterns) == known:
             return name
-    raise StagewiseError(f"unsupported pre-tokenizer regexes {patterns}; known: {', '.join(PRE_TOKENIZERS)}")
+    raise StagewiseError(
+        f"unsupported pre-tokenizer regexes {patterns}; known: {', '.join(PRE_TOKENIZERS)}"
+    )
 
 
 def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
@@ -235,12 +247,16 @@ def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
     if tokenizer.model == "llama":
         return tokenize_sentencepiece.build_rust_tokenizer(tokenizer)
     vocab = {token: token_id for token_id, token in enumerate(tokenizer.tokens)}
-    bpe = models.BPE(vocab=vocab, merges=list(tokenizer.merges), ignore_merges=tokenizer.ignore_merges)
+    bpe = models.BPE(
+        vocab=vocab, merges=list(tokenizer.merges), ignore_merges=tokenizer.ignore_merges
+    )
     rust = tokenizers.Tokenizer(bpe)
     rust.pre_tokenizer = rust_pre_tokenizer(tokenizer.pre)
     rust.decoder = decoders.ByteLevel()
     by_id = sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
-    rust.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in by_id])
+    rust.add_special_tokens(
+        [AddedToken(token, special=True, normalized=False) for token, _ in by_id]
+    )
     if tokenizer.add_bos:
         bos = tokenizer.tokens[tokenizer.bos_id]
         rust.post_processor = processors.TemplateProcessing(
@@ -251,11 +267,15 @@ def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
 
 def optimized(text: str, tokenizer: "Tokenizer", add_special_tokens: bool = True) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary and merges."""
-    ids = tokenizer.rust.encode(text, add_special_tokens=add_special_tokens).ids  # bos only if the model adds it
+    ids = tokenizer.rust.encode(
+        text, add_special_tokens=add_special_tokens
+    ).ids  # bos only if the model adds it
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
 
 
-def example_inputs(config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype) -> dict:
+def example_inputs(
+    config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype
+) -> dict:
     """English text of about `num_tokens` tokens under the tiny tokenizer (device and dtype unused)."""
     from stagewise.models.bpe_train import TINY_CORPUS
     from stagewise.models.tokenizer import Tokenizer

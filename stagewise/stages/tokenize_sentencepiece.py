@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING
 
 import regex
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from stagewise.errors import StagewiseError
 
@@ -54,7 +62,11 @@ if TYPE_CHECKING:
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
 # Token types, numbered as in sentencepiece's model proto and llama.cpp's GGUF `tokenizer.ggml.token_type`.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-LITERAL_TYPES = (UNKNOWN, CONTROL, USER_DEFINED)  # matched in the raw text before BPE (as llama.cpp does)
+LITERAL_TYPES = (
+    UNKNOWN,
+    CONTROL,
+    USER_DEFINED,
+)  # matched in the raw text before BPE (as llama.cpp does)
 # Where the dummy-prefix "▁" goes:
 SPACE_PREFIXES = {
     "sentencepiece": "before every text chunk (sentencepiece, llama.cpp, HF's legacy Prepend normalizer)",
@@ -62,7 +74,9 @@ SPACE_PREFIXES = {
     "metaspace-first": "before the input's first chunk, unless it starts with a space (HF Metaspace 'first')",
     "none": "never (add_space_prefix = false)",
 }
-PER_BYTE_ERRORS = "stagewise-per-byte"  # decode error handler: one U+FFFD per invalid byte, like sentencepiece
+PER_BYTE_ERRORS = (
+    "stagewise-per-byte"  # decode error handler: one U+FFFD per invalid byte, like sentencepiece
+)
 
 
 def _one_replacement_per_byte(err: UnicodeDecodeError) -> tuple[str, int]:
@@ -92,7 +106,9 @@ def add_space_prefix(chunk: str, scheme: str, at_input_start: bool) -> str:
     if scheme not in SPACE_PREFIXES:
         raise StagewiseError(f"unknown space prefix '{scheme}'; known: {', '.join(SPACE_PREFIXES)}")
     prefix = scheme == "sentencepiece" or (
-        scheme.startswith("metaspace") and not chunk.startswith(" ") and (scheme.endswith("always") or at_input_start)
+        scheme.startswith("metaspace")
+        and not chunk.startswith(" ")
+        and (scheme.endswith("always") or at_input_start)
     )
     return (" " + chunk if prefix else chunk).replace(" ", SPACE)  # "Hello world" -> "▁Hello▁world"
 
@@ -107,7 +123,9 @@ def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
         best, best_score = None, None
         for i in range(len(symbols) - 1):
             score = scores.get(symbols[i] + symbols[i + 1])  # None: the pair forms no piece
-            if score is not None and (best_score is None or score > best_score):  # ">": leftmost wins a tie
+            if score is not None and (
+                best_score is None or score > best_score
+            ):  # ">": leftmost wins a tie
                 best, best_score = i, score
         if best is None:
             return symbols
@@ -144,9 +162,13 @@ def symbols_to_ids(symbols: list[str], tokenizer: "StagewiseTokenizer") -> list[
     return ids
 
 
-def naive(text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True) -> torch.Tensor:
+def naive(
+    text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True
+) -> torch.Tensor:
     """Pure Python: literal tokens, "▁" and the dummy prefix, merge by score, byte fallback."""
-    from stagewise.stages.tokenize import split_special_tokens  # the same literal-token split as byte-level BPE
+    from stagewise.stages.tokenize import (
+        split_special_tokens,
+    )  # the same literal-token split as byte-level BPE
 
     ids = [tokenizer.bos_id] if tokenizer.add_bos and add_special_tokens else []
     at_input_start = True
@@ -158,7 +180,9 @@ def naive(text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool =
             for word in split_words(spelled, tokenizer.sp_space_inside_pieces):
                 cache = tokenizer.bpe_cache
                 if word not in cache:
-                    cache[word] = symbols_to_ids(merge_by_score(list(word), tokenizer.sp_scores), tokenizer)
+                    cache[word] = symbols_to_ids(
+                        merge_by_score(list(word), tokenizer.sp_scores), tokenizer
+                    )
                 ids.extend(cache[word])
         at_input_start = False
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
@@ -186,19 +210,29 @@ def build_rust_tokenizer(tokenizer: "StagewiseTokenizer") -> Tokenizer:
     vocab = {token: token_id for token_id, token in enumerate(tokenizer.tokens)}
     merges = list(tokenizer.merges) or merges_from_scores(tokenizer)
     unk = tokenizer.tokens[tokenizer.unk_id] if tokenizer.unk_id is not None else None
-    rust = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    rust = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    )
     scheme = tokenizer.space_prefix
     if scheme == "sentencepiece":
-        rust.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+        rust.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)]
+        )
     elif scheme == "none":
         rust.normalizer = normalizers.Replace(" ", SPACE)
     else:
         prepend = scheme.removeprefix("metaspace-")
-        rust.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme=prepend, split=False)
+        rust.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=SPACE, prepend_scheme=prepend, split=False
+        )
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    rust.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if scheme != "none" else []))
+    rust.decoder = decoders.Sequence(
+        steps + ([decoders.Strip(" ", 1, 0)] if scheme != "none" else [])
+    )
     literal = sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
-    rust.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in literal])
+    rust.add_special_tokens(
+        [AddedToken(token, special=True, normalized=False) for token, _ in literal]
+    )
     if tokenizer.add_bos:
         bos = tokenizer.tokens[tokenizer.bos_id]
         rust.post_processor = processors.TemplateProcessing(
@@ -207,7 +241,9 @@ def build_rust_tokenizer(tokenizer: "StagewiseTokenizer") -> Tokenizer:
     return rust
 
 
-def optimized(text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True) -> torch.Tensor:
+def optimized(
+    text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True
+) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary."""
     ids = tokenizer.rust.encode(text, add_special_tokens=add_special_tokens).ids
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
@@ -218,5 +254,7 @@ def token_bytes(tokens: list[str], token_types: list[int]) -> list[bytes]:
     out = []
     for token, kind in zip(tokens, token_types, strict=True):
         value = byte_value(token) if kind == BYTE else None
-        out.append(bytes([value]) if value is not None else token.replace(SPACE, " ").encode("utf-8"))
+        out.append(
+            bytes([value]) if value is not None else token.replace(SPACE, " ").encode("utf-8")
+        )
     return out
