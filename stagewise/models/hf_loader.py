@@ -38,21 +38,24 @@ SILU_NAMES = ("silu", "swish")  # transformers' names for x * sigmoid(x)
 
 
 def check_llama_math(cfg: dict, where: Path) -> None:
-    """Refuse the config.json options that change a Llama's arithmetic and that stagewise does not implement.
+    """Refuse config.json options that change a Llama's arithmetic and that stagewise lacks.
 
-    Ignoring any of them would run and print fluent text from the wrong model: biases on the projections
-    (`attention_bias`, `mlp_bias`: in the weight files too), an FFN activation other than SiLU, or
-    attention limited to a sliding window (Mistral's config spelled with a Llama architecture).
+    Ignoring any of them would run and print fluent text from the wrong model: biases on the
+    projections (`attention_bias`, `mlp_bias`: in the weight files too), an FFN activation other
+    than SiLU, or attention limited to a sliding window (Mistral's config spelled with a Llama
+    architecture).
     """
     act = cfg.get("hidden_act", "silu")
     if act not in SILU_NAMES:
         raise StagewiseError(
-            f"{where}: hidden_act {act!r} is not supported; a Llama FFN is SwiGLU (hidden_act 'silu')"
+            f"{where}: hidden_act {act!r} is not supported; a Llama FFN is SwiGLU (hidden_act "
+            "'silu')"
         )
     for key, what in (("attention_bias", "q/k/v/o projections"), ("mlp_bias", "FFN projections")):
         if cfg.get(key):
             raise StagewiseError(
-                f"{where}: {key} is true (biases on the {what}); stagewise runs Llama without biases"
+                f"{where}: {key} is true (biases on the {what}); stagewise runs Llama without "
+                "biases"
             )
     window, limit = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
     if is_number(window) and is_number(limit) and window < limit:
@@ -87,8 +90,8 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
         if kind == "linear":
             return RopeScaling(kind="linear", factor=number("factor"))
         if kind == "llama3":
-            # as transformers: a top-level original_max_position_embeddings wins, then the RoPE dict's, then
-            # max_position_embeddings
+            # as transformers: a top-level original_max_position_embeddings wins, then the RoPE
+            # dict's, then max_position_embeddings
             original = (
                 cfg.get("original_max_position_embeddings")
                 or params.get("original_max_position_embeddings")
@@ -132,7 +135,7 @@ def _open_shards(path: Path) -> dict:
 def load_hf_dir(
     path: str | Path, dtype: torch.dtype = torch.float32
 ) -> tuple[ModelConfig, LlamaWeights]:
-    """Hugging Face Llama directory -> (config, weights in `dtype` on CPU), read one tensor at a time."""
+    """Hugging Face Llama directory -> (config, weights in `dtype` on CPU), one tensor at a time."""
     from safetensors import SafetensorError
 
     path = Path(path)
@@ -203,8 +206,10 @@ def load_hf_dir(
     ):  # many files store the tied copy as well
         if not torch.equal(get("lm_head.weight", (config.vocab_size, hidden)), embed):
             raise StagewiseError(
-                f"{path}: config.json ties the LM head to the embedding (tie_word_embeddings), but the weight "
-                "files hold a different lm_head.weight; which one the model was trained with is ambiguous"
+                f"{path}: config.json ties the LM head to the embedding (tie_word_embeddings), but "
+                "the weight "
+                "files hold a different lm_head.weight; which one the model was trained with is "
+                "ambiguous"
             )
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("model.norm.weight", (hidden,))
@@ -213,11 +218,13 @@ def load_hf_dir(
 
 
 def check_nothing_left(path: Path, unused: set[str]) -> None:
-    """Every tensor in the files must be one the Llama forward pass uses: an extra one (a bias, a layer
-    beyond num_hidden_layers, another model's head) means the model is not the one stagewise would run.
-    RoPE's `inv_freq` buffers, saved by older transformers, are derived from config.json and skipped."""
+    """Every tensor in the files must be one the Llama forward pass uses: an extra one (a bias, a
+    layer beyond num_hidden_layers, another model's head) means the model is not the one stagewise
+    would run. RoPE's `inv_freq` buffers, saved by older transformers, are derived from config.json
+    and skipped."""
     shown = unused_tensors(unused, derived=("rotary_emb.inv_freq",))
     if shown:
         raise StagewiseError(
-            f"{path}: the weight files hold tensors a Llama of this config.json does not use: {shown}"
+            f"{path}: the weight files hold tensors a Llama of this config.json does not use: "
+            f"{shown}"
         )

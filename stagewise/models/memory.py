@@ -1,4 +1,4 @@
-"""Will the model fit? The memory a model needs, measured against what the machine has free, before loading.
+"""Will the model fit? The memory a model needs, against what the machine has free, before loading.
 
 A model's weights take `num_parameters * bytes per element`: Llama 2 7B (6.7e9
 parameters) is 27 GB in float32 and 13.5 GB in bfloat16. The loaders read one

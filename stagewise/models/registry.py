@@ -40,10 +40,6 @@ class LoadedModel:
     dtype: torch.dtype  # dtype of the weights and activations
 
 
-def known_models() -> list[str]:
-    return list(PRESETS)
-
-
 def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """`random:<preset>`: the preset's shapes, seeded random weights drawn on the device."""
     preset = name.removeprefix(RANDOM_PREFIX)
@@ -101,13 +97,15 @@ def _load_files(
     if "/" in name or "\\" in name:
         raise StagewiseError(f"model path not found: {name}")
     raise StagewiseError(
-        f"unknown model '{name}'; choose one of {', '.join(PRESETS)}, a .gguf file or a Hugging Face Llama directory"
+        f"unknown model '{name}'; choose one of {', '.join(PRESETS)}, a .gguf file or a Hugging "
+        "Face Llama directory"
     )
 
 
 def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) -> Tokenizer:
-    """Every token id must have an embedding row; a model may have more rows than tokens (padding, e.g. to a
-    multiple of 64): the model can still pick such an id, which then decodes to no text, as in transformers."""
+    """Every token id must have an embedding row; a model may have more rows than tokens (padding,
+    e.g. to a multiple of 64): the model can still pick such an id, which then decodes to no text,
+    as in transformers."""
     if (
         tokenizer.vocab_size > config.vocab_size
     ):  # else an id past the table fails inside the embedding
@@ -121,7 +119,8 @@ def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) ->
 
 
 def parse_device(device: str | torch.device | None) -> torch.device:
-    """'cpu', 'cuda', 'cuda:1', 'meta' (shape only); None = cuda when available. Checked before loading."""
+    """'cpu', 'cuda', 'cuda:1', 'meta' (shape only); None = cuda when available. Checked before
+    loading."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -154,8 +153,9 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
 ) -> LoadedModel:
-    """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16 before
-    compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there in float16 only)."""
+    """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16
+    before compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there
+    in float16 only)."""
     if not isinstance(name, str) or not name.strip():
         raise StagewiseError(
             f"model name is empty; choose one of {', '.join(PRESETS)}, a .gguf file or a folder"

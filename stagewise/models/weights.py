@@ -42,7 +42,7 @@ class LlamaWeights:
     lm_head: torch.Tensor  # [hidden, vocab]: output matrix (embed transposed when tied)
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaWeights":
-        """Move and cast every tensor, in the layout the device's GEMMs read fastest (module docstring)."""
+        """Move and cast every tensor, in the layout the device's GEMMs read fastest (see above)."""
         out_major = torch.device(device).type == "cpu"
 
         def move(t: torch.Tensor) -> torch.Tensor:
@@ -133,7 +133,8 @@ def random_weights(config: ModelConfig, seed: int = 0) -> LlamaWeights:
         LayerWeights(**{k: init(k, s) for k, s in _layer_shapes(config).items()})
         for _ in range(config.num_layers)
     ]
-    # Rows of norm ~1, so tied logits h . e have std ~1: a spread-out distribution worth sampling from.
+    # Rows of norm ~1, so tied logits h . e have std ~1: a spread-out distribution worth sampling
+    # from.
     embed = (
         torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
     )
