@@ -1,15 +1,16 @@
 """`SamplingParams`: how one request turns next-token logits into a token.
 
 A request carries one frozen `SamplingParams`. The engine turns the params of
-every running request into per-row tensors (`stagewise.stages.sampling.
-SamplingTensors`) once per step, and the sampling stage applies them in this
-order (the seed's order, as in vLLM):
+every running request into per-row tensors (`SamplingTensors`, below) once per
+step, and the sampling stage applies them in this order (the seed's order, as
+in vLLM):
 
     repetition penalty -> greedy? (temperature < 1e-5: argmax) -> temperature
     -> min_p -> top-k -> top-p -> draw
 
 It sits beside `config.py`, in the ground layer: the engine, the sampling stage
-and the Triton sampling kernel all read it, and none of them imports another.
+and the Triton sampling kernel all read both classes, and none of them imports
+another (the kernel sits below the stage, the stage below the engine).
 
 Every value is checked here, at construction, so a bad parameter fails with a
 one-line `StagewiseError` (a `ValueError`) that names the parameter and its
@@ -20,7 +21,11 @@ import math
 import numbers
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 from stagewise.errors import StagewiseError
+from stagewise.runtime import to_device
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this mean greedy decoding (argmax)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -97,3 +102,81 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the request decodes greedily (temperature < 1e-5): the argmax, no randomness."""
         return self.temperature < GREEDY_TEMPERATURE
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling settings for one engine step (row b = the b-th scheduled sequence).
+
+    The tensors feed the kernels; the host fields below say the same things as Python values
+    (they come from `SamplingParams`, host objects), so a step decides which work to do, and
+    seeds the naive path's generators, without reading a device tensor back.
+    """
+
+    temperature: Tensor  # [B] float32; < 1e-5 = greedy
+    top_k: Tensor  # [B] int64; 0 = off (SamplingParams' -1 is stored as 0)
+    top_p: Tensor  # [B] float32; 1.0 = off
+    min_p: Tensor  # [B] float32; 0.0 = off
+    repetition_penalty: Tensor  # [B] float32; 1.0 = off
+    seen: Tensor  # [B, V] bool; tokens in the prompt or generated so far (the penalized set)
+    seeds: Tensor  # [B] int64; the request's seed
+    # [B] int64; tokens this request has drawn so far (position in its random stream)
+    offsets: Tensor
+    greedy_rows: list[bool]  # [B] host: row b decodes greedily (temperature < 1e-5)
+    seeds_host: list[int]  # [B] host: the seeds above
+    offsets_host: list[int]  # [B] host: the offsets above
+    any_penalty: bool  # host: some row has repetition_penalty != 1
+    any_min_p: bool  # host: some row has min_p > 0
+    any_top_k: bool  # host: some row has top_k > 0
+    any_top_p: bool  # host: some row has top_p < 1
+
+    @classmethod
+    def from_params(
+        cls,
+        params: list[SamplingParams],
+        seen: Tensor,
+        offsets: list[int],
+        seeds: list[int],
+        device: torch.device | str,
+    ) -> "SamplingTensors":
+        """Stack the requests' params into row tensors (and host flags).
+
+        `seeds[b]` is used when `params[b].seed` is None (the engine picks it once per
+        request and keeps it); a seed set in the params always wins.
+        """
+        num_seqs = len(params)
+        if not (len(offsets) == len(seeds) == num_seqs and seen.dim() == 2 and seen.shape[0] == num_seqs):
+            raise ValueError(
+                f"from_params: {num_seqs} params need seen [{num_seqs}, V] and {num_seqs} offsets and seeds, "
+                f"got seen {list(seen.shape)}, {len(offsets)} offsets, {len(seeds)} seeds"
+            )
+        row_seeds = [p.seed if p.seed is not None else s for p, s in zip(params, seeds)]
+        top_k = [max(p.top_k, 0) for p in params]  # -1 and 0 both mean off -> 0
+        if torch.device(device).type == "cuda" and seen.device.type == "cpu":
+            seen = seen.pin_memory().to(device, non_blocking=True)  # from pinned memory: queued, no host wait
+        return cls(
+            temperature=to_device([p.temperature for p in params], torch.float32, device),
+            top_k=to_device(top_k, torch.int64, device),
+            top_p=to_device([p.top_p for p in params], torch.float32, device),
+            min_p=to_device([p.min_p for p in params], torch.float32, device),
+            repetition_penalty=to_device([p.repetition_penalty for p in params], torch.float32, device),
+            seen=seen.to(device=device, dtype=torch.bool),
+            seeds=to_device(row_seeds, torch.int64, device),
+            offsets=to_device(list(offsets), torch.int64, device),
+            greedy_rows=[p.greedy for p in params],
+            seeds_host=row_seeds,
+            offsets_host=list(offsets),
+            any_penalty=any(p.repetition_penalty != 1.0 for p in params),
+            any_min_p=any(p.min_p > 0 for p in params),
+            any_top_k=any(k > 0 for k in top_k),
+            any_top_p=any(p.top_p < 1 for p in params),
+        )
+
+    @property
+    def greedy(self) -> Tensor:
+        return self.temperature < GREEDY_TEMPERATURE  # [B] bool
+
+    @property
+    def all_greedy(self) -> bool:
+        """True when every row is greedy: the step needs no probabilities and no randomness (host flags)."""
+        return all(self.greedy_rows)

@@ -44,7 +44,7 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_same_device,
 )
-from stagewise.kernels.matmul import round_to_bf16
+from stagewise.kernels.precision import round_to_bf16
 from stagewise.kernels.row_tiles import (
     TileConfig,
     gpu_candidates,

@@ -57,7 +57,8 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
-from stagewise.kernels.precision import dot_policy
+from stagewise.kernels.matmul_decode import DECODE_MAX_M, matmul_decode
+from stagewise.kernels.precision import dot_policy, round_to_bf16
 from stagewise.kernels.targets import (
     INTERPRETER_TARGET,
     LaunchPlan,
@@ -69,7 +70,6 @@ from stagewise.runtime import debug_checks
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
-DECODE_MAX_M = 16  # M up to this is a "decode" shape: one BLOCK_M=16 tile-row covers it
 
 
 @dataclass(frozen=True)
@@ -154,17 +154,6 @@ def gemm_plan(
     else:
         configs = gemm_configs(m, dtype, target)
     return LaunchPlan("matmul", {}, tuple(c.triton_config() for c in configs))
-
-
-@triton.jit
-def round_to_bf16(x):
-    """fp32 -> fp32 holding the nearest bf16 (ties to even), so a following truncating cast is exact.
-
-    Only needed under the interpreter, whose fp32 -> bf16 cast drops the low bits instead of rounding.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -372,10 +361,6 @@ def matmul(
     if (
         config is None and m <= DECODE_MAX_M
     ):  # decode: split-K over the weights (kernels/matmul_decode.py)
-        from stagewise.kernels.matmul_decode import (
-            matmul_decode,
-        )  # imported here: it imports this module
-
         return matmul_decode(a, b, c, row_index=row_index, policy=policy)
     args = dict(
         a_ptr=a,

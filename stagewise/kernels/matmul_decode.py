@@ -75,10 +75,10 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_contiguous, check_shape
-from stagewise.kernels.matmul import DECODE_MAX_M, round_to_bf16
-from stagewise.kernels.precision import DotPolicy, dot_policy
+from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
 
+DECODE_MAX_M = 16  # M up to this is a "decode" shape (kernels/matmul.py sends it here)
 BLOCK_M = DECODE_MAX_M  # one tile-row of 16 covers every decode batch; tl.dot's minimum
 MAX_SPLIT_K = 16  # bounds the partial buffer [SPLIT_K, M, N] and the reduce's work
 SMEM_BUDGET = (

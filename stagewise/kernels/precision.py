@@ -1,4 +1,4 @@
-"""Which precision a kernel's `tl.dot` runs in: one policy for every kernel with dots.
+"""Which precision a kernel's `tl.dot` runs in (one policy for every kernel), and bf16 rounding.
 
 The kernels with dots (matmul, flash_attention, paged_attention) all ask
 `dot_policy(dtype)` at launch and pass its two answers as constexprs:
@@ -19,12 +19,16 @@ values by ~1e-3 of its size), IEEE keeps all 23.
 Why bf16 is upcast in the interpreter and fp16 is not: the interpreter's bf16
 arithmetic and bf16 `tl.dot` are wrong (numpy has no bf16), while its fp16 dot
 multiplies the fp16 operands exactly and sums in fp32 like a tensor core. So the
-16-bit dot branch of every kernel runs in CI through fp16 inputs.
+16-bit dot branch of every kernel runs in CI through fp16 inputs. The interpreter's
+fp32 -> bf16 cast also truncates instead of rounding to nearest even, so a kernel
+storing bf16 there rounds by hand first (`round_to_bf16`).
 """
 
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 
@@ -56,3 +60,14 @@ def dot_policy(dtype: torch.dtype, interpreter: bool = INTERPRETER) -> DotPolicy
     if dtype == torch.bfloat16 and interpreter:
         return DotPolicy(fp32_dots=True, input_precision="ieee")
     return DotPolicy(fp32_dots=False, input_precision=DEFAULT_16BIT_PRECISION)
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 -> fp32 holding the nearest bf16 (ties to even), so a following truncating cast is exact.
+
+    Only needed under the interpreter, whose fp32 -> bf16 cast drops the low bits instead of rounding.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.to(tl.float32, bitcast=True)

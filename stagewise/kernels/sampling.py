@@ -92,8 +92,7 @@ from stagewise.kernels.checks import (
     check_same_device,
     check_shape,
 )
-from stagewise.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX
-from stagewise.stages.sampling import SamplingTensors
+from stagewise.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX, SamplingTensors
 
 CHUNK = 2048  # tokens of a row per program (a function of nothing but this constant: batch-independent results)
 MAX_CHUNKS = 128  # a vocab over 128 * 2048 gets larger chunks, so the combine's [chunks, 32] tile stays small

@@ -42,7 +42,7 @@ a few streaming passes over the logits apply penalty, temperature and the
 three filters in registers, never writing a [B, V] intermediate; each row's
 vocabulary is split into chunks, one program per (row, chunk), with a small
 per-row combine between passes, so a few rows still fill a GPU. Which passes
-run is decided from the host flags above, not by reading the tensors (that
+run is decided from SamplingTensors' host flags, not by reading the tensors (that
 would be a host sync). min_p is a direct threshold (min_p / S, with S
 the softmax denominator); the top-k and top-p thresholds (p_cut above) are
 found without a sort, by an exact search over the float bits of the
@@ -55,102 +55,18 @@ this reference's `torch.multinomial` draws (same distribution, different
 stream). Greedy rows give the same token as here.
 """
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from stagewise.config import ModelConfig
-from stagewise.runtime import to_device
-from stagewise.sampling_params import GREEDY_TEMPERATURE, PENALIZED_LOGIT_MAX, SamplingParams
+from stagewise.sampling_params import (
+    PENALIZED_LOGIT_MAX,
+    SamplingParams,
+    SamplingTensors,  # lives in the ground layer, where the sampling kernel reads it too
+)
 from stagewise.stages.base import Stage
 
 _MASK64 = 2**64 - 1
-
-
-@dataclass
-class SamplingTensors:
-    """Per-row sampling settings for one engine step (row b = the b-th scheduled sequence).
-
-    The tensors feed the kernels; the host fields below say the same things as Python values
-    (they come from `SamplingParams`, host objects), so a step decides which work to do, and
-    seeds the naive path's generators, without reading a device tensor back.
-    """
-
-    temperature: Tensor  # [B] float32; < 1e-5 = greedy
-    top_k: Tensor  # [B] int64; 0 = off (SamplingParams' -1 is stored as 0)
-    top_p: Tensor  # [B] float32; 1.0 = off
-    min_p: Tensor  # [B] float32; 0.0 = off
-    repetition_penalty: Tensor  # [B] float32; 1.0 = off
-    seen: Tensor  # [B, V] bool; tokens in the prompt or generated so far (the penalized set)
-    seeds: Tensor  # [B] int64; the request's seed
-    offsets: (
-        Tensor  # [B] int64; tokens this request has drawn so far (position in its random stream)
-    )
-    greedy_rows: list[bool]  # [B] host: row b decodes greedily (temperature < 1e-5)
-    seeds_host: list[int]  # [B] host: the seeds above
-    offsets_host: list[int]  # [B] host: the offsets above
-    any_penalty: bool  # host: some row has repetition_penalty != 1
-    any_min_p: bool  # host: some row has min_p > 0
-    any_top_k: bool  # host: some row has top_k > 0
-    any_top_p: bool  # host: some row has top_p < 1
-
-    @classmethod
-    def from_params(
-        cls,
-        params: list[SamplingParams],
-        seen: Tensor,
-        offsets: list[int],
-        seeds: list[int],
-        device: torch.device | str,
-    ) -> "SamplingTensors":
-        """Stack the requests' params into row tensors (and host flags).
-
-        `seeds[b]` is used when `params[b].seed` is None (the engine picks it once per
-        request and keeps it); a seed set in the params always wins.
-        """
-        num_seqs = len(params)
-        if not (
-            len(offsets) == len(seeds) == num_seqs and seen.dim() == 2 and seen.shape[0] == num_seqs
-        ):
-            raise ValueError(
-                f"from_params: {num_seqs} params need seen [{num_seqs}, V] and {num_seqs} offsets and seeds, "
-                f"got seen {list(seen.shape)}, {len(offsets)} offsets, {len(seeds)} seeds"
-            )
-        row_seeds = [p.seed if p.seed is not None else s for p, s in zip(params, seeds)]
-        top_k = [max(p.top_k, 0) for p in params]  # -1 and 0 both mean off -> 0
-        if torch.device(device).type == "cuda" and seen.device.type == "cpu":
-            seen = seen.pin_memory().to(
-                device, non_blocking=True
-            )  # from pinned memory: queued, no host wait
-        return cls(
-            temperature=to_device([p.temperature for p in params], torch.float32, device),
-            top_k=to_device(top_k, torch.int64, device),
-            top_p=to_device([p.top_p for p in params], torch.float32, device),
-            min_p=to_device([p.min_p for p in params], torch.float32, device),
-            repetition_penalty=to_device(
-                [p.repetition_penalty for p in params], torch.float32, device
-            ),
-            seen=seen.to(device=device, dtype=torch.bool),
-            seeds=to_device(row_seeds, torch.int64, device),
-            offsets=to_device(list(offsets), torch.int64, device),
-            greedy_rows=[p.greedy for p in params],
-            seeds_host=row_seeds,
-            offsets_host=list(offsets),
-            any_penalty=any(p.repetition_penalty != 1.0 for p in params),
-            any_min_p=any(p.min_p > 0 for p in params),
-            any_top_k=any(k > 0 for k in top_k),
-            any_top_p=any(p.top_p < 1 for p in params),
-        )
-
-    @property
-    def greedy(self) -> Tensor:
-        return self.temperature < GREEDY_TEMPERATURE  # [B] bool
-
-    @property
-    def all_greedy(self) -> bool:
-        """True when every row is greedy: the step needs no probabilities and no randomness (host flags)."""
-        return all(self.greedy_rows)
 
 
 # ---- the processors, one per parameter; probs stay zero outside the allowed set ----
@@ -159,8 +75,8 @@ class SamplingTensors:
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
     """Make seen tokens less likely: positive logits / penalty, negative logits * penalty.
 
-    The result is clamped to +-PENALIZED_LOGIT_MAX: a tiny or huge penalty can push a logit past float32,
-    and an infinite logit would turn the softmax into NaN.
+    The result is clamped to +-PENALIZED_LOGIT_MAX: a tiny or huge penalty can push a logit past
+    float32, and an infinite logit would turn the softmax into NaN.
     """
     penalty = penalty[:, None]  # [B] -> [B, 1]
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)  # [B, V]
@@ -188,7 +104,7 @@ def apply_top_k(probs: Tensor, top_k: Tensor) -> Tensor:
 
 
 def apply_top_p(probs: Tensor, top_p: Tensor) -> Tensor:
-    """Keep the smallest top set with mass >= top_p (ties with its last token too; top_p = 1 keeps all)."""
+    """Keep the smallest top set with mass >= top_p (ties with its last one too; 1 keeps all)."""
     vocab = probs.shape[-1]
     sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
     mass = sorted_probs.cumsum(dim=-1)  # [B, V]: mass of the i+1 most likely tokens
@@ -255,26 +171,20 @@ def naive(logits: Tensor, sampling: SamplingTensors) -> Tensor:
             )
         return penalized.argmax(dim=-1)  # [B, V] -> [B]
     probs = processed_probs(logits, sampling)  # [B, V] float32
-    tokens = probs.argmax(
-        dim=-1
-    )  # [B]; exact for greedy rows (one-hot), overwritten for the others
-    random_rows = [
-        row for row, greedy in enumerate(sampling.greedy_rows) if not greedy
-    ]  # host values
+    tokens = probs.argmax(dim=-1)  # [B]; exact for greedy rows (one-hot), redrawn for the others
+    random_rows = [row for row, greedy in enumerate(sampling.greedy_rows) if not greedy]  # host
     for row in random_rows:
         generator = torch.Generator(device=probs.device)
         generator.manual_seed(stream_seed(sampling.seeds_host[row], sampling.offsets_host[row]))
-        tokens[row] = torch.multinomial(probs[row], num_samples=1, generator=generator)[
-            0
-        ]  # [V] -> []
+        drawn = torch.multinomial(probs[row], num_samples=1, generator=generator)  # [V] -> [1]
+        tokens[row] = drawn[0]
     return tokens  # [B] int64
 
 
 def optimized(logits: Tensor, sampling: SamplingTensors) -> Tensor:
-    """The fused Triton kernel: [B, V] logits -> [B] int64 token ids (same distribution, own random stream)."""
-    from stagewise.kernels.sampling import (
-        sample,
-    )  # lazy: importing kernels first picks GPU or interpreter
+    """The fused Triton kernel: [B, V] logits -> [B] int64 tokens (same law, its own stream)."""
+    # lazy: importing kernels first picks GPU or interpreter
+    from stagewise.kernels.sampling import sample
 
     return sample(logits, sampling)  # [B, V] -> [B]
 
@@ -285,13 +195,11 @@ OPTIMIZED_KIND = "triton: fused penalty/temperature/min_p/top-k/top-p + Gumbel-m
 def example_inputs(
     config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype
 ) -> dict:
-    """Seeded logits [num_tokens, V] (num_tokens = num_seqs here) and a mix of greedy and random rows."""
+    """Seeded logits [num_tokens, V] (num_tokens = num_seqs) and a mix of greedy and random rows."""
     generator = torch.Generator().manual_seed(0)
     vocab = config.vocab_size
     logits = 3.0 * torch.randn(num_tokens, vocab, generator=generator)  # [B, V]
-    seen = (
-        torch.rand(num_tokens, vocab, generator=generator) < 0.05
-    )  # [B, V]: ~5% of the vocab seen
+    seen = torch.rand(num_tokens, vocab, generator=generator) < 0.05  # [B, V]: ~5% seen
     menu = [
         SamplingParams(
             temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.2, seed=7
@@ -300,9 +208,7 @@ def example_inputs(
         SamplingParams(temperature=1.0, top_p=0.95),
         SamplingParams(temperature=0.7, top_k=20),
         SamplingParams(temperature=1.3, min_p=0.1, repetition_penalty=1.1),
-        SamplingParams(
-            temperature=0.0, top_k=5, repetition_penalty=1.3
-        ),  # greedy despite the filters
+        SamplingParams(temperature=0.0, top_k=5, repetition_penalty=1.3),  # greedy all the same
     ]
     params = [menu[i % len(menu)] for i in range(num_tokens)]
     offsets, seeds = list(range(num_tokens)), [1000 + i for i in range(num_tokens)]
@@ -314,7 +220,10 @@ def example_inputs(
 
 STAGE = Stage(
     name="sampling",
-    summary="repetition penalty, greedy or temperature, min_p, top-k, top-p, then one seeded draw per sequence",
+    summary=(
+        "repetition penalty, greedy or temperature, min_p, top-k, top-p, "
+        "then one seeded draw per sequence"
+    ),
     shapes="[num_seqs, vocab] -> [num_seqs]",
     naive=naive,
     triton=optimized,
