@@ -63,7 +63,7 @@ from stagewise.bench.modes import eval_fit, fit_cost
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import single_prompt
 from stagewise.config import PRESETS
-from stagewise.engine.paged_cache import kv_bytes_per_token
+from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 from stagewise.trace.tracer import Tracer

@@ -60,7 +60,7 @@ from matplotlib.colors import ListedColormap
 from stagewise import LLM, SamplingParams
 from stagewise.bench.workloads import SEED_TEXT, single_prompt
 from stagewise.config import EngineConfig
-from stagewise.engine.paged_cache import kv_bytes_per_token
+from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json
 from stagewise.trace.tracer import Tracer
@@ -247,7 +247,7 @@ for b in range(NUM_BLOCKS):
 for req, y in zip(running, np.linspace(NUM_BLOCKS - 2, 1, len(running))):
     name = board_names[req.request_id]
     color = colors[order.index(name) + 1]
-    ids = engine.block_manager.block_ids(req)
+    ids = engine.block_manager.block_ids(req.request_id)
     row = engine.cache.row(req.request_id)
     table = engine.cache.block_table[row, : len(ids)].tolist()
     assert table == ids, "the block table the kernels read is the block manager's list"
@@ -315,7 +315,7 @@ print("paged (stepped by hand, requests joining mid-way) == contiguous kv cache,
 # ## 4. Measure: memory reserved vs memory used
 #
 # The `kv` run we just did is the classic static layout
-# (`engine/contiguous_cache.py`): one batch, every row reserves room for the
+# (`kv/contiguous.py`): one batch, every row reserves room for the
 # batch's longest prompt plus its largest `max_tokens`, from the start to the
 # end. `last_stats.kv_cache_bytes` is what it allocated. The paged engine held
 # `ceil(tokens / 16)` blocks per request, at its peak (from the trace).

@@ -30,7 +30,7 @@ from stagewise.bench.calc_counts import (
 from stagewise.bench.calc_seeds import seeds_worked_examples
 from stagewise.bench.hardware import HARDWARE, probe_this_machine
 from stagewise.config import PRESETS
-from stagewise.engine.paged_cache import kv_bytes_per_token as engine_kv_bytes_per_token
+from stagewise.kv.paged import kv_bytes_per_token as engine_kv_bytes_per_token
 from stagewise.errors import StagewiseError
 
 L, D, P = 126, 16384, 405e9  # the seeds' Llama 3 405B

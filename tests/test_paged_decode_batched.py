@@ -83,7 +83,7 @@ def test_the_plan_points_padding_at_a_real_key_and_masks_it():
 
 def test_the_engine_builds_the_plan_once_per_step(tiny, monkeypatch):
     from stagewise import LLM, SamplingParams
-    from stagewise.engine import paged_cache
+    from stagewise.kv import paged as paged_cache
 
     calls = []
     real = paged_cache.plan_decode

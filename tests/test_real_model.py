@@ -60,7 +60,7 @@ def test_paged_continuous_batching_matches_each_prompt_alone(smollm):
     """A dozen prompts of very different lengths, a small token budget (chunked prefill) and a KV
     cache small enough to force preemption: every request's greedy tokens equal running it alone."""
     from stagewise.config import EngineConfig
-    from stagewise.engine.paged_cache import kv_bytes_per_token
+    from stagewise.kv.paged import kv_bytes_per_token
 
     base = "In the beginning of the long story, the travellers walked along the river and talked about "
     prompts = [

@@ -13,10 +13,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagewise.engine.block_manager import BlockManager
 from stagewise.engine.request import Request, RequestStatus
 from stagewise.engine.scheduler import Scheduler
 from stagewise.engine.text_stream import TextStream
+from stagewise.kv.block_manager import BlockManager
 from stagewise.sampling_params import SamplingParams
 
 
@@ -34,7 +34,7 @@ def make_request(i: int, prompt: list[int], max_tokens: int) -> Request:
 def check_block_invariants(bm: BlockManager, running: list[Request]) -> None:
     refs = [0] * bm.num_blocks
     for req in running:
-        for b in bm.block_ids(req):
+        for b in bm.block_ids(req.request_id):
             refs[b] += 1
     assert [blk.ref_count for blk in bm.blocks] == refs, "reference counts disagree with the owners"
     free = list(bm.free_queue)
@@ -99,17 +99,17 @@ def test_scheduler_and_block_manager_invariants(
             assert req.status == RequestStatus.RUNNING
             assert req.num_computed_tokens + s.num_new_tokens <= req.num_tokens <= max_len  # constraint 3
             assert s.num_new_tokens > 0
-            blocks = bm.block_ids(req)
+            blocks = bm.block_ids(req.request_id)
             assert len(blocks) * block_size >= req.num_computed_tokens + s.num_new_tokens  # constraint 4
         # who already relies on which slot: (slot -> content) for positions computed before this step
         relied = {}
         for req in sched.running:
-            blocks = bm.block_ids(req)
+            blocks = bm.block_ids(req.request_id)
             for p in range(req.num_computed_tokens):
                 relied[blocks[p // block_size] * block_size + p % block_size] = tuple(req.all_token_ids[: p + 1])
         # writes: every scheduled token's K/V into its slot
         for s in out.scheduled:
-            req, blocks = s.request, bm.block_ids(s.request)
+            req, blocks = s.request, bm.block_ids(s.request.request_id)
             for p in range(req.num_computed_tokens, req.num_computed_tokens + s.num_new_tokens):
                 slot = blocks[p // block_size] * block_size + p % block_size
                 content = tuple(req.all_token_ids[: p + 1])
@@ -118,7 +118,7 @@ def test_scheduler_and_block_manager_invariants(
                 cache[slot] = content
         # reads: every position of every scheduled sequence sees its own prefix
         for s in out.scheduled:
-            req, blocks = s.request, bm.block_ids(s.request)
+            req, blocks = s.request, bm.block_ids(s.request.request_id)
             for p in range(req.num_computed_tokens + s.num_new_tokens):
                 slot = blocks[p // block_size] * block_size + p % block_size
                 assert cache.get(slot) == tuple(req.all_token_ids[: p + 1]), f"{req.request_id} reads wrong K/V at {p}"

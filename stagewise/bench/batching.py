@@ -42,8 +42,8 @@ from stagewise.bench.timing import StreamedRequest, alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, Workload, mixed_workload
 from stagewise.config import EngineConfig
 from stagewise.engine.outputs import percentile
-from stagewise.engine.paged_cache import kv_bytes_per_token
 from stagewise.errors import StagewiseError
+from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import LoadedModel, load_model
 
 SYSTEMS = {"static": "kv", "continuous": "paged"}  # stagewise system -> LLM mode

@@ -1,1 +1,1 @@
-"""The engine: requests, runners for each mode, KV caches, metrics and the `LLM` API."""
+"""The engine: requests, the scheduler, runners for each mode, metrics and the `LLM` API (KV caches: `kv/`)."""

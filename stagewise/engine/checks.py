@@ -8,12 +8,12 @@ a one-line `StagewiseError` naming the argument and what it accepts.
 import torch
 
 from stagewise.config import EngineConfig
-from stagewise.engine.paged_cache import (
+from stagewise.errors import StagewiseError
+from stagewise.kv.paged import (
     free_memory_bytes,
     kv_bytes_per_token,
     num_blocks_for_budget,
 )
-from stagewise.errors import StagewiseError
 from stagewise.models.registry import LoadedModel
 
 MODES = ("paged", "kv", "naive")

@@ -35,7 +35,7 @@ eager step's tokens.
 
 import torch
 
-from stagewise.engine.paged_cache import PagedKVCache, PagedKVStep
+from stagewise.kv.paged import PagedKVCache, PagedKVStep
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device
@@ -120,7 +120,7 @@ class DecodeGraphs:
         return batch, kv
 
     def _fill(self, size: int, ids, positions, slots, seq_lens, rows) -> None:
-        """Copy one step's host values into the static buffers (padding rows: spare slot, no keys)."""
+        """Copy one step's host values into the static buffers (padding: spare slot, no keys)."""
         pad = size - len(ids)
         host = [
             list(ids) + [0] * pad,
@@ -149,7 +149,7 @@ class DecodeGraphs:
         self.graphs[size] = graph
 
     def run(self, ids, positions, slots, seq_lens, rows) -> torch.Tensor:
-        """One decode step of len(ids) sequences -> logits [num_seqs, vocab] (a view of a static buffer)."""
+        """One decode step of len(ids) sequences -> logits [num_seqs, vocab] (a static buffer's view)."""
         num_seqs = len(ids)
         size = self._size_for(num_seqs)
         self._fill(size, ids, positions, slots, seq_lens, rows)

@@ -20,15 +20,15 @@ from collections.abc import Iterator
 import torch
 
 from stagewise.config import EngineConfig
-from stagewise.engine.block_manager import BlockManager
 from stagewise.engine.cuda_graphs import DecodeGraphs
-from stagewise.engine.paged_cache import PagedKVCache, PagedKVStep, num_blocks_for_budget
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
 from stagewise.engine.scheduler import Scheduler, SchedulerOutput
 from stagewise.engine.tracing import begin_step, end_step, request_info
 from stagewise.errors import StagewiseError
+from stagewise.kv.block_manager import BlockManager
+from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device
@@ -58,8 +58,8 @@ class PagedRunner:
         self.graphs = None  # captured decode steps (engine/cuda_graphs.py), when asked for
         if ecfg.cuda_graphs and model.ops.backends["paged_attention"] != "triton":
             raise StagewiseError(
-                "cuda_graphs needs the triton paged_attention stage: the naive one sizes its loops from host "
-                "lengths, which a captured graph would freeze at their first values"
+                "cuda_graphs needs the triton paged_attention stage: the PyTorch tiers size their "
+                "loops from host lengths, which a captured graph would freeze at their first values"
             )
         if ecfg.cuda_graphs and model.device.type != "meta":
             capture = model.device.type == "cuda"  # a CPU runs the same padded path eagerly
@@ -80,8 +80,8 @@ class PagedRunner:
         need = self.block_manager.blocks_needed(req.num_prompt_tokens + req.params.max_tokens)
         if need > self.block_manager.num_blocks:
             raise StagewiseError(
-                f"{req.request_id} needs {need} KV blocks for prompt + max_tokens, but the cache has "
-                f"{self.block_manager.num_blocks}; raise the KV budget or lower max_tokens"
+                f"{req.request_id} needs {need} KV blocks for prompt + max_tokens, but the cache "
+                f"has {self.block_manager.num_blocks}; raise the KV budget or lower max_tokens"
             )
 
     def add(self, req: Request) -> None:
@@ -92,7 +92,7 @@ class PagedRunner:
         return self.scheduler.has_unfinished()
 
     def abort(self, req: Request) -> None:
-        """Drop a request before it finishes (its stream was closed); its blocks are free at once."""
+        """Drop a request before it finishes (its stream was closed); its blocks free at once."""
         self.scheduler.abort(req)
         self.cache.release_row(req.request_id)
 
@@ -172,7 +172,7 @@ class PagedRunner:
         return results
 
     def _replays_graph(self, sched: SchedulerOutput) -> bool:
-        """A pure-decode step (one new token per request, each sampling) that a captured graph covers."""
+        """A pure-decode step (one new token per request, each sampling) that a graph covers."""
         if (
             self.graphs is None or active_tracer() is not None
         ):  # the tracer wants to see every stage run
@@ -181,12 +181,12 @@ class PagedRunner:
         return decode and self.graphs.covers(len(sched.scheduled))
 
     def _graph_step(self, sched: SchedulerOutput):
-        """The step's inputs as host lists, copied into the graphs' static buffers, then one replay."""
+        """The step's inputs as host lists, copied into the graphs' static buffers; one replay."""
         bs = self.cache.block_size
         ids, positions, slots, seq_lens, rows = [], [], [], [], []
         for s in sched.scheduled:
             req, pos = s.request, s.request.num_computed_tokens  # the one new token's position
-            blocks = self.block_manager.block_ids(req)
+            blocks = self.block_manager.block_ids(req.request_id)
             ids.append(req.all_token_ids[pos])
             positions.append(pos)
             slots.append(blocks[pos // bs] * bs + pos % bs)
@@ -199,7 +199,7 @@ class PagedRunner:
         ids, positions, slots, q_lens, seq_lens, rows, last = [], [], [], [], [], [], []
         for s in sched.scheduled:
             req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
-            blocks = self.block_manager.block_ids(req)
+            blocks = self.block_manager.block_ids(req.request_id)
             ids += req.all_token_ids[start : start + n]
             positions += range(start, start + n)
             slots += [
@@ -246,7 +246,7 @@ class PagedRunner:
             )
             if phase == "prefill" and not s.samples:
                 phase = "prefill chunk"
-            extra = {"blocks": self.block_manager.block_ids(r)}
+            extra = {"blocks": self.block_manager.block_ids(r.request_id)}
             if s.num_cached_tokens:
                 extra["prefix_cache_hit_tokens"] = s.num_cached_tokens
             infos.append(request_info(r, s.num_new_tokens, phase, **extra))

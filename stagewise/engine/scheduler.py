@@ -35,8 +35,8 @@ always correct) and unnames the blocks the step named before writing them.
 from collections import deque
 from dataclasses import dataclass, field
 
-from stagewise.engine.block_manager import BlockManager
 from stagewise.engine.request import FinishReason, Request, RequestStatus
+from stagewise.kv.block_manager import BlockManager
 
 
 @dataclass
@@ -107,7 +107,7 @@ class Scheduler:
             ):  # a prefill chunk, and this step's prompt tokens are spent: it continues next step
                 i += 1
                 continue
-            while not bm.allocate(req, n):
+            while not bm.allocate(req.request_id, req.num_computed_tokens, n):
                 victim = self.running.pop()  # the most recently admitted request
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -125,14 +125,14 @@ class Scheduler:
             if min(budget, prefill_left) == 0:
                 break
             req = self.waiting[0]
-            hits = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            hits = bm.find_cached_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
             cached = len(hits) * bm.block_size
             n = min(req.num_tokens - req.num_computed_tokens - cached, budget, prefill_left)
-            if not bm.allocate(req, n, cached_prefix=hits):
+            if not bm.allocate(req.request_id, req.num_computed_tokens, n, cached_prefix=hits):
                 break  # FCFS: the head waits for blocks, and so does everyone behind it
             self.waiting.popleft()
             if bm.enable_prefix_caching and req.num_computed_tokens == 0:
-                bm.record_lookup(req, cached)
+                bm.record_lookup(req.num_tokens, cached)
             req.num_computed_tokens += cached
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -147,10 +147,12 @@ class Scheduler:
         out.scheduled.append(ScheduledRequest(req, n, cached, samples))
         # K/V of these tokens are written during this step, before any attention reads them,
         # so full blocks can be named now and shared by requests scheduled later in this step.
-        self.block_manager.register_full_blocks(req, req.num_computed_tokens + n)
+        self.block_manager.register_full_blocks(
+            req.request_id, req.all_token_ids, req.num_computed_tokens + n
+        )
 
     def _preempt(self, req: Request) -> None:
-        self.block_manager.free(req)
+        self.block_manager.free(req.request_id)
         req.num_computed_tokens = 0  # recompute: prompt + outputs so far run again on resume
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
@@ -162,12 +164,12 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.block_manager.free(req)
+        self.block_manager.free(req.request_id)
         req.status = RequestStatus.FINISHED
         req.finish_reason = FinishReason.ABORT
 
     def recover_interrupted_step(self) -> list[Request]:
-        """Undo a step whose forward pass did not complete; returns the requests sent back to waiting."""
+        """Undo a step whose forward pass did not complete; -> the requests sent back to waiting."""
         self.block_manager.forget_names_of_step()
         victims = list(self.running)
         for req in reversed(victims):  # appendleft in reverse keeps their FCFS order at the front
@@ -178,4 +180,4 @@ class Scheduler:
     def finish(self, req: Request) -> None:
         req.status = RequestStatus.FINISHED
         self.running.remove(req)
-        self.block_manager.free(req)
+        self.block_manager.free(req.request_id)

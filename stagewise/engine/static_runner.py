@@ -19,11 +19,11 @@ from collections.abc import Iterator
 
 import torch
 
-from stagewise.engine.contiguous_cache import ContiguousKVCache, ContiguousKVStep
 from stagewise.engine.request import Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
 from stagewise.engine.tracing import begin_step, end_step, request_info
+from stagewise.kv.contiguous import ContiguousKVCache, ContiguousKVStep
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device

@@ -16,7 +16,7 @@ from stagewise.bench.calc_steps import roofline
 from stagewise.bench.calc_tp import INTERCONNECTS, analyze_tp
 from stagewise.bench.hardware import HARDWARE
 from stagewise.config import PRESETS, EngineConfig
-from stagewise.engine.block_manager import BlockManager
+from stagewise.kv.block_manager import BlockManager
 from stagewise.exercises.core import call, close, equal, near
 from stagewise.parallel.shard import valid_tp_sizes
 from stagewise.stages import STAGES

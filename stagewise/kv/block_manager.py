@@ -21,12 +21,13 @@ A block is named while its step is scheduled, before the forward pass writes
 its K/V. If that pass never completes (an exception, Ctrl-C), the names given
 in the step are wrong: `forget_names_of_step()` takes them back, so no later
 request can reuse K/V that were never written.
+
+The manager knows requests only by plain values — a request id, token ids,
+token counts — so the KV layer does not depend on the engine's `Request`.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
-
-from stagewise.engine.request import Request
 
 NO_HASH = None
 
@@ -87,8 +88,9 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil
 
-    def block_ids(self, req: Request) -> list[int]:
-        return self.req_blocks.get(req.request_id, [])
+    def block_ids(self, request_id: str) -> list[int]:
+        """The blocks a request owns, in logical order (its block-table row)."""
+        return self.req_blocks.get(request_id, [])
 
     # ---- prefix cache ----
 
@@ -100,37 +102,44 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
-    def find_cached_prefix(self, req: Request) -> list[int]:
-        """Block ids of the longest cached prefix usable by `req` (never covering its last token)."""
+    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Block ids of the longest cached prefix of `token_ids` (never covering the last token)."""
         if not self.enable_prefix_caching:
             return []
         usable = (
-            req.num_tokens - 1
+            len(token_ids) - 1
         ) // self.block_size  # full blocks strictly before the last token
         hits = []
-        for h in self.block_hashes(req.all_token_ids[: usable * self.block_size]):
+        for h in self.block_hashes(token_ids[: usable * self.block_size]):
             if h not in self.cached:
                 break
             hits.append(self.cached[h])
         return hits
 
-    def record_lookup(self, req: Request, num_cached_tokens: int) -> None:
-        """Count one admitted request's prefix-cache lookup in the hit statistics."""
-        self.stats.queried_tokens += req.num_tokens
+    def record_lookup(self, num_tokens: int, num_cached_tokens: int) -> None:
+        """Count one admitted request's lookup (of its `num_tokens`) in the hit statistics."""
+        self.stats.queried_tokens += num_tokens
         self.stats.hit_tokens += num_cached_tokens
 
     # ---- allocation ----
 
-    def allocate(self, req: Request, num_new_tokens: int, cached_prefix: list[int] = ()) -> bool:
-        """Make room for `num_new_tokens` more tokens of `req` (after any cached prefix).
+    def allocate(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        cached_prefix: list[int] = (),
+    ) -> bool:
+        """Make room for `num_new_tokens` more tokens of a request (after any cached prefix).
 
+        `num_computed_tokens`: the request's tokens whose K/V are already stored in its blocks.
         Returns False, changing nothing, when the free queue is too short.
         """
-        owned = self.req_blocks.get(req.request_id, [])
+        owned = self.req_blocks.get(request_id, [])
         reuse = [
             b for b in cached_prefix if self.blocks[b].ref_count == 0
         ]  # cached blocks now in the free queue
-        computed = req.num_computed_tokens + len(cached_prefix) * self.block_size
+        computed = num_computed_tokens + len(cached_prefix) * self.block_size
         need = max(
             0, self.blocks_needed(computed + num_new_tokens) - len(owned) - len(cached_prefix)
         )
@@ -141,9 +150,9 @@ class BlockManager:
                 self.free_queue.remove(b)
             self.blocks[b].ref_count += 1
         new = [self._pop_free() for _ in range(need)]
-        self.req_blocks[req.request_id] = [*owned, *cached_prefix, *new]
+        self.req_blocks[request_id] = [*owned, *cached_prefix, *new]
         if cached_prefix:
-            self.req_hashes[req.request_id] = [self.blocks[b].block_hash for b in cached_prefix]
+            self.req_hashes[request_id] = [self.blocks[b].block_hash for b in cached_prefix]
         return True
 
     def _pop_free(self) -> int:
@@ -157,19 +166,24 @@ class BlockManager:
         self.num_allocated += 1
         return block_id
 
-    def register_full_blocks(self, req: Request, num_computed_tokens: int) -> None:
-        """Name the blocks of `req` that are full up to `num_computed_tokens`, so others can reuse them."""
+    def register_full_blocks(
+        self, request_id: str, token_ids: list[int], num_computed_tokens: int
+    ) -> None:
+        """Name a request's blocks full up to `num_computed_tokens`, so others can reuse them.
+
+        `token_ids`: the request's tokens so far (prompt + outputs), whose prefix the blocks hold.
+        """
         if not self.enable_prefix_caching:
             return
-        hashes = self.req_hashes.setdefault(req.request_id, [])
+        hashes = self.req_hashes.setdefault(request_id, [])
         num_full = num_computed_tokens // self.block_size
         if num_full <= len(hashes):
             return
-        tokens = req.all_token_ids
+        tokens = token_ids
         parent = hashes[-1] if hashes else None
         start = len(hashes) * self.block_size
         new_hashes = self.block_hashes(tokens[start : num_full * self.block_size], parent)
-        owned = self.req_blocks[req.request_id]
+        owned = self.req_blocks[request_id]
         for i, h in enumerate(new_hashes, start=len(hashes)):
             block = self.blocks[owned[i]]
             if h not in self.cached:  # an equal block registered earlier keeps the name
@@ -183,7 +197,10 @@ class BlockManager:
         self.named_in_step.clear()
 
     def forget_names_of_step(self) -> None:
-        """The step's forward pass did not complete: unname the blocks it named (their K/V may be missing)."""
+        """The step's forward pass did not complete: unname the blocks it named.
+
+        Their K/V may never have been written.
+        """
         for block_id in self.named_in_step:
             block = self.blocks[block_id]
             if block.block_hash is not None and self.cached.get(block.block_hash) == block_id:
@@ -191,13 +208,13 @@ class BlockManager:
             block.block_hash = NO_HASH
         self.named_in_step.clear()
 
-    def free(self, req: Request) -> None:
-        """Drop `req`'s references; blocks reaching 0 go to the free queue (tail blocks first)."""
-        for block_id in reversed(self.req_blocks.pop(req.request_id, [])):
+    def free(self, request_id: str) -> None:
+        """Drop a request's references; blocks reaching 0 go to the free queue (tail first)."""
+        for block_id in reversed(self.req_blocks.pop(request_id, [])):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
                 self.free_queue.append(block_id)
                 self.num_freed += 1
-        self.req_hashes.pop(req.request_id, None)
+        self.req_hashes.pop(request_id, None)

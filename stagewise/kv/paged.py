@@ -1,7 +1,7 @@
 """The paged KV cache: one tensor of fixed-size blocks, and the block table that maps into it.
 
     kv:          [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]   (2 = K and V)
-    block_table: [max_num_reqs, max_num_blocks_per_req] int32; row r = physical block ids of one request
+    block_table: [max_num_reqs, max_num_blocks_per_req] int32; row r = one request's block ids
 
     slot = block_id * block_size + offset        (where a token's K/V live)
     block_id = slot // block_size,  offset = slot % block_size
@@ -55,7 +55,8 @@ def num_blocks_for_budget(
     num_blocks = budget // per_block
     if num_blocks < 1:
         raise StagewiseError(
-            f"a KV budget of {budget} bytes holds no block of {per_block} bytes; raise kv_cache_bytes"
+            f"a KV budget of {budget} bytes holds no block of {per_block} bytes; "
+            "raise kv_cache_bytes"
         )
     return int(num_blocks)
 
@@ -104,7 +105,8 @@ class PagedKVCache:
     def describe(self) -> str:
         tokens = self.num_blocks * self.block_size
         mib = self.num_bytes() / 2**20
-        return f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {tokens} tokens, {mib:.1f} MiB"
+        blocks = f"{self.num_blocks} blocks x {self.block_size} tokens"
+        return f"KV cache: {blocks} = {tokens} tokens, {mib:.1f} MiB"
 
     def row(self, request_id: str) -> int:
         if request_id not in self.row_of:

@@ -8,18 +8,19 @@ the host too (`cu_seqlens_q_host`, `max_q_len`): launchers size their grids
 from those and never read a device tensor back (on a GPU such a read waits for
 every queued kernel — a host-bound step that no CUDA graph could capture).
 
-`attend(...)` is the part that differs between engine modes: `NoKVCache`
-(recompute everything, K/V only of this batch), the contiguous per-request
-cache (`engine/contiguous_cache.py`) and the paged cache (`engine/paged_cache.py`).
-Each stores the new K/V (or not) and runs the attention stage over what it holds.
+How attention reads K/V is the `kv` argument of the forward pass (`kv/access.py`):
+`NoKVCache` (recompute everything, K/V only of this batch, `kv/none.py`), the
+contiguous per-request cache (`kv/contiguous.py`) and the paged cache
+(`kv/paged.py`). `KVAccess` and `NoKVCache` are re-exported here for older imports.
 """
 
 import itertools
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from stagewise.kv.access import KVAccess  # noqa: F401 - re-exported: its home is kv/
+from stagewise.kv.none import NoKVCache  # noqa: F401 - re-exported: its home is kv/
 from stagewise.runtime import to_device
 
 
@@ -60,45 +61,4 @@ class ForwardBatch:
             last_token_index=to_device([c - 1 for c in cu[1:]], torch.long, device),
             cu_seqlens_q_host=cu,
             max_q_len=max(lens, default=0),
-        )
-
-
-class KVAccess(Protocol):
-    def attend(
-        self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        """q [T, H, d], new k/v [T, Hkv, d] -> attention output [T, H, d]."""
-        ...
-
-
-@dataclass
-class NoKVCache:
-    """Naive recompute: the batch holds every token of every sequence; K/V are not kept."""
-
-    cu_seqlens: torch.Tensor  # [B+1] int32: the batch's cu_seqlens_q (queries and keys coincide)
-    cu_seqlens_host: list[int] | None = (
-        None  # [B+1] the same on the host (None: the stages read the tensor)
-    )
-    max_len: int | None = None  # the longest sequence (host int; None: the kernel reads the tensor)
-
-    @classmethod
-    def of(cls, batch: ForwardBatch) -> "NoKVCache":
-        """Attention over the batch itself, with its host lengths (no device reads)."""
-        return cls(batch.cu_seqlens_q, batch.cu_seqlens_q_host, batch.max_q_len)
-
-    def attend(
-        self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        return ops(
-            "attention",
-            layer=layer,
-            q=q,
-            k=k,
-            v=v,
-            cu_seqlens_q=self.cu_seqlens,
-            cu_seqlens_k=self.cu_seqlens,
-            scale=scale,
-            max_q_len=self.max_len,
-            cu_seqlens_q_host=self.cu_seqlens_host,
-            cu_seqlens_k_host=self.cu_seqlens_host,
         )

@@ -7,6 +7,6 @@
     launch.py    starting the ranks: torch.multiprocessing on one machine, torchrun on many
     driver.py    rank 0: `TensorParallelModel`, what the runners call instead of `LlamaModel`
 
-Layering: shard and group sit with the models (tensors, torch.distributed);
-messages, worker, launch and driver with the engine (they know its caches).
+Layering: parallel sits above models and below the engine; the KV caches its
+workers rebuild come from `kv/`, which both parallel and the engine import.
 """

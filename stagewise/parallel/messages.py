@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.engine.contiguous_cache import ContiguousKVCache
-from stagewise.engine.paged_cache import PagedKVCache
+from stagewise.kv.contiguous import ContiguousKVCache
+from stagewise.kv.paged import PagedKVCache
 from stagewise.models.forward_batch import ForwardBatch
 
 

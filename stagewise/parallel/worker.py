@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from stagewise.config import ModelConfig, ParallelConfig
-from stagewise.engine.contiguous_cache import ContiguousKVCache
+from stagewise.kv.contiguous import ContiguousKVCache
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel
