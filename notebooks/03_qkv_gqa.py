@@ -48,8 +48,8 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from stagewise.bench.calc_counts import kv_bytes_per_token
 from stagewise.bench.timing import compare
+from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES

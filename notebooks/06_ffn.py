@@ -47,8 +47,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from stagewise.bench.calc_counts import attention_flops, linear_flops
 from stagewise.bench.timing import compare
+from stagewise.calc.counts import attention_flops, linear_flops
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps

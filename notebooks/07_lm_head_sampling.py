@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.calc_counts import attention_flops, linear_flops
 from stagewise.bench.timing import compare
+from stagewise.calc.counts import attention_flops, linear_flops
 from stagewise.config import PRESETS
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.models.registry import load_model
@@ -96,7 +96,7 @@ for t in head.inputs + head.outputs:
 #   logits tensor;
 # * last row only: `2 * 1 * hidden * vocab` FLOPs and one row of logits.
 #
-# The calculator (`stagewise.bench.calc_counts`) counts the whole prefill, so
+# The calculator (`stagewise.calc.counts`) counts the whole prefill, so
 # we can say what share of the prefill the wasted LM-head rows would have been.
 
 # %%

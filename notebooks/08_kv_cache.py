@@ -56,9 +56,9 @@ import numpy as np
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.calc import analyze, seeds_table
-from stagewise.bench.calc_counts import attention_flops, linear_flops
-from stagewise.bench.hardware import HARDWARE
+from stagewise.calc.roofline import analyze, seeds_table
+from stagewise.calc.counts import attention_flops, linear_flops
+from stagewise.calc.hardware import HARDWARE
 from stagewise.bench.modes import eval_fit, fit_cost
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import single_prompt
@@ -238,7 +238,7 @@ for mode, fit in fits.items():
 # %% [markdown]
 # ## 5. Beyond what this CPU can run: the FLOP counts
 #
-# The calculator (`stagewise.bench.calc.analyze`, notebook 11) counts the
+# The calculator (`stagewise.calc.roofline.analyze`, notebook 11) counts the
 # FLOPs of one step exactly for SmolLM2: a naive step is a full forward pass
 # over N tokens with the full masked N x N attention, a cached step one token
 # with attention over N keys. The ratio is the speed-up the cache can give.

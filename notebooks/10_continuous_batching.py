@@ -61,9 +61,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.calc_counts import kv_bytes_per_token, weight_bytes_streamed
 from stagewise.bench.timing import stream_timed
 from stagewise.bench.workloads import mixed_workload, single_prompt
+from stagewise.calc.counts import kv_bytes_per_token, weight_bytes_streamed
 from stagewise.config import EngineConfig
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json

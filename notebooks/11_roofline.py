@@ -33,7 +33,7 @@
 # FLOP/B; a prefill of 100k tokens on Llama 3 405B sits far above it, one
 # decode step far below (the first cell prints all three).
 #
-# This notebook uses the calculator `stagewise.bench.calc` (the same numbers
+# This notebook uses the calculator `stagewise.calc.roofline` (the same numbers
 # as the `stagewise calc` command): motivation -> the calculator -> the seeds'
 # worked numbers recomputed (check) -> intensity of prefill and decode ->
 # the roofline for an H100 and for *this* machine, with points measured on the
@@ -52,12 +52,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.calc import analyze, seeds_table
-from stagewise.bench.calc_cli import human, seconds, si
-from stagewise.bench.calc_plots import RooflinePoint, plot_kv_memory, plot_roofline, points_from_steps
-from stagewise.bench.hardware import HARDWARE, probe_this_machine
 from stagewise.bench.timing import stream_timed
 from stagewise.bench.workloads import single_prompt
+from stagewise.calc.hardware import HARDWARE, probe_this_machine
+from stagewise.calc.plots import RooflinePoint, plot_kv_memory, plot_roofline, points_from_steps
+from stagewise.calc.roofline import analyze, seeds_table
+from stagewise.calc.units import human, seconds, si
 from stagewise.config import PRESETS
 from stagewise.models.llama import LlamaModel
 from stagewise.models.registry import load_model
@@ -66,7 +66,7 @@ from stagewise.stages.gemm import BUCKET_M, CPU_FORMS
 # %matplotlib inline
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-FIGURES_DIR = tempfile.TemporaryDirectory(prefix="stagewise_nb11_")  # calc_plots also writes PNGs: not into the repo
+FIGURES_DIR = tempfile.TemporaryDirectory(prefix="stagewise_nb11_")  # calc.plots also writes PNGs: not into the repo
 FIGURES = Path(FIGURES_DIR.name)
 h100 = HARDWARE["h100"]
 

@@ -34,10 +34,10 @@ import torch
 from matplotlib.patches import Rectangle
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.calc import analyze
-from stagewise.bench.calc_cli import human
-from stagewise.bench.calc_tp import INTERCONNECTS, analyze_tp
-from stagewise.bench.hardware import HARDWARE
+from stagewise.calc.hardware import HARDWARE
+from stagewise.calc.roofline import analyze
+from stagewise.calc.tensor_parallel import INTERCONNECTS, analyze_tp
+from stagewise.calc.units import human
 from stagewise.config import PRESETS
 from stagewise.models.registry import load_model
 from stagewise.parallel.shard import shard_plan, shard_weights, valid_tp_sizes
@@ -246,7 +246,7 @@ plt.show()
 #
 # ## 5. What the calculator says: 405B on 8 GPUs
 #
-# `stagewise calc --tp 8` (`stagewise.bench.calc_tp`) applies the same split
+# `stagewise calc --tp 8` (`stagewise.calc.tensor_parallel`) applies the same split
 # to the shape-only 405B: weights and KV per device, and the all-reduces as a
 # ring with a per-collective latency term.
 
@@ -315,7 +315,7 @@ print(f"one decode all-reduce: {message / 1024:.0f} KiB, {message / link.bandwid
 # `dtype_bytes` per number. Return `(bytes of one all-reduce's message,
 # all-reduces per step)` for the model `cfg`. Notice that N, the number of
 # ranks, is not an argument: the check tries two N per model and compares with
-# `calc_tp.analyze_tp`. Then evaluate it for Llama 3 70B at batch 16 in bf16.
+# `stagewise.calc.tensor_parallel.analyze_tp`. Then evaluate it for Llama 3 70B at batch 16 in bf16.
 
 # %%
 from stagewise.exercises import check  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import stagewise.kernels  # noqa: F401  (chooses the Triton mode before anything imports triton)
-from stagewise.bench.compile_gate import findings, full_sweep, markdown, run_gate
+from stagewise.devtools.compile_gate import findings, full_sweep, markdown, run_gate
 
 
 def main() -> int:

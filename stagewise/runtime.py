@@ -12,7 +12,7 @@ for launchers' value checks (`debug_checks`, a host read each, so off by
 default) and `to_device`, the host -> device copy that does not make the host
 wait.
 
-A third mode, "compile", is for the compile gate (`stagewise.bench.compile_gate`):
+A third mode, "compile", is for the compile gate (`stagewise.devtools.compile_gate`):
 `STAGEWISE_TRITON=compile` keeps the kernels real `@triton.jit` functions on a
 machine without a GPU, so Triton can compile them ahead of time for a GPU
 target; nothing can be launched in that process. The gate runs it in a child

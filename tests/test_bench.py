@@ -11,11 +11,11 @@ import torch
 from typer.testing import CliRunner
 
 from stagewise.bench import batching, modes
-from stagewise.bench.bench_cli import bench_app
 from stagewise.bench.hf_baseline import static_padding
 from stagewise.bench.machine import machine_info, machine_tag
 from stagewise.bench.timing import StreamedRequest, Timing, alternating, compare, summarize
 from stagewise.bench.workloads import count_tokens, mixed_workload, prompt_with_tokens, single_prompt
+from stagewise.cli.bench import bench_app
 from stagewise.errors import StagewiseError
 from stagewise.models.tokenizer import Tokenizer
 

@@ -15,8 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagewise.bench.calc import analyze, load_hardware, load_model_config, summarize
-from stagewise.bench.calc_counts import (
+from stagewise.calc.counts import (
     attention_flops,
     kv_bytes,
     kv_bytes_per_token,
@@ -27,11 +26,12 @@ from stagewise.bench.calc_counts import (
     seeds_linear_flops,
     seeds_params_flops,
 )
-from stagewise.bench.calc_seeds import seeds_worked_examples
-from stagewise.bench.hardware import HARDWARE, probe_this_machine
+from stagewise.calc.hardware import HARDWARE, probe_this_machine
+from stagewise.calc.roofline import analyze, load_hardware, load_model_config, summarize
+from stagewise.calc.seeds import seeds_worked_examples
 from stagewise.config import PRESETS
-from stagewise.kv.paged import kv_bytes_per_token as engine_kv_bytes_per_token
 from stagewise.errors import StagewiseError
+from stagewise.kv.paged import kv_bytes_per_token as engine_kv_bytes_per_token
 
 L, D, P = 126, 16384, 405e9  # the seeds' Llama 3 405B
 BIG = PRESETS["llama-3-405b"]
@@ -240,7 +240,7 @@ ENV = {**os.environ, "STAGEWISE_QUIET": "1", "COLUMNS": "220", "NO_COLOR": "1"}
 
 
 def run_calc(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "stagewise.bench.calc_cli", *args]
+    cmd = [sys.executable, "-m", "stagewise.cli.calc", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
 
 
@@ -273,7 +273,7 @@ def test_cli_bad_input_one_line_exit_2(args, message):
 
 
 def test_plots_written_directly(tmp_path):
-    from stagewise.bench.calc_plots import RooflinePoint, plot_kv_memory, plot_roofline
+    from stagewise.calc.plots import RooflinePoint, plot_kv_memory, plot_roofline
 
     points = [RooflinePoint("decode", 1.9), RooflinePoint("prefill", 1.9e5, 5e14)]
     plot_roofline(HARDWARE["h100"], points, tmp_path / "r.png")
@@ -290,7 +290,7 @@ def test_probe_smoke():
 
 def test_calc_reads_a_gguf_files_sizes(tmp_path):
     """A .gguf gives its metadata's sizes (no tensor is read); a corrupt one is a one-line error."""
-    from stagewise.bench.calc import load_model_config
+    from stagewise.calc.roofline import load_model_config
     from tests.checkpoints import CFG, hf_tiny_model, round_embedding_to_q8_0, write_gguf
 
     path = write_gguf(tmp_path / "tiny.gguf", round_embedding_to_q8_0(hf_tiny_model(seed=1)))

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from stagewise.bench.calc_tp import INTERCONNECTS, Interconnect, analyze_tp, ring_all_reduce_time
-from stagewise.bench.hardware import HARDWARE
+from stagewise.calc.hardware import HARDWARE
+from stagewise.calc.tensor_parallel import INTERCONNECTS, Interconnect, analyze_tp, ring_all_reduce_time
 from stagewise.config import PRESETS
 from stagewise.errors import StagewiseError
 from tests.test_calc import run_calc

@@ -25,13 +25,13 @@ CI_CASES = [
 
 @pytest.fixture(scope="module")
 def gate_rows():
-    from stagewise.bench.compile_gate import Case, run_gate
+    from stagewise.devtools.compile_gate import Case, run_gate
 
     return run_gate([Case(*c) for c in CI_CASES], workers=2)
 
 
 def test_ci_subset_passes_the_gate(gate_rows):
-    from stagewise.bench.compile_gate import findings
+    from stagewise.devtools.compile_gate import findings
 
     assert gate_rows, "the gate compiled nothing"
     assert all(not r.result.get("error") or r.case.capability < 80 for r in gate_rows)
@@ -53,8 +53,8 @@ def test_gate_sees_tensor_cores_and_real_numbers(gate_rows):
 
 def test_gate_catches_the_old_paged_attention_tile():
     """The tile paged attention used before the gate (fp32, head_dim 128: 64 x 64, 2 stages) is over sm_89's 99 KB."""
-    from stagewise.bench.compile_gate import run_jobs
-    from stagewise.bench.compile_specs import PREFILL, launches
+    from stagewise.devtools.compile_gate import run_jobs
+    from stagewise.devtools.compile_specs import PREFILL, launches
 
     all_launches = launches("llama-3-8b", PREFILL, torch.float32, gpu_target(90))
     (launch,) = [x for x in all_launches if x.kernel == "paged_attention"]

@@ -10,7 +10,7 @@ import sys
 
 
 def test_dry_run_writes_results_and_tables(tmp_path):
-    cmd = [sys.executable, "-m", "stagewise.bench.device_check", "--dry-run", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "stagewise.devtools.device_check", "--dry-run", "--out", str(tmp_path)]
     proc = subprocess.run([*cmd, "--sections", "env,tests"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "device_check.json").read_text())
@@ -24,7 +24,7 @@ def test_dry_run_writes_results_and_tables(tmp_path):
 
 
 def test_unknown_section_is_refused(tmp_path):
-    cmd = [sys.executable, "-m", "stagewise.bench.device_check", "--dry-run", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "stagewise.devtools.device_check", "--dry-run", "--out", str(tmp_path)]
     proc = subprocess.run([*cmd, "--sections", "env,warp"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown sections ['warp']" in proc.stderr
 
@@ -53,7 +53,7 @@ def test_skipped():
 
 def test_report_names_failures_even_when_the_run_is_cut_short(tmp_path):
     """The tests section's parser on real pytest -v output: whole, and cut before the summary (a timeout)."""
-    from stagewise.bench.device_check import test_report
+    from stagewise.devtools.device_check import test_report
 
     (tmp_path / "test_sample.py").write_text(SAMPLE_TESTS)
     cmd = [sys.executable, "-m", "pytest", "-v", "--tb=line", "-p", "no:cacheprovider", "-rfE", str(tmp_path)]
@@ -69,7 +69,7 @@ def test_report_names_failures_even_when_the_run_is_cut_short(tmp_path):
 
 def test_report_reads_xdist_lines():
     """pytest-xdist -v (the device machine runs 8 workers) prints the worker and progress first."""
-    from stagewise.bench.device_check import test_report
+    from stagewise.devtools.device_check import test_report
 
     stdout = "\n".join([
         "[gw1] [  3%] PASSED tests/test_host_sync.py::test_counter_sees_every_kind_of_read[item]",

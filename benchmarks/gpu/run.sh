@@ -15,4 +15,4 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 STAGEWISE_QUIET=1 HF_HUB_OFFLINE=1
-exec "$PY" -m stagewise.bench.device_check --out "${OUT:-benchmarks/gpu/out}" "$@"
+exec "$PY" -m stagewise.devtools.device_check --out "${OUT:-benchmarks/gpu/out}" "$@"

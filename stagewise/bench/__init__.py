@@ -1,10 +1,10 @@
-"""Measuring and predicting: benchmarks that time the engine, and the calculator that says what to expect.
+"""Benchmarks: they time the engine, its stages and its kernels, and write JSON + PNG results.
 
-The calculator (`stagewise calc`) is four short modules read in this order:
+- `modes`, `batching`, `stage_bench`, `soak`   the `stagewise bench modes|batching|stages|soak` runs
+- `kernel_bench`, `decode_gemm`, `device_timer` every Triton kernel at real model shapes, timed with CUDA events
+- `cpu_forms`, `decode_overhead`               the CPU formulations, and where a decode token's time goes
+- `hf_baseline`, `workloads`, `timing`, `machine`, `plots`   what the runs share
 
-- `hardware`     peak FLOP/s, memory bandwidth and capacity of a few GPUs, and a probe of this machine
-- `calc_counts`  parameters, FLOPs and KV-cache bytes: exact counts and the seeds' shortcuts
-- `calc_steps`   prefill / decode / naive steps on the roofline, and the largest batch that fits
-- `calc_seeds`   the seeds' worked numbers (Llama 3 405B) next to ours
-- `calc`         the facade: `analyze()`, `summarize()`; `calc_cli` and `calc_plots` present it
+What to expect before timing anything is the calculator's job (`stagewise.calc`); the command line is
+`stagewise/cli/bench.py`.
 """

@@ -15,8 +15,8 @@ huge L3 a small buffer would be served from cache and flatter the machine);
 
 import torch
 
-from stagewise.bench.hardware import last_level_cache_bytes, median_seconds
 from stagewise.bench.timing import synchronize
+from stagewise.calc.hardware import last_level_cache_bytes, median_seconds
 from stagewise.trace import Tracer
 
 PROJECTIONS = ("qkv_proj", "o_proj", "ffn", "lm_head")  # the stages that stream the weights

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from stagewise.bench.calc_counts import kv_bytes, weight_bytes
-from stagewise.bench.calc_steps import Step
-from stagewise.bench.hardware import HARDWARE, Hardware
+from stagewise.calc.counts import kv_bytes, weight_bytes
+from stagewise.calc.hardware import HARDWARE, Hardware
+from stagewise.calc.steps import Step
 from stagewise.config import ModelConfig
 from stagewise.files import atomic_path
 

@@ -1,7 +1,7 @@
 """The seeds' arithmetic for any model and any hardware: the `stagewise calc` calculator.
 
-    from stagewise.bench.calc import summarize
-    from stagewise.bench.hardware import HARDWARE
+    from stagewise.calc.roofline import summarize
+    from stagewise.calc.hardware import HARDWARE
     from stagewise.config import PRESETS
     summarize(PRESETS["llama-3-8b"], HARDWARE["h100"], context=8192, batch=16, dtype="bf16")
 
@@ -14,9 +14,9 @@ output token) and the largest batch whose KV cache still fits.
 
 The pieces, each a short module that reads top to bottom:
 
-- `calc_counts`  parameters, FLOPs and KV bytes; exact counts and the seeds' shortcuts
-- `calc_steps`   one prefill / decode / naive step on the roofline; memory capacity
-- `calc_seeds`   the seeds' worked numbers next to ours (`seeds_worked_examples()`)
+- `counts`  parameters, FLOPs and KV bytes; exact counts and the seeds' shortcuts
+- `steps`   one prefill / decode / naive step on the roofline; memory capacity
+- `seeds`   the seeds' worked numbers next to ours (`seeds_worked_examples()`)
 
 Every number is a `Quantity` (value, unit, formula), so `summarize()` is a
 JSON-ready dict and `stagewise calc --explain` can show each formula.
@@ -25,7 +25,7 @@ JSON-ready dict and `stagewise calc --explain` can show each formula.
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from stagewise.bench.calc_counts import (
+from stagewise.calc.counts import (
     Quantity,
     attention_flops,
     kv_bytes,
@@ -39,9 +39,9 @@ from stagewise.bench.calc_counts import (
     seeds_params_flops,
     weight_bytes,
 )
-from stagewise.bench.calc_seeds import Row, SeedsAssumptions, seeds_worked_examples
-from stagewise.bench.calc_steps import Capacity, Step, capacity, decode_step, naive_step, prefill_step
-from stagewise.bench.hardware import DTYPE_BYTES, HARDWARE, Hardware, canonical_dtype, probe_this_machine
+from stagewise.calc.hardware import DTYPE_BYTES, HARDWARE, Hardware, canonical_dtype, probe_this_machine
+from stagewise.calc.seeds import Row, SeedsAssumptions, seeds_worked_examples
+from stagewise.calc.steps import Capacity, Step, capacity, decode_step, naive_step, prefill_step
 from stagewise.config import PRESETS, ModelConfig, config_from_hf_dict
 from stagewise.errors import StagewiseError
 from stagewise.models.files import read_json_object

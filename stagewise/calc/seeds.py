@@ -18,7 +18,7 @@ the exact count is then 1.37 h.
 
 from dataclasses import dataclass
 
-from stagewise.bench.calc_counts import (
+from stagewise.calc.counts import (
     attention_flops,
     kv_bytes,
     kv_bytes_per_token,
@@ -30,8 +30,8 @@ from stagewise.bench.calc_counts import (
     seeds_params_flops,
     weight_bytes,
 )
-from stagewise.bench.calc_steps import decode_step, naive_step, prefill_step
-from stagewise.bench.hardware import HARDWARE
+from stagewise.calc.hardware import HARDWARE
+from stagewise.calc.steps import decode_step, naive_step, prefill_step
 from stagewise.config import PRESETS
 
 

@@ -18,7 +18,7 @@ in cache); neither is the communication of a multi-GPU setup.
 
 from dataclasses import dataclass
 
-from stagewise.bench.calc_counts import (
+from stagewise.calc.counts import (
     Quantity,
     attention_flops,
     kv_bytes_per_token,
@@ -27,7 +27,7 @@ from stagewise.bench.calc_counts import (
     weight_bytes,
     weight_bytes_streamed,
 )
-from stagewise.bench.hardware import Hardware
+from stagewise.calc.hardware import Hardware
 from stagewise.config import ModelConfig
 
 

@@ -29,9 +29,9 @@ are rough orders of magnitude (measure yours with nccl-tests).
 
 from dataclasses import dataclass
 
-from stagewise.bench.calc_counts import Quantity, kv_bytes_per_token, num, weight_bytes
-from stagewise.bench.calc_steps import Capacity, Step, capacity, decode_step, prefill_step
-from stagewise.bench.hardware import Hardware
+from stagewise.calc.counts import Quantity, kv_bytes_per_token, num, weight_bytes
+from stagewise.calc.hardware import Hardware
+from stagewise.calc.steps import Capacity, Step, capacity, decode_step, prefill_step
 from stagewise.config import ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.parallel.shard import check_tp_size, local_config, shard_plan

@@ -341,8 +341,8 @@ def soak(
 
 
 def main() -> None:
-    """Run `bench` on its own (python -m stagewise.bench.bench_cli ...), with the CLI's one-line errors."""
-    from stagewise.command import run_command
+    """Run `bench` on its own (python -m stagewise.cli.bench ...), with the CLI's one-line errors."""
+    from stagewise.cli.command import run_command
 
     run_command(bench_app)
 

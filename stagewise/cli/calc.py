@@ -6,8 +6,8 @@
     stagewise calc --model smollm2-135m --hardware probe --dtype fp32 --plot plots/
     stagewise calc --tp 8 --hardware h200 --interconnect nvlink4   # 405B split over 8 GPUs: per device
 
-The command only formats: every number comes from `stagewise.bench.calc`.
-Run this module directly (`python -m stagewise.bench.calc_cli`) for the same
+The command only formats: every number comes from `stagewise.calc.roofline`.
+Run this module directly (`python -m stagewise.cli.calc`) for the same
 command on its own.
 """
 
@@ -18,49 +18,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stagewise.bench.calc import Analysis, Quantity, analyze, load_hardware, load_model_config, seeds_table
-from stagewise.bench.calc_seeds import seeds_worked_examples
+from stagewise.calc.roofline import Analysis, Quantity, analyze, load_hardware, load_model_config, seeds_table
+from stagewise.calc.seeds import seeds_worked_examples
+from stagewise.calc.units import human, seconds, si
 from stagewise.errors import StagewiseError
 from stagewise.files import check_writable, check_writable_folder, write_text_atomic
-
-_PREFIXES = [(1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
-
-
-def si(value: float, unit: str) -> str:
-    """1.216e17, 'FLOP' -> '121.6 PFLOP' (decimal prefixes, as the seeds use)."""
-    for scale, prefix in _PREFIXES:
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {prefix}{unit}"
-    return f"{value:.4g} {unit}"
-
-
-def seconds(value: float) -> str:
-    if value >= 3600:
-        return f"{value / 3600:.3g} h"
-    if value >= 60:
-        return f"{value / 60:.3g} min"
-    for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if value >= scale:
-            return f"{value / scale:.3g} {name}"
-    return f"{value * 1e9:.3g} ns"
-
-
-def human(q: Quantity) -> str:
-    """A Quantity for a table cell."""
-    if q.unit == "s":
-        return seconds(q.value)
-    if q.unit == "B":
-        if q.value < 1000:
-            return f"{int(q.value)} B"
-        exact = f"{int(q.value):,} B = " if q.value < 1e8 else ""
-        return exact + si(q.value, "B")
-    if q.unit == "params":
-        return f"{int(q.value):,} ({si(q.value, '').strip()})"
-    if q.unit in ("FLOP", "FLOP/s"):
-        return si(q.value, q.unit)
-    if q.unit in ("sequences",):
-        return f"{int(q.value):,} {q.unit}"
-    return f"{q.value:,.4g} {q.unit}"
 
 
 def _quantity_table(title: str, rows: list[tuple[str, Quantity]], explain: bool) -> Table:
@@ -144,7 +106,7 @@ def _print_analysis(console: Console, a: Analysis, explain: bool) -> None:
 
 
 def _print_tp(console: Console, t, hw, context: int, explain: bool) -> None:
-    """The per-device view of `calc --tp N` (`bench/calc_tp.py`)."""
+    """The per-device view of `calc --tp N` (`calc/tensor_parallel.py`)."""
     cap = t.capacity
     fits = "" if cap.free_for_kv.value > 0 else " (the shards alone do not fit: more devices or fp8)"
     loc = t.local
@@ -211,7 +173,7 @@ def calc(
         check_writable_folder(folder, "--plot")
     if json_out is not None:
         check_writable(json_out, "--json-out")
-    from stagewise.bench.calc_tp import analyze_tp, get_interconnect
+    from stagewise.calc.tensor_parallel import analyze_tp, get_interconnect
 
     if tp < 1:
         raise StagewiseError(f"--tp must be >= 1, got {tp}")
@@ -231,7 +193,7 @@ def calc(
     if seeds:
         _print_seeds(console, explain)
     if plot is not None:
-        from stagewise.bench.calc_plots import plot_kv_memory, plot_roofline, points_from_steps
+        from stagewise.calc.plots import plot_kv_memory, plot_roofline, points_from_steps
 
         out = Path(plot)
         suffix = f" N={context:,} B={batch}"
@@ -255,8 +217,8 @@ def calc(
 
 
 def main() -> None:
-    """`python -m stagewise.bench.calc_cli ...`: the calc command alone, with the CLI's exit-2 errors."""
-    from stagewise.command import run_command
+    """`python -m stagewise.cli.calc ...`: the calc command alone, with the CLI's exit-2 errors."""
+    from stagewise.cli.command import run_command
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(calc)

@@ -1,8 +1,7 @@
 """How every command ends: a result, or one line on stderr and a known exit status.
 
-Every command-line entry point (`stagewise`, `trace`, `python -m
-stagewise.bench.bench_cli`, `python -m stagewise.bench.calc_cli`) runs its
-Typer app through `run_command`, so they all behave alike:
+Every command-line entry point (`stagewise`, `trace`, `python -m stagewise.cli.bench`,
+`python -m stagewise.cli.calc`) runs its Typer app through `run_command`, so they all behave alike:
 
     exit 0    done
     exit 2    bad input: a `StagewiseError` or a bad option, one line (`error: ...`)
@@ -10,8 +9,8 @@ Typer app through `run_command`, so they all behave alike:
     exit 1    an unexpected exception: one line naming it, and the advice to rerun
               with --debug, which shows the traceback
 
-It sits at the ground of the package (it imports only `errors`), so the
-benchmark and calculator commands use it without importing the CLI module.
+It imports only `errors`, so `cli/bench.py` and `cli/calc.py` run on their own (`python -m`) through it
+without loading the `stagewise` command's module.
 """
 
 import os

@@ -3,7 +3,7 @@
 Bad input never ends in a traceback: a `StagewiseError` (or a bad option)
 prints one line on stderr and exits with status 2; Ctrl-C exits with 130; an
 unexpected exception prints one line and exits with 1 (`--debug` shows its
-traceback). `stagewise.command.run_command` does this for every entry point.
+traceback). `stagewise.cli.command.run_command` does this for every entry point.
 """
 
 import sys
@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stagewise.command import run_command
+from stagewise.cli.command import run_command
 from stagewise.errors import StagewiseError
 
 app = typer.Typer(
@@ -136,12 +136,12 @@ def stages():
 
 
 def _register_commands() -> None:
-    """Commands that live next to their subject (trace/, bench/), imported only when the CLI runs."""
+    """The commands of the modules beside this one (trace, calc, bench), imported only when the CLI runs."""
     if any(c.name == "trace" for c in app.registered_commands):
         return  # registered already (main() called twice in one process, as the tests do)
-    from stagewise.bench.bench_cli import bench_app
-    from stagewise.bench.calc_cli import calc
-    from stagewise.trace.cli import trace
+    from stagewise.cli.bench import bench_app
+    from stagewise.cli.calc import calc
+    from stagewise.cli.trace import trace
 
     app.command(name="trace")(trace)
     app.command(name="calc")(calc)
@@ -158,17 +158,8 @@ def trace_main() -> None:
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
     def register() -> None:
-        from stagewise.trace.cli import trace
+        from stagewise.cli.trace import trace
 
         single.command()(trace)
 
     run_command(single, prepare=register)
-
-
-def run(typer_app: typer.Typer) -> None:
-    """Run a Typer app with the one-line errors and exit statuses of `stagewise.command`."""
-    run_command(typer_app)
-
-
-if __name__ == "__main__":
-    main()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from stagewise.bench import compile_specs
+from stagewise.devtools import compile_specs
 from stagewise.kernels.targets import SM75_FP16, gpu_target
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -142,7 +142,7 @@ def run_jobs(jobs: list[dict], workers: int = 2, on_result=None) -> dict[int, di
     def work(chunk):
         errors = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker cannot block on it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stagewise.bench.compile_worker"],
+            [sys.executable, "-m", "stagewise.devtools.compile_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errors,

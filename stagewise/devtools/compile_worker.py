@@ -1,6 +1,6 @@
 """The compile gate's child process: compile kernel launches for a GPU target, with no GPU present.
 
-Run as `python -m stagewise.bench.compile_worker` with `STAGEWISE_TRITON=compile`
+Run as `python -m stagewise.devtools.compile_worker` with `STAGEWISE_TRITON=compile`
 and `TRITON_INTERPRET` unset (`compile_gate.worker_env` builds that environment).
 It reads JSON lines from stdin, one job each, and writes one JSON line of
 results per job to stdout:

@@ -1,7 +1,7 @@
 """The one-command device check: everything worth knowing about the Triton path on a GPU, in minutes.
 
-    python -m stagewise.bench.device_check --out DIR            # on a CUDA machine
-    python -m stagewise.bench.device_check --out DIR --dry-run  # on a CPU: every section, tiny shapes
+    python -m stagewise.devtools.device_check --out DIR            # on a CUDA machine
+    python -m stagewise.devtools.device_check --out DIR --dry-run  # on a CPU: every section, tiny shapes
 
 Sections, each a subprocess with its own time limit (a hang or crash in one
 is recorded and the others still run):
@@ -74,7 +74,7 @@ def section_kernels(dry_run: bool, ctx: dict) -> dict:
 def section_e2e(dry_run: bool, ctx: dict) -> dict:
     import torch
 
-    from stagewise.bench.e2e_device import count_syncs, decode_speed, engine_config, greedy_agreement, step_profile
+    from stagewise.devtools.e2e_device import count_syncs, decode_speed, engine_config, greedy_agreement, step_profile
     from stagewise.engine.llm import LLM
     from stagewise.models.registry import load_model
 
@@ -230,7 +230,7 @@ def run_section(name: str, dry_run: bool, ctx_path: Path, result_path: Path) -> 
 
 def orchestrate(out: Path, dry_run: bool, budget_s: float, sections: list[str], limits: dict | None = None) -> dict:
     """Parent: every section in a child process with a time limit; merge, write JSON + markdown + log."""
-    from stagewise.bench.device_report import render_markdown
+    from stagewise.devtools.device_report import render_markdown
     from stagewise.files import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
@@ -247,7 +247,7 @@ def orchestrate(out: Path, dry_run: bool, budget_s: float, sections: list[str], 
             ctx["remaining_s"] = limit
             ctx_path, res_path = Path(tmp) / "ctx.json", Path(tmp) / f"{name}.json"
             ctx_path.write_text(json.dumps(ctx))
-            cmd = [sys.executable, "-m", "stagewise.bench.device_check", "--section", name,
+            cmd = [sys.executable, "-m", "stagewise.devtools.device_check", "--section", name,
                    "--ctx", str(ctx_path), "--result", str(res_path)] + (["--dry-run"] if dry_run else [])  # fmt: skip
             t0 = time.perf_counter()
             print(f"== {name} (limit {limit:.0f} s)", flush=True)

@@ -1,6 +1,6 @@
 """Checks for the exercises of notebooks 08-13: the cache, the scheduler, the roofline, the kernels' maths, TP.
 
-References: the calculator (`stagewise.bench.calc*`, `calc_tp`), the block
+References: the calculator (`stagewise.calc`: `roofline`, `tensor_parallel`), the block
 manager, the kv_store and paged-attention stages, the tensor-parallel shard
 plan, and the engine itself, run on the `tiny` model (random weights, 2
 layers: a whole generate call takes milliseconds).
@@ -10,14 +10,14 @@ import functools
 
 import torch
 
-from stagewise.bench.calc import analyze
-from stagewise.bench.calc_counts import Quantity, kv_bytes, kv_bytes_per_token, weight_bytes_streamed
-from stagewise.bench.calc_steps import roofline
-from stagewise.bench.calc_tp import INTERCONNECTS, analyze_tp
-from stagewise.bench.hardware import HARDWARE
+from stagewise.calc.counts import Quantity, kv_bytes, kv_bytes_per_token, weight_bytes_streamed
+from stagewise.calc.hardware import HARDWARE
+from stagewise.calc.roofline import analyze
+from stagewise.calc.steps import roofline
+from stagewise.calc.tensor_parallel import INTERCONNECTS, analyze_tp
 from stagewise.config import PRESETS, EngineConfig
-from stagewise.kv.block_manager import BlockManager
 from stagewise.exercises.core import call, close, equal, near
+from stagewise.kv.block_manager import BlockManager
 from stagewise.parallel.shard import valid_tp_sizes
 from stagewise.stages import STAGES
 from stagewise.stages.paged_attention import gather_kv
@@ -159,7 +159,7 @@ def check_roofline_time(fn) -> str:
                 got = call(fn, flops, step.bytes.value, hw.peak_flops("bf16"), hw.memory_bandwidth)
                 near(got, want, f"{name} on {hw.name}", rel=1e-9)
                 cases += 1
-    return f"{cases} steps (compute- and memory-bound) agree with calc_steps.roofline"
+    return f"{cases} steps (compute- and memory-bound) agree with calc.steps.roofline"
 
 
 def check_decode_intensity(fn) -> str:
@@ -229,7 +229,7 @@ def check_decode_allreduces(fn) -> str:
                 want = (t.decode_message.value, t.all_reduces_per_step.value)
                 equal(got, want, f"{name}, B = {batch}, {dtype_bytes} B per number, N = {n}")
                 cases += 1
-    return f"{cases} cases agree with calc_tp.analyze_tp (message bytes and all-reduces per decode step)"
+    return f"{cases} cases agree with calc.tensor_parallel.analyze_tp (message bytes and all-reduces per decode step)"
 
 
 def check_valid_tp_sizes(fn) -> str:

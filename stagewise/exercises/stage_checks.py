@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from stagewise.bench.calc_counts import kv_bytes_per_token
+from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
 from stagewise.exercises.core import Mismatch, call, close, equal
 from stagewise.models.bpe_train import TINY_CORPUS, train_bpe

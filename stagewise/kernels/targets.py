@@ -11,7 +11,7 @@ thread; a bigger tile spills the rest to (slow) local memory.
 (no shared memory, no warps: the plan only keeps the interpreter fast), or a
 CUDA GPU by compute capability (80 = A100, 89 = RTX 4090 / L4, 90 = H100 / H200,
 75 = T4). Launchers pass it to their `*_plan` functions, and the compile gate
-(`stagewise.bench.compile_gate`) passes each GPU target in turn, with no GPU
+(`stagewise.devtools.compile_gate`) passes each GPU target in turn, with no GPU
 present, to compile exactly what a launcher would launch there.
 
 Pre-Ampere (compute capability < 8.0): Triton supports 8.0+ officially, and

@@ -6,7 +6,7 @@
 
 `Tracer` records (tracer.py); `to_json` / `to_chrome` export (export.py);
 `render_tree`, `render_table`, `render_markdown` draw (render_*.py); the
-`trace` command is cli.py. The names are loaded on first use: the engine
+`trace` command is `stagewise/cli/trace.py`. The names are loaded on first use: the engine
 imports `stagewise.trace.hooks` while the stages are still importing, so this
 package must not import the tracer (which imports the stages) eagerly.
 """
