@@ -51,11 +51,12 @@ import numpy as np
 
 import stagewise
 from stagewise.bench.timing import compare
-from stagewise.models.bpe_train import TINY_CORPUS, train_bpe
+from stagewise.models.chat_template import apply_chat_template
 from stagewise.models.files import smollm2_gguf_path
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf_dir
 from stagewise.stages import STAGES
 from stagewise.stages.tokenize import bpe_merge, bytes_to_unicode, pre_tokenize, split_special_tokens
+from stagewise.tokenizer.train import TINY_CORPUS, train_bpe
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 REPEATS = 3 if QUICK else 10
@@ -63,7 +64,7 @@ REPEATS = 3 if QUICK else 10
 # %% [markdown]
 # ## Training a BPE: where the merges come from
 #
-# A BPE vocabulary is *learned*. Training (`stagewise/models/bpe_train.py`,
+# A BPE vocabulary is *learned*. Training (`stagewise/tokenizer/train.py`,
 # the textbook algorithm) cuts a corpus into pieces with the same regex the
 # encoder will use, spells every piece in bytes, and then repeats one step:
 # count every adjacent pair of symbols over the whole corpus, and fuse the
@@ -104,11 +105,11 @@ for num_merges in (0, 10, 50, 200):
 #
 # The SmolLM2 GGUF file carries the tokenizer next to the weights: the
 # vocabulary (token strings), the merges in the order they were learned, the
-# special tokens and the chat template. `Tokenizer.from_gguf` reads only that
-# metadata (no weights).
+# special tokens and the chat template. `tokenizer_from_gguf` reads only that
+# metadata (no weights) into a `stagewise.tokenizer.Tokenizer`.
 
 # %%
-tok = Tokenizer.from_gguf(smollm2_gguf_path())
+tok = tokenizer_from_gguf(smollm2_gguf_path())
 print(tok)
 print("first merges learned:", tok.merges[:5])
 print("special tokens:", list(tok.special_tokens.items())[:4], "...")
@@ -127,7 +128,7 @@ print("special tokens:", list(tok.special_tokens.items())[:4], "...")
 # recognise the turn boundaries it was trained on.
 
 # %%
-prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+prompt = apply_chat_template(tok, [{"role": "user", "content": "What is the capital of France?"}])
 print(prompt)
 for chunk, is_special in split_special_tokens(prompt, tok.special_tokens):
     print(f"{'SPECIAL' if is_special else 'text   '} {chunk!r}")
@@ -314,7 +315,7 @@ for label, text in [("chat prompt", prompt), ("docstring corpus", corpus)]:
 # small part of SmolLM2's training data, often less than one character per
 # token: a token can end in the middle of a character's 3 UTF-8 bytes. (That
 # is also why streaming detokenization must hold back incomplete UTF-8 bytes,
-# see `IncrementalDecoder`.)
+# see `IncrementalDecoder` in `stagewise/tokenizer/decode.py`.)
 
 # %%
 fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -392,7 +393,7 @@ if spm is not None:
     )
     with tempfile.TemporaryDirectory() as folder:
         (pathlib.Path(folder) / "tokenizer.model").write_bytes(model.getvalue())
-        sp_tok = Tokenizer.from_hf_dir(folder)  # stagewise reads the model proto itself
+        sp_tok = tokenizer_from_hf_dir(folder)  # stagewise reads the model proto itself
     print(sp_tok)
     text = "The baker's daughter ate a Žemlička"  # Ž and č never occur in the training corpus
     sp_ids = STAGES["tokenize"].naive(text=text, tokenizer=sp_tok).tolist()

@@ -14,7 +14,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from stagewise.config import PRESETS
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.tokenizer_files import tokenizer_to_hf_dir
+from stagewise.tokenizer import Tokenizer
 
 CFG = PRESETS["tiny"]
 
@@ -65,7 +66,7 @@ def round_embedding_to_q8_0(model: LlamaForCausalLM) -> LlamaForCausalLM:
 
 def write_hf_dir(path: Path, model: LlamaForCausalLM) -> Path:
     model.save_pretrained(path, safe_serialization=True)
-    Tokenizer.tiny().save_hf_dir(path)
+    tokenizer_to_hf_dir(Tokenizer.tiny(), path)
     return path
 
 

@@ -86,8 +86,8 @@ def test_bad_generation_config_eos_is_one_line(hf_dir, tmp_path, eos, message):
 
 
 def test_saved_tokenizer_keeps_its_end_of_sequence_ids(hf_dir, free_run, tmp_path):
-    from stagewise.models.tokenizer import Tokenizer
+    from stagewise.models.tokenizer_files import tokenizer_from_hf_dir, tokenizer_to_hf_dir
 
     _, target = free_run
     tok = load_model(with_generation_config(hf_dir, tmp_path / "m", [2, target])).tokenizer
-    assert Tokenizer.from_hf_dir(tok.save_hf_dir(tmp_path / "saved")).stop_ids == {2, target}
+    assert tokenizer_from_hf_dir(tokenizer_to_hf_dir(tok, tmp_path / "saved")).stop_ids == {2, target}

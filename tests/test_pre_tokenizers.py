@@ -6,9 +6,10 @@ import gguf
 import pytest
 
 from stagewise.errors import StagewiseError
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.tokenizer_files import tokenizer_from_gguf
 from stagewise.stages.pre_tokenizers import PRE_TOKENIZER_ALIASES, PRE_TOKENIZERS, known_names
 from stagewise.stages.tokenize import pre_tokenize
+from stagewise.tokenizer import Tokenizer
 from tests.checkpoints import CFG, hf_tiny_model, write_gguf, write_tiny_bpe_tokenizer
 
 TEXTS = [
@@ -71,16 +72,16 @@ def gguf_with_pre(path, pre: str | None):
 @pytest.mark.parametrize("pre,expected", [("gpt-2", "gpt2"), ("llama-bpe", "llama-bpe"), (None, "default")])
 def test_gguf_names(tmp_path, pre, expected):
     """llama.cpp's spelling loads; a GGUF without the key gets llama.cpp's fallback, "default"."""
-    tokenizer = Tokenizer.from_gguf(gguf_with_pre(tmp_path / "t.gguf", pre))
+    tokenizer = tokenizer_from_gguf(gguf_with_pre(tmp_path / "t.gguf", pre))
     assert tokenizer.pre == expected
     assert tokenizer.ignore_merges == (pre == "llama-bpe")
 
 
 def test_gguf_unknown_name(tmp_path):
     with pytest.raises(StagewiseError, match="unknown pre-tokenizer 'mystery-bpe'; known: "):
-        Tokenizer.from_gguf(gguf_with_pre(tmp_path / "t.gguf", "mystery-bpe"))
+        tokenizer_from_gguf(gguf_with_pre(tmp_path / "t.gguf", "mystery-bpe"))
 
 
 def test_tiny_gguf_writer_still_writes_smollm(tmp_path):
     path = write_gguf(tmp_path / "t.gguf", hf_tiny_model(seed=2), write_tokenizer=write_tiny_bpe_tokenizer)
-    assert Tokenizer.from_gguf(path).pre == "smollm" and CFG.vocab_size == 512
+    assert tokenizer_from_gguf(path).pre == "smollm" and CFG.vocab_size == 512

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 
 from stagewise.config import PRESETS
 from stagewise.errors import StagewiseError
-from stagewise.models.bpe_train import TINY_CORPUS, train_bpe
-from stagewise.models.chat_template import CHATML_TEMPLATE
+from stagewise.models.chat_template import CHATML_TEMPLATE, apply_chat_template
 from stagewise.models.files import smollm2_gguf_path
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf_dir, tokenizer_to_hf_dir
 from stagewise.stages import tokenize as stage
+from stagewise.tokenizer import Tokenizer
+from stagewise.tokenizer.train import TINY_CORPUS, train_bpe
 
 CORPUS = [
     "Hello world",
@@ -126,6 +127,19 @@ def test_worked_example_train_and_encode():
     assert tokenizer.encode("aaabdaaabac", backend="fast") == expected
 
 
+def test_worked_example_of_the_stage_registry():
+    """The registry's own vocabulary, by hand: bytes are ids 0..255, merge r is id 256 + r.
+
+    "The" -> T h e -> (h,e) -> T he; " cat" -> Ġ c a t -> (a,t) rank 3 before (Ġ,c) rank 4 ->
+    Ġc at -> Ġcat (261); " saw" has no merge; " the" -> Ġt he -> Ġthe (258); the end token is 262.
+    """
+    vocabulary = stage.example_vocabulary()
+    expected = [ord("T"), 257, 261, ord(" "), ord("s"), ord("a"), ord("w"), 258, 261, ord("."), 262]
+    assert stage.naive(stage.EXAMPLE_TEXT, vocabulary).tolist() == expected
+    assert stage.optimized(stage.EXAMPLE_TEXT, vocabulary).tolist() == expected
+    assert vocabulary.tokens[258] == "Ġthe" and vocabulary.tokens[261] == "Ġcat"
+
+
 def test_worked_example_tiny(tiny):
     """The piece " the" is bytes Ġ t h e; merges (Ġ,t) rank 0, (h,e) 1, (Ġt,he) 3 make it one token."""
     assert tiny.merges[0] == ("Ġ", "t") and tiny.merges[1] == ("h", "e") and tiny.merges[3] == ("Ġt", "he")
@@ -194,9 +208,9 @@ def test_decode_skip_special_tokens(tiny):
 def test_chat_template_tiny(tiny):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     chat = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    assert tiny.apply_chat_template(messages) == chat + "<|im_start|>assistant\n"
-    assert tiny.apply_chat_template(messages, add_generation_prompt=False) == chat
-    default_system = tiny.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert apply_chat_template(tiny, messages) == chat + "<|im_start|>assistant\n"
+    assert apply_chat_template(tiny, messages, add_generation_prompt=False) == chat
+    default_system = apply_chat_template(tiny, [{"role": "user", "content": "Hi"}])
     assert default_system.startswith("<|im_start|>system\nYou are a helpful AI assistant")
 
 
@@ -212,8 +226,8 @@ def test_stage_registry_entry():
 
 
 def test_hf_dir_round_trip(tiny, tmp_path):
-    tiny.save_hf_dir(tmp_path)
-    loaded = Tokenizer.from_hf_dir(tmp_path)
+    tokenizer_to_hf_dir(tiny, tmp_path)
+    loaded = tokenizer_from_hf_dir(tmp_path)
     fields = (
         "tokens",
         "merges",
@@ -233,11 +247,11 @@ def test_hf_dir_round_trip(tiny, tmp_path):
 
 @pytest.mark.oracle
 def test_hf_dir_merges_as_strings_and_transformers_loads_it(tiny, tmp_path):
-    tiny.save_hf_dir(tmp_path)
+    tokenizer_to_hf_dir(tiny, tmp_path)
     spec = json.loads((tmp_path / "tokenizer.json").read_text())
     spec["model"]["merges"] = [" ".join(pair) for pair in spec["model"]["merges"]]  # the older format
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
-    assert Tokenizer.from_hf_dir(tmp_path).merges == tiny.merges
+    assert tokenizer_from_hf_dir(tmp_path).merges == tiny.merges
 
     from transformers import PreTrainedTokenizerFast
 
@@ -260,7 +274,7 @@ def test_llama3_style_pre_tokenizer_bos_and_ignore_merges(tiny, tmp_path):
     )
     pieces = stage.pre_tokenize("I'LL pay 12345!\n\n", "llama-bpe")
     assert pieces == ["I", "'LL", " pay", " ", "123", "45", "!\n\n"]  # (?i:'ll), digits in threes
-    loaded = Tokenizer.from_hf_dir(llama_like.save_hf_dir(tmp_path))
+    loaded = tokenizer_from_hf_dir(tokenizer_to_hf_dir(llama_like, tmp_path))
     assert (loaded.pre, loaded.add_bos, loaded.bos_id, loaded.ignore_merges) == ("llama-bpe", True, 0, True)
     for text in [*CORPUS, TINY_CORPUS]:
         ids = llama_like.encode(text)
@@ -280,17 +294,17 @@ def test_error_non_bpe_tokenizer_json(tmp_path):
     word_level = RustTokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     word_level.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(StagewiseError, match="byte-level BPE"):
-        Tokenizer.from_hf_dir(tmp_path)
+        tokenizer_from_hf_dir(tmp_path)
 
 
 def test_error_missing_files(tmp_path):
     with pytest.raises(StagewiseError, match="no tokenizer.json"):
-        Tokenizer.from_hf_dir(tmp_path)
+        tokenizer_from_hf_dir(tmp_path)
     with pytest.raises(StagewiseError, match="not found"):
-        Tokenizer.from_gguf(tmp_path / "missing.gguf")
+        tokenizer_from_gguf(tmp_path / "missing.gguf")
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(StagewiseError, match="not a valid GGUF"):
-        Tokenizer.from_gguf(tmp_path / "bad.gguf")
+        tokenizer_from_gguf(tmp_path / "bad.gguf")
 
 
 def test_error_bad_arguments(tiny):
@@ -302,7 +316,7 @@ def test_error_bad_arguments(tiny):
         tiny.decode([512])
     no_template = Tokenizer(tokens=tiny.tokens, merges=tiny.merges, special_tokens={}, bos_id=1, eos_id=2)
     with pytest.raises(StagewiseError, match="no chat template"):
-        no_template.apply_chat_template([{"role": "user", "content": "hi"}])
+        apply_chat_template(no_template, [{"role": "user", "content": "hi"}])
 
 
 # ---- the real model: SmolLM2-135M-Instruct's GGUF vs transformers -------------------------------
@@ -319,7 +333,7 @@ REAL_CORPUS = [
 
 @pytest.fixture(scope="module")
 def smollm2() -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_gguf_path())
+    return tokenizer_from_gguf(smollm2_gguf_path())
 
 
 @pytest.fixture(scope="module")
@@ -411,7 +425,7 @@ def test_chat_template_matches_transformers(smollm2, hf_oracle):
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
     ):
         expected = hf_oracle.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        assert smollm2.apply_chat_template(messages) == expected
+        assert apply_chat_template(smollm2, messages) == expected
 
 
 @pytest.mark.model

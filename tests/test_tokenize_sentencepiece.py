@@ -16,10 +16,12 @@ import pytest
 import torch
 
 from stagewise.errors import StagewiseError
-from stagewise.models.bpe_train import TINY_CORPUS
+from stagewise.models.chat_template import apply_chat_template
 from stagewise.models.registry import load_model
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf_dir, tokenizer_to_hf_dir
 from stagewise.stages import tokenize_sentencepiece as sp_stage
+from stagewise.tokenizer import Tokenizer
+from stagewise.tokenizer.train import TINY_CORPUS
 from tests.checkpoints import hf_tiny_model, round_embedding_to_q8_0, write_gguf
 from tests.helpers import assert_close
 
@@ -80,7 +82,7 @@ def sp(model_dir):
 
 @pytest.fixture(scope="module")
 def tok(model_dir):
-    return Tokenizer.from_hf_dir(model_dir)
+    return tokenizer_from_hf_dir(model_dir)
 
 
 def check_paths_agree(tokenizer: Tokenizer, text: str, expected: list[int]) -> None:
@@ -140,7 +142,7 @@ def test_transformers_converted_tokenizer_agrees(tok, model_dir, tmp_path):
 
     hf = LlamaTokenizerFast.from_pretrained(str(model_dir))
     hf.save_pretrained(str(tmp_path))
-    ours = Tokenizer.from_hf_dir(tmp_path)
+    ours = tokenizer_from_hf_dir(tmp_path)
     assert ours.space_prefix == "metaspace-first"
     for text in TEXTS + [f"<s>Hi{USER_DEFINED} there</s>", f"{USER_DEFINED}x"]:
         expected = hf.encode(text)
@@ -177,7 +179,7 @@ def test_legacy_tokenizer_json_agrees_with_sentencepiece(tok, sp, model_dir, tmp
         "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
     }
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    ours, rust = Tokenizer.from_hf_dir(tmp_path), RustTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ours, rust = tokenizer_from_hf_dir(tmp_path), RustTokenizer.from_file(str(tmp_path / "tokenizer.json"))
     assert ours.space_prefix == "sentencepiece"
     for text in TEXTS:
         expected = rust.encode(text).ids
@@ -282,7 +284,7 @@ def test_gguf_sentencepiece_vocab_and_rope_freqs(tmp_path, model_dir, sp):
 def test_gguf_without_space_prefix(tmp_path, model_dir, sp):
     model = hf_tiny_model(seed=8, vocab_size=VOCAB)
     writer = gguf_tokenizer_writer(model_dir / "tokenizer.model", add_space_prefix=False)
-    tokenizer = Tokenizer.from_gguf(write_gguf(tmp_path / "nospace.gguf", model, write_tokenizer=writer))
+    tokenizer = tokenizer_from_gguf(write_gguf(tmp_path / "nospace.gguf", model, write_tokenizer=writer))
     assert tokenizer.space_prefix == "none"
     ids = tokenizer.encode("Hello world")
     assert tokenizer.tokens[ids[1]][0] != "▁" and ids == tokenizer.encode("Hello world", "fast")
@@ -299,7 +301,7 @@ def test_unknown_tokenizer_model_is_one_line(tmp_path):
 
     path = write_gguf(tmp_path / "rwkv.gguf", hf_tiny_model(seed=1, vocab_size=2), write_tokenizer=write)
     with pytest.raises(StagewiseError, match=r"tokenizer model 'rwkv' is not supported; known: gpt2, llama$"):
-        Tokenizer.from_gguf(path)
+        tokenizer_from_gguf(path)
 
 
 def test_unigram_tokenizer_model_is_refused(tmp_path):
@@ -310,7 +312,7 @@ def test_unigram_tokenizer_model_is_refused(tmp_path):
     )  # fmt: skip
     (tmp_path / "tokenizer.model").write_bytes(out.getvalue())
     with pytest.raises(StagewiseError, match=r"model type 1 is not supported; only BPE \(2\) is$"):
-        Tokenizer.from_hf_dir(tmp_path)
+        tokenizer_from_hf_dir(tmp_path)
     shutil.rmtree(tmp_path)
 
 
@@ -324,7 +326,7 @@ def test_pieces_across_spaces(tmp_path):
     )  # fmt: skip
     (tmp_path / "tokenizer.model").write_bytes(out.getvalue())
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
-    tokenizer = Tokenizer.from_hf_dir(tmp_path)
+    tokenizer = tokenizer_from_hf_dir(tmp_path)
     assert tokenizer.sp_space_inside_pieces
     for text in TEXTS:
         check_paths_agree(tokenizer, text, [tokenizer.bos_id] + sp.encode(text))
@@ -332,7 +334,7 @@ def test_pieces_across_spaces(tmp_path):
 
 def test_save_hf_dir_round_trip(tok, tmp_path):
     """stagewise writes its Rust tokenizer as tokenizer.json; reading it back gives the same ids and text."""
-    again = Tokenizer.from_hf_dir(tok.save_hf_dir(tmp_path))
+    again = tokenizer_from_hf_dir(tokenizer_to_hf_dir(tok, tmp_path))
     assert (again.space_prefix, again.add_bos, again.unk_id) == (tok.space_prefix, tok.add_bos, tok.unk_id)
     for text in TEXTS:
         check_paths_agree(again, text, tok.encode(text))
@@ -396,7 +398,7 @@ def test_chat_templates_match_transformers(tok, template):
         {"role": "assistant", "content": "Paris."},
         {"role": "user", "content": "And of Japan? 東京?"},
     ]
-    text = ours.apply_chat_template(chat, add_generation_prompt=True)
+    text = apply_chat_template(ours, chat, add_generation_prompt=True)
     assert text == hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     expected = hf.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
     for backend in ("naive", "fast"):

@@ -55,6 +55,7 @@ from stagewise.engine.run_stats import RunStats
 from stagewise.engine.static_runner import StaticBatchRunner
 from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
+from stagewise.models.chat_template import apply_chat_template
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel, load_model
@@ -193,8 +194,8 @@ class LLM:
         """Wrap a user message in the model's chat template when `chat` is set."""
         if not chat:
             return prompt
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True
+        return apply_chat_template(
+            self.tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True
         )
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:

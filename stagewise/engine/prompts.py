@@ -24,9 +24,10 @@ tell them apart.
 """
 
 from stagewise.errors import StagewiseError
+from stagewise.models.chat_template import apply_chat_template, chat_segments
 from stagewise.models.ops import StageOps
-from stagewise.models.tokenizer import Tokenizer
-from stagewise.stages.tokenize import split_special_tokens
+from stagewise.stages.pre_tokenizers import split_special_tokens
+from stagewise.tokenizer import Tokenizer
 
 
 def check_text(prompt) -> None:
@@ -48,7 +49,7 @@ def encode_prompt(
     messages = [{"role": "user", "content": prompt}]
     if special_tokens:  # trusted: the whole prompt is parsed, markers and all
         text = (
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True) if chat else prompt
+            apply_chat_template(tokenizer, messages, add_generation_prompt=True) if chat else prompt
         )
         # a rendered chat template writes its own bos (Llama 2/3, Mistral): add none, as transformers
         return text, ops(
@@ -63,13 +64,15 @@ def encode_prompt(
                 f"the prompt contains the control token {typed[0]!r}; pass special_tokens=True to trust it"
             )
         text = (
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True) if chat else prompt
+            apply_chat_template(tokenizer, messages, add_generation_prompt=True) if chat else prompt
         )
         return text, ops(
             "tokenize", text=text, tokenizer=tokenizer, add_special_tokens=not chat
         ).tolist()
     segments = (
-        tokenizer.chat_segments(messages, add_generation_prompt=True) if chat else [(prompt, False)]
+        chat_segments(tokenizer, messages, add_generation_prompt=True)
+        if chat
+        else [(prompt, False)]
     )
     ids = (
         [tokenizer.bos_id] if tokenizer.add_bos and not chat else []

@@ -12,15 +12,16 @@ import torch
 from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
 from stagewise.exercises.core import Mismatch, call, close, equal
-from stagewise.models.bpe_train import TINY_CORPUS, train_bpe
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.sampling_params import SamplingParams
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.ffn import silu_and_mul_naive
 from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
 from stagewise.stages.sampling import SamplingTensors, apply_min_p, apply_top_k, processed_probs
 from stagewise.stages.tokenize import bpe_merge, bytes_to_unicode, piece_to_ids, pre_tokenize
+from stagewise.tokenizer.train import TINY_CORPUS, train_bpe
 
 TINY = PRESETS["tiny"]
 
@@ -32,7 +33,7 @@ def _gen(seed: int = 0) -> torch.Generator:
 @functools.cache
 def tiny_tokenizer():
     """The tiny model's 512-token byte-level BPE vocabulary (trained on TINY_CORPUS, well under a second)."""
-    from stagewise.models.tokenizer import Tokenizer
+    from stagewise.tokenizer import Tokenizer
 
     return Tokenizer.tiny()
 
@@ -109,7 +110,7 @@ def check_first_merge(fn) -> str:
     for corpus in CORPORA:
         want = train_bpe(corpus, 1)[0]
         equal(tuple(call(fn, corpus)), want, f"first merge of {corpus[:30]!r}...")
-    return f"{len(CORPORA)} corpora: the same first merge as models.bpe_train.train_bpe"
+    return f"{len(CORPORA)} corpora: the same first merge as tokenizer.train.train_bpe"
 
 
 # ---------------------------------------------------------------- 02 embedding and RMSNorm
@@ -176,12 +177,12 @@ def check_repeat_kv(fn) -> str:
     T, H, Hkv, d = 9, TINY.num_heads, TINY.num_kv_heads, TINY.head_dim
     q = torch.randn(T, H, d, generator=g)
     k, v = torch.randn(T, Hkv, d, generator=g), torch.randn(T, Hkv, d, generator=g)
-    cu = torch.tensor([0, T], dtype=torch.int32)
+    one_seq = AttentionMetadata.over_batch(torch.tensor([0, T], dtype=torch.int32))
     attention = STAGES["attention"].naive
-    want = attention(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=d**-0.5)
+    want = attention(q=q, k=k, v=v, metadata=one_seq, scale=d**-0.5)
     k_full, v_full = call(fn, k, H), call(fn, v, H)
     close(k_full, k.repeat_interleave(H // Hkv, dim=1), "repeated keys (query head h reads KV head h // group)", 0, 0)
-    got = attention(q=q, k=k_full, v=v_full, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=d**-0.5)
+    got = attention(q=q, k=k_full, v=v_full, metadata=one_seq, scale=d**-0.5)
     close(got, want, "attention over your copies vs GQA by index map", atol=1e-6)
     return "MHA on your copied K/V equals the attention stage's GQA index map"
 
@@ -232,8 +233,8 @@ def check_causal_attention(fn) -> str:
         H, Hkv, d = TINY.num_heads, TINY.num_kv_heads, TINY.head_dim
         q = torch.randn(L, H, d, generator=g)
         k, v = torch.randn(L, Hkv, d, generator=g), torch.randn(L, Hkv, d, generator=g)
-        cu = torch.tensor([0, L], dtype=torch.int32)
-        want = attention(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=d**-0.5)
+        one_seq = AttentionMetadata.over_batch(torch.tensor([0, L], dtype=torch.int32))
+        want = attention(q=q, k=k, v=v, metadata=one_seq, scale=d**-0.5)
         close(call(fn, q, k, v, d**-0.5), want, f"attention of {L} tokens", atol=1e-5)
     return "1, 5 and 19 tokens (GQA 3:1): equal to the attention stage"
 

@@ -5,6 +5,10 @@ layout (SmolLM2 uses ChatML: `<|im_start|>role\\ncontent<|im_end|>\\n`). The
 model ships that layout as a jinja2 template; rendering it the way Hugging
 Face transformers does (sandboxed, `trim_blocks`, `lstrip_blocks`) gives the
 exact prompt the model was trained on.
+
+`apply_chat_template` renders a tokenizer's template for a chat; `chat_segments`
+cuts the rendered prompt into the template's own text (which may hold control
+tokens) and the messages' content (which is read as plain text).
 """
 
 import functools
@@ -15,16 +19,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from stagewise.errors import StagewiseError
+from stagewise.tokenizer.vocabulary import CHATML_TEMPLATE, Tokenizer
 
-# SmolLM2-Instruct's ChatML template, as its GGUF stores it (`tokenizer.chat_template`).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
-    "trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+__all__ = ["CHATML_TEMPLATE", "apply_chat_template", "chat_segments", "render_chat_template"]
 
 
 def render_chat_template(
@@ -54,3 +51,60 @@ def _compile(source: str):
     )
     env.globals["raise_exception"] = raise_exception
     return env.from_string(source)
+
+
+def apply_chat_template(
+    tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True
+) -> str:
+    """Render a chat ([{"role": ..., "content": ...}]) into one prompt string with the model's
+    template, as transformers' `apply_chat_template(..., tokenize=False)` does."""
+    if not tokenizer.chat_template:
+        raise StagewiseError("this model has no chat template; pass a plain prompt instead")
+    named = (("bos", tokenizer.bos_id), ("eos", tokenizer.eos_id), ("pad", tokenizer.pad_id))
+    special = {
+        f"{name}_token": tokenizer.tokens[token_id]
+        for name, token_id in named
+        if token_id is not None
+    }
+    return render_chat_template(tokenizer.chat_template, messages, add_generation_prompt, special)
+
+
+def chat_segments(
+    tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True
+) -> list[tuple[str, bool]]:
+    """The rendered chat as (text, is_template) pieces: the template's own text, and each
+    message's content.
+
+    Only the template's pieces may hold control tokens (`<|im_start|>`, Llama 3's headers);
+    content is tokenized as plain text, so a user cannot forge a system turn by typing
+    the markers. The template is rendered with a placeholder in place of each content
+    and cut there; a template that trims content (Llama 3's `| trim`) is followed.
+    A template whose markers are plain text (Llama 2's `[INST]`) cannot be protected
+    this way: the model sees the same tokens either way.
+    """
+    # private-use code points: no template edits them
+    holders = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    held = [{**m, "content": h} for m, h in zip(messages, holders)]
+    rendered = apply_chat_template(tokenizer, held, add_generation_prompt)
+    real = apply_chat_template(tokenizer, messages, add_generation_prompt)
+    pieces, order, rest = [], [], rendered
+    for _ in messages:
+        cut = min(((rest.find(h), i) for i, h in enumerate(holders) if h in rest), default=None)
+        if cut is None:
+            break
+        at, i = cut
+        pieces.append(rest[:at])
+        order.append(i)
+        rest = rest[at + len(holders[i]) :]
+    pieces.append(rest)
+    for shape in (lambda c: c, str.strip):  # content as given, or trimmed by the template
+        contents = [shape(messages[i]["content"]) for i in order]
+        segments = [(pieces[0], True)]
+        for content, piece in zip(contents, pieces[1:]):
+            segments += [(content, False), (piece, True)]
+        if "".join(text for text, _ in segments) == real:
+            return [(text, is_template) for text, is_template in segments if text]
+    raise StagewiseError(
+        "this chat template rewrites message content, so user text cannot be kept apart from its "
+        "control tokens; pass special_tokens=True to trust the prompt"
+    )

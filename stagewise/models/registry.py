@@ -24,8 +24,13 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.memory import check_fits
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.models.tokenizer_files import (
+    tokenizer_from_gguf,
+    tokenizer_from_gguf_reader,
+    tokenizer_from_hf_dir,
+)
 from stagewise.models.weights import LlamaWeights, empty_weights, random_weights, synthetic_weights
+from stagewise.tokenizer import Tokenizer
 
 RANDOM_PREFIX = "random:"  # "random:<preset>": the preset's shapes, random weights
 
@@ -67,7 +72,7 @@ def _load_files(
         config = config_from_gguf(
             reader, str(path)
         )  # the architecture first: a clear error if not Llama
-        tokenizer = Tokenizer.from_gguf_reader(reader, path.name)
+        tokenizer = tokenizer_from_gguf_reader(reader, path.name)
         tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         config, weights = load_gguf(path, reader, dtype)
@@ -87,7 +92,7 @@ def _load_files(
     path = Path(name).expanduser()
     if path.is_dir():
         config = config_from_hf(path)
-        tokenizer = Tokenizer.from_hf_dir(path)
+        tokenizer = tokenizer_from_hf_dir(path)
         tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         config, weights = load_hf_dir(path, dtype)
@@ -167,7 +172,7 @@ def load_model(
         # tokenizer when it is installed, else the tiny one (ids are valid rows either way).
         try:
             tokenizer, tokenizer_name = (
-                Tokenizer.from_gguf(smollm2_gguf_path()),
+                tokenizer_from_gguf(smollm2_gguf_path()),
                 "SmolLM2's tokenizer",
             )
         except StagewiseError:

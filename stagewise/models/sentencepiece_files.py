@@ -1,8 +1,8 @@
-"""Read a SentencePiece (Llama 1/2, TinyLlama, Mistral) vocabulary from the three places it ships in.
+"""Read a SentencePiece (Llama 1/2, TinyLlama, Mistral) vocabulary from the three files it ships in.
 
 Each reader returns the keyword arguments of `Tokenizer` for `model="llama"`:
 token strings, one score and one type per token (numbered as in
-`stages/tokenize_sentencepiece.py`), the literal tokens, bos/eos/unk, and where
+`stagewise/tokenizer/sentencepiece.py`), the literal tokens, bos/eos/unk, and where
 the "▁" dummy prefix goes.
 
 - GGUF: llama.cpp's `tokenizer.ggml.tokens / scores / token_type`, `add_bos_token`,
@@ -19,25 +19,17 @@ import struct
 from pathlib import Path
 
 from stagewise.errors import StagewiseError
-from stagewise.stages.tokenize_sentencepiece import (
+from stagewise.stages.tokenize_sentencepiece import byte_value
+from stagewise.tokenizer.sentencepiece import (
     BYTE,
     CONTROL,
-    LITERAL_TYPES,
     NORMAL,
     UNKNOWN,
     USER_DEFINED,
-    byte_value,
+    literal_tokens,
 )
 
 SENTENCEPIECE_BPE = 2  # TrainerSpec.model_type: 1 unigram, 2 BPE, 3 word, 4 char
-
-
-def literal_tokens(tokens: list[str], types: list[int]) -> dict[str, int]:
-    return {
-        token: i
-        for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
-        if kind in LITERAL_TYPES
-    }
 
 
 def from_gguf_fields(read, name: str) -> dict:
@@ -150,9 +142,11 @@ def _space_prefix_of(spec: dict, where: str) -> str:
 
 
 # ---- tokenizer.model: protobuf wire format ---------------------------------------------------
-# ModelProto { repeated SentencePiece pieces = 1; TrainerSpec trainer_spec = 2; NormalizerSpec normalizer_spec = 3; }
+# ModelProto { repeated SentencePiece pieces = 1; TrainerSpec trainer_spec = 2;
+#              NormalizerSpec normalizer_spec = 3; }
 # SentencePiece { string piece = 1; float score = 2; Type type = 3; }
-# TrainerSpec { ModelType model_type = 3; int32 unk_id = 40; bos_id = 41; eos_id = 42; pad_id = 43; }
+# TrainerSpec { ModelType model_type = 3; int32 unk_id = 40; bos_id = 41; eos_id = 42;
+#               pad_id = 43; }
 # NormalizerSpec { string name = 1; bool add_dummy_prefix = 3; bool remove_extra_whitespaces = 4; }
 
 
@@ -192,7 +186,7 @@ def _int32(value: int) -> int:
 
 
 def read_model_proto(path: Path) -> dict:
-    """tokenizer.model -> the Tokenizer keyword arguments (BPE models with identity normalization only)."""
+    """tokenizer.model -> the Tokenizer keyword arguments (BPE, identity normalization only)."""
     try:
         top = _fields(path.read_bytes())
         pieces = [dict(_fields(value)) for number, value in top if number == 1]
@@ -204,13 +198,15 @@ def read_model_proto(path: Path) -> dict:
         raise StagewiseError(f"{path} is not a valid SentencePiece model: {exc}") from None
     types = [int(p.get(3, NORMAL)) for p in pieces]
     if trainer.get(3, 1) != SENTENCEPIECE_BPE:
+        kind = trainer.get(3, 1)
         raise StagewiseError(
-            f"{path}: SentencePiece model type {trainer.get(3, 1)} is not supported; only BPE (2) is"
+            f"{path}: SentencePiece model type {kind} is not supported; only BPE (2) is"
         )
     name = normalizer.get(1, b"identity").decode()
     if name != "identity" or normalizer.get(4, 1):
         raise StagewiseError(
-            f"{path}: normalizer '{name}' (or extra-whitespace removal) is not supported; need identity"
+            f"{path}: normalizer '{name}' (or extra-whitespace removal) is not supported; "
+            "need identity"
         )
 
     def token_id(number: int, default: int) -> int | None:

@@ -12,7 +12,14 @@ trailing `|\\s+` alternative some spellings carry changes nothing.
 
 The regexes are the Hugging Face `tokenizer.json` originals where llama.cpp
 rewrote them for its own regex engine (`(?i:'s|...)` instead of `'[sS]|...`).
+
+Before any regex runs, `split_special_tokens` cuts the literal tokens (`<|im_start|>`,
+`<s>`) out of the text: the first split rule of byte-level and SentencePiece BPE alike.
 """
+
+import functools
+
+import regex
 
 from stagewise.errors import StagewiseError
 
@@ -31,7 +38,8 @@ QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# Mistral's "tekken" (Mistral Nemo, Pixtral): words split at lower -> upper case changes, digits alone.
+# Mistral's "tekken" (Mistral Nemo, Pixtral): words split at lower -> upper case changes, digits
+# alone.
 TEKKEN_PATTERN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -48,11 +56,13 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", GPT2_PATTERN, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "qwen2": (QWEN2_PATTERN,),
     "tekken": (TEKKEN_PATTERN,),
-    # DeepSeek Coder (a Llama-architecture model): newlines, letter runs, punctuation runs, CJK, digits.
+    # DeepSeek Coder (a Llama-architecture model): newlines, letter runs, punctuation runs, CJK,
+    # digits.
     "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
 }
 
-# Every other name llama.cpp gives the same rules (llama-vocab.cpp), for Llama-family GGUFs and their kin.
+# Every other name llama.cpp gives the same rules (llama-vocab.cpp), for Llama-family GGUFs and
+# their kin.
 PRE_TOKENIZER_ALIASES: dict[str, str] = {
     **dict.fromkeys(
         ["gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "mellum", "a.x-4.0", "exaone4"],
@@ -67,9 +77,21 @@ PRE_TOKENIZER_ALIASES: dict[str, str] = {
     **dict.fromkeys(["smaug-bpe", "dbrx"], "llama-bpe"),
     **dict.fromkeys(["stablelm2", "deepseek-r1-qwen", "megrez", "kormo"], "qwen2"),
 }
-# Names whose tokenizer lets a piece that is already a token skip the merges (llama.cpp: ignore_merges).
-IGNORE_MERGES = frozenset(["llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                           "tekken"])  # fmt: skip
+# Names whose tokenizer lets a piece that is already a token skip the merges (llama.cpp:
+# ignore_merges).
+IGNORE_MERGES = frozenset(
+    [
+        "llama-bpe",
+        "llama3",
+        "llama-v3",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "tekken",
+    ]
+)
 
 
 def known_names() -> list[str]:
@@ -83,3 +105,29 @@ def canonical_pre_name(name: str) -> str:
     if name in PRE_TOKENIZER_ALIASES:
         return PRE_TOKENIZER_ALIASES[name]
     raise StagewiseError(f"unknown pre-tokenizer '{name}'; known: {', '.join(known_names())}")
+
+
+@functools.cache
+def _special_regex(tokens_longest_first: tuple[str, ...]) -> regex.Pattern:
+    """One alternation of the escaped tokens; listing longer ones first makes the longest win."""
+    return regex.compile("|".join(regex.escape(token) for token in tokens_longest_first))
+
+
+def split_special_tokens(text: str, special_tokens: dict[str, int]) -> list[tuple[str, bool]]:
+    """Cut `text` into (chunk, is_special) around literal special tokens, leftmost-longest first.
+
+    "x<a><a><b>y" with tokens "<a>", "<a><b>" -> ("x", False), ("<a>", True), ("<a><b>", True),
+    ("y", False). Only the chunks that are not special go through the regexes and the merges.
+    """
+    if not special_tokens:
+        return [(text, False)] if text else []
+    pattern = _special_regex(tuple(sorted(special_tokens, key=len, reverse=True)))
+    chunks, start = [], 0
+    for match in pattern.finditer(text):
+        if match.start() > start:
+            chunks.append((text[start : match.start()], False))
+        chunks.append((match.group(), True))
+        start = match.end()
+    if start < len(text):
+        chunks.append((text[start:], False))
+    return chunks

@@ -1,4 +1,4 @@
-"""Tokenize: text -> token ids, with GPT-2 style byte-level BPE (SentencePiece: `tokenize_sentencepiece.py`).
+"""Tokenize: text -> token ids, with GPT-2 style byte-level BPE (SentencePiece: its own file).
 
 Shapes: a Python string -> int64 `[num_tokens]`.
 
@@ -13,8 +13,9 @@ does exactly these steps, in Python):
    words with their leading space, runs of digits or punctuation, runs of
    whitespace). Merges never cross a piece boundary, so " the" is one piece
    and merges into one token no matter what comes next. Each model family
-   has its own regex list (`PRE_TOKENIZERS`, under llama.cpp's names); SmolLM2 ("smollm") first splits
-   every digit on its own (`\\p{N}`), then applies the GPT-2 pattern.
+   has its own regex list (`PRE_TOKENIZERS`, under llama.cpp's names);
+   SmolLM2 ("smollm") first splits every digit on its own (`\\p{N}`), then
+   applies the GPT-2 pattern.
 3. Bytes -> printable unicode. Each piece is encoded to UTF-8 and every byte
    is spelled as one printable character (`bytes_to_unicode`: printable
    Latin-1 bytes stand for themselves, the rest are shifted above U+0100, so
@@ -28,9 +29,14 @@ does exactly these steps, in Python):
    and fuse it everywhere in the piece, until no adjacent pair is a merge.
 5. Look the resulting token strings up in the vocabulary.
 
+The stage reads the vocabulary through `BytePairVocabulary` (tokens, merges,
+pre-tokenizer name, special tokens, bos handling, and the lookups built from
+them); `stagewise.tokenizer.Tokenizer` is one, and `example_inputs` builds a
+smaller one by hand (`ByteLevelVocabulary`: the 256 bytes and six merges).
+
 The optimized path builds a Rust `tokenizers.Tokenizer` from the very same
 vocabulary, merges, pre-tokenizer regexes and special tokens (once, cached on
-the `Tokenizer`), so it must return identical ids. What changes is only the
+the vocabulary), so it must return identical ids. What changes is only the
 speed: compiled regexes and a priority-queue merge loop in Rust, with no
 Python object per character. One caveat: Python's `regex` knows the ~17k
 letters and digits Unicode assigned after version 14.0, the Rust library's
@@ -39,8 +45,9 @@ can be cut into different pieces by the two paths.
 """
 
 import functools
+from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import regex
 import tokenizers
@@ -54,13 +61,31 @@ from stagewise.stages.base import Stage
 from stagewise.stages.pre_tokenizers import (  # the split rules, under llama.cpp's names
     DIGITS_PATTERN,
     GPT2_PATTERN,
-    LLAMA3_PATTERN,  # noqa: F401  (re-exported)
     PRE_TOKENIZERS,
     canonical_pre_name,
+    split_special_tokens,
 )
 
-if TYPE_CHECKING:  # the tokenizer module imports this one; no import cycle at run time
-    from stagewise.models.tokenizer import Tokenizer
+
+class BytePairVocabulary(Protocol):
+    """What this stage reads from a tokenizer; `stagewise.tokenizer.Tokenizer` is one.
+
+    A SentencePiece vocabulary (`model == "llama"`) is handed to `tokenize_sentencepiece`, which
+    reads the fields of its own `SentencePieceVocabulary`.
+    """
+
+    model: str  # "gpt2" (byte-level BPE, this file) or "llama" (SentencePiece)
+    tokens: list[str]  # id -> token in the byte alphabet ("Ġthe"); special tokens as written
+    merges: list[tuple[str, str]]  # BPE merges in rank order
+    special_tokens: dict[str, int]  # tokens matched literally in the text before BPE -> id
+    pre: str  # pre-tokenizer name, a key of PRE_TOKENIZERS (or one of its aliases)
+    bos_id: int | None  # beginning-of-sequence id
+    add_bos: bool  # prepend bos_id when encoding
+    ignore_merges: bool  # Llama 3: a piece that is already a token skips the merges
+    token_to_id: dict[str, int]  # token -> id
+    merge_ranks: dict[tuple[str, str], int]  # merge -> rank (its position in `merges`)
+    bpe_cache: dict[str, list[int]]  # pre-tokenized piece -> ids, filled by `naive`
+    rust: tokenizers.Tokenizer  # what `optimized` runs, built once by `build_rust_tokenizer`
 
 
 @functools.cache
@@ -83,30 +108,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 @functools.cache
-def _special_regex(tokens_longest_first: tuple[str, ...]) -> regex.Pattern:
-    """One alternation of the escaped tokens; listing longer ones first makes the longest win."""
-    return regex.compile("|".join(regex.escape(token) for token in tokens_longest_first))
-
-
-@functools.cache
 def _compiled(pattern: str) -> regex.Pattern:
     return regex.compile(pattern)
-
-
-def split_special_tokens(text: str, special_tokens: dict[str, int]) -> list[tuple[str, bool]]:
-    """Cut `text` into (chunk, is_special) around literal special tokens, leftmost-longest first."""
-    if not special_tokens:
-        return [(text, False)] if text else []
-    pattern = _special_regex(tuple(sorted(special_tokens, key=len, reverse=True)))
-    chunks, start = [], 0
-    for match in pattern.finditer(text):
-        if match.start() > start:
-            chunks.append((text[start : match.start()], False))
-        chunks.append((match.group(), True))
-        start = match.end()
-    if start < len(text):
-        chunks.append((text[start:], False))
-    return chunks
 
 
 def pre_tokenize(text: str, pre: str) -> list[str]:
@@ -149,8 +152,8 @@ def bpe_merge(symbols: list[str], merge_ranks: dict[tuple[str, str], int]) -> li
     return symbols
 
 
-def piece_to_ids(piece: str, tokenizer: "Tokenizer") -> list[int]:
-    """Byte-level map one pre-tokenized piece, merge it, and look the tokens up (cached per piece)."""
+def piece_to_ids(piece: str, tokenizer: BytePairVocabulary) -> list[int]:
+    """Byte-level map one pre-tokenized piece, merge it, look the tokens up (cached per piece)."""
     cache = tokenizer.bpe_cache
     if piece in cache:
         return cache[piece]
@@ -160,8 +163,9 @@ def piece_to_ids(piece: str, tokenizer: "Tokenizer") -> list[int]:
     if tokenizer.ignore_merges and spelled in vocab:  # Llama 3: a whole piece in the vocab wins
         symbols = [spelled]
     else:
-        # A byte with no token of its own is dropped before merging, as Rust tokenizers (no unk token)
-        # and transformers do: SmolLM2 lacks 21 of the 256 (0x06, 0xFF, ...), so "\x06" encodes to [].
+        # A byte with no token of its own is dropped before merging, as Rust tokenizers (no unk
+        # token) and transformers do: SmolLM2 lacks 21 of the 256 (0x06, 0xFF, ...), so "\x06"
+        # encodes to [].
         symbols = bpe_merge([char for char in spelled if char in vocab], tokenizer.merge_ranks)
     missing = [symbol for symbol in symbols if symbol not in vocab]
     if missing:
@@ -172,7 +176,9 @@ def piece_to_ids(piece: str, tokenizer: "Tokenizer") -> list[int]:
     return cache[piece]
 
 
-def naive(text: str, tokenizer: "Tokenizer", add_special_tokens: bool = True) -> torch.Tensor:
+def naive(
+    text: str, tokenizer: BytePairVocabulary, add_special_tokens: bool = True
+) -> torch.Tensor:
     """Pure-Python byte-level BPE: special tokens, pre-tokenize, byte map, merge by rank, look up.
 
     `add_special_tokens=False` leaves out the bos a model adds, for text that already carries its
@@ -191,7 +197,7 @@ def naive(text: str, tokenizer: "Tokenizer", add_special_tokens: bool = True) ->
 
 
 def rust_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    """The `tokenizers` pre-tokenizer equivalent to `PRE_TOKENIZERS[pre]` (as HF's own files spell it)."""
+    """The `tokenizers` pre-tokenizer equal to `PRE_TOKENIZERS[pre]`, as HF's own files spell it."""
     patterns = list(PRE_TOKENIZERS[canonical_pre_name(pre)])
     gpt2_last = patterns[-1] == GPT2_PATTERN  # ByteLevel(use_regex=True) runs exactly this pattern
     if gpt2_last:
@@ -206,44 +212,8 @@ def rust_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     return steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
 
 
-def pre_name_from_hf(pre_json: dict | None) -> str:
-    """Inverse of `rust_pre_tokenizer`: the name of a tokenizer.json `pre_tokenizer`, or an error."""
-    if not pre_json:
-        raise StagewiseError(
-            "tokenizer.json has no pre-tokenizer; only byte-level BPE is supported"
-        )
-    steps = pre_json["pretokenizers"] if pre_json.get("type") == "Sequence" else [pre_json]
-    patterns, byte_level = [], False
-    for step in steps:
-        kind = step.get("type")
-        if kind == "Digits" and step.get("individual_digits"):
-            patterns.append(DIGITS_PATTERN)
-        elif (
-            kind == "Split"
-            and "Regex" in step.get("pattern", {})
-            and step.get("behavior") == "Isolated"
-        ):
-            patterns.append(step["pattern"]["Regex"])
-        elif kind == "ByteLevel" and not step.get("add_prefix_space", False):
-            byte_level = True
-            if step.get("use_regex", True):
-                patterns.append(GPT2_PATTERN)
-        else:
-            raise StagewiseError(
-                f"unsupported pre-tokenizer step {step}; need GPT-2 style byte-level BPE"
-            )
-    if not byte_level:
-        raise StagewiseError("tokenizer.json has no ByteLevel pre-tokenizer; need byte-level BPE")
-    for name, known in PRE_TOKENIZERS.items():
-        if tuple(patterns) == known:
-            return name
-    raise StagewiseError(
-        f"unsupported pre-tokenizer regexes {patterns}; known: {', '.join(PRE_TOKENIZERS)}"
-    )
-
-
-def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
-    """A Rust `tokenizers.Tokenizer` with the same vocab, merges, pre-tokenizer and special tokens."""
+def build_rust_tokenizer(tokenizer: BytePairVocabulary) -> tokenizers.Tokenizer:
+    """A Rust `tokenizers.Tokenizer` with the same vocab, merges, pre-tokenizer, special tokens."""
     if tokenizer.model == "llama":
         return tokenize_sentencepiece.build_rust_tokenizer(tokenizer)
     vocab = {token: token_id for token_id, token in enumerate(tokenizer.tokens)}
@@ -265,31 +235,82 @@ def build_rust_tokenizer(tokenizer: "Tokenizer") -> tokenizers.Tokenizer:
     return rust
 
 
-def optimized(text: str, tokenizer: "Tokenizer", add_special_tokens: bool = True) -> torch.Tensor:
+def optimized(
+    text: str, tokenizer: BytePairVocabulary, add_special_tokens: bool = True
+) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary and merges."""
-    ids = tokenizer.rust.encode(
-        text, add_special_tokens=add_special_tokens
-    ).ids  # bos only if the model adds it
+    encoding = tokenizer.rust.encode(text, add_special_tokens=add_special_tokens)  # bos if added
+    ids = encoding.ids
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
+
+
+@dataclass(frozen=True, eq=False)
+class ByteLevelVocabulary:
+    """The smallest `BytePairVocabulary`: tokens, merges and specials, and the lookups the stage
+    builds from them on first use (a worked example; the models' vocabularies are
+    `stagewise.tokenizer.Tokenizer`)."""
+
+    tokens: list[str]  # id -> token in the byte alphabet
+    merges: list[tuple[str, str]]  # BPE merges in rank order
+    special_tokens: dict[str, int]  # literal tokens -> id
+    pre: str = "gpt2"  # pre-tokenizer name
+    bos_id: int | None = None  # beginning-of-sequence id
+    add_bos: bool = False  # prepend bos_id when encoding
+    ignore_merges: bool = False  # a piece that is already a token skips the merges
+    model: str = "gpt2"  # byte-level BPE
+
+    @functools.cached_property
+    def token_to_id(self) -> dict[str, int]:
+        return {token: token_id for token_id, token in enumerate(self.tokens)}
+
+    @functools.cached_property
+    def merge_ranks(self) -> dict[tuple[str, str], int]:
+        return {pair: rank for rank, pair in enumerate(self.merges)}
+
+    @functools.cached_property
+    def bpe_cache(self) -> dict[str, list[int]]:
+        return {}
+
+    @functools.cached_property
+    def rust(self) -> tokenizers.Tokenizer:
+        return build_rust_tokenizer(self)
+
+
+# The worked example: " the" is Ġ t h e -> (Ġ,t) rank 0 -> Ġt h e -> (h,e) rank 1 -> Ġt he ->
+# (Ġt,he) rank 2 -> Ġthe. " cat" is Ġ c a t -> (a,t) rank 3 first, as (Ġ,c) has rank 4 -> Ġ c at
+# -> Ġc at -> (Ġc,at) rank 5 -> Ġcat. "The" only merges (h,e): T he; " saw" no pair: Ġ s a w.
+# Byte b is token b, merge r makes token 256 + r, so EXAMPLE_TEXT is
+# [84, 257, 261, 32, 115, 97, 119, 258, 261, 46, 262].
+EXAMPLE_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("a", "t"), ("Ġ", "c"), ("Ġc", "at")]
+EXAMPLE_TEXT = "The cat saw the cat.<|endoftext|>"
+
+
+def example_vocabulary() -> ByteLevelVocabulary:
+    """256 byte tokens, the six merges of EXAMPLE_MERGES (ids 256..261), `<|endoftext|>` (262)."""
+    byte_tokens = [bytes_to_unicode()[byte] for byte in range(256)]
+    merged = [left + right for left, right in EXAMPLE_MERGES]
+    end = "<|endoftext|>"
+    return ByteLevelVocabulary(
+        tokens=[*byte_tokens, *merged, end],
+        merges=EXAMPLE_MERGES,
+        special_tokens={end: len(byte_tokens) + len(merged)},
+    )
 
 
 def example_inputs(
     config: ModelConfig, num_tokens: int, device: torch.device, dtype: torch.dtype
 ) -> dict:
-    """English text of about `num_tokens` tokens under the tiny tokenizer (device and dtype unused)."""
-    from stagewise.models.bpe_train import TINY_CORPUS
-    from stagewise.models.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.tiny()
-    chars_per_token = len(TINY_CORPUS) / len(tokenizer.encode(TINY_CORPUS))
-    num_chars = max(1, round(num_tokens * chars_per_token))
-    text = (TINY_CORPUS * (num_chars // len(TINY_CORPUS) + 1))[:num_chars]
-    return {"text": text, "tokenizer": tokenizer}
+    """EXAMPLE_TEXT, repeated to about `num_tokens` tokens, and its vocabulary (config, device and
+    dtype unused: a vocabulary is not a tensor)."""
+    vocabulary = example_vocabulary()
+    per_copy = len(naive(EXAMPLE_TEXT, vocabulary))  # 11: T he Ġcat Ġ s a w Ġthe Ġcat . <|end..|>
+    text = EXAMPLE_TEXT * max(1, round(num_tokens / per_copy))
+    return {"text": text, "tokenizer": vocabulary}
 
 
 STAGE = Stage(
     name="tokenize",
-    summary="byte-level BPE: special tokens, regex pre-tokenizer, byte map, merges by rank -> token ids",
+    summary="byte-level BPE: special tokens, regex pre-tokenizer, byte map, merges by rank -> ids",
     shapes="text -> [num_tokens]",
     naive=naive,
     triton=optimized,

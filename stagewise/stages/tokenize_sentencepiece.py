@@ -1,4 +1,4 @@
-"""Tokenize, SentencePiece flavour: text -> token ids the way Llama 1/2, TinyLlama and Mistral do it.
+"""Tokenize, SentencePiece flavour: text -> token ids the way Llama 1/2, TinyLlama and Mistral do.
 
 Shapes: a Python string -> int64 `[num_tokens]` (the same stage as `tokenize.py`; the
 `tokenize` stage hands a tokenizer with `model == "llama"` to the functions here).
@@ -14,9 +14,10 @@ naive path below does each of them in plain Python:
    the first word looks like every other word. There is no regex
    pre-tokenizer: the chunk is one sequence of characters (training usually
    keeps "▁" at the start of pieces, which lets the naive path below merge
-   word by word: `split_words`). Where the "▁" goes is `SPACE_PREFIXES` (sentencepiece and llama.cpp: before
-   every text chunk; Hugging Face's Metaspace: not when the chunk already
-   starts with a space, and with "first" only at the start of the input).
+   word by word: `split_words`). Where the "▁" goes is `SPACE_PREFIXES`
+   (sentencepiece and llama.cpp: before every text chunk; Hugging Face's
+   Metaspace: not when the chunk already starts with a space, and with
+   "first" only at the start of the input).
 3. Merge by score, not by a merge list. Start from single characters; among
    all adjacent pairs whose concatenation is a vocabulary piece, merge the one
    whose piece has the highest score (the leftmost on a tie), one pair at a
@@ -25,10 +26,10 @@ naive path below does each of them in plain Python:
    training: "Ž", an emoji, ...) is written as its UTF-8 bytes, one `<0xNN>`
    token per byte (`<unk>` only if the vocabulary lacks byte tokens).
 
-Decoding undoes it: "▁" -> " ", runs of `<0xNN>` tokens -> their bytes, read
-as UTF-8 (a byte that starts no valid character becomes U+FFFD, one per byte,
-as sentencepiece does), and one leading space is dropped (the dummy prefix).
-`token_bytes` gives each id's bytes; `models/tokenizer.py` does the rest.
+The stage reads the vocabulary through `SentencePieceVocabulary` (the pieces,
+their scores, the literal tokens); `stagewise.tokenizer.Tokenizer` is one, and
+decoding ("▁" -> " ", `<0xNN>` runs -> bytes, the dummy prefix dropped) lives
+there too (`tokenizer/sentencepiece.py`, `tokenizer/decode.py`).
 
 The optimized path builds a Rust `tokenizers` BPE model with `byte_fallback`
 from the same vocabulary. Rust BPE needs a merge list, so `merges_from_scores`
@@ -39,51 +40,44 @@ leftmost and Rust the lower-ranked; real vocabularies give every piece its own
 score, so this does not arise there.
 """
 
-import codecs
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import regex
+import tokenizers
 import torch
-from tokenizers import (
-    AddedToken,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-)
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 
 from stagewise.errors import StagewiseError
-
-if TYPE_CHECKING:
-    from stagewise.models.tokenizer import Tokenizer as StagewiseTokenizer
+from stagewise.stages.pre_tokenizers import split_special_tokens
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
-# Token types, numbered as in sentencepiece's model proto and llama.cpp's GGUF `tokenizer.ggml.token_type`.
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-LITERAL_TYPES = (
-    UNKNOWN,
-    CONTROL,
-    USER_DEFINED,
-)  # matched in the raw text before BPE (as llama.cpp does)
 # Where the dummy-prefix "▁" goes:
 SPACE_PREFIXES = {
-    "sentencepiece": "before every text chunk (sentencepiece, llama.cpp, HF's legacy Prepend normalizer)",
-    "metaspace-always": "before every text chunk that does not already start with a space (HF Metaspace)",
-    "metaspace-first": "before the input's first chunk, unless it starts with a space (HF Metaspace 'first')",
+    "sentencepiece": "before every text chunk (sentencepiece, llama.cpp, HF's legacy Prepend)",
+    "metaspace-always": "before every text chunk not already starting with a space (HF Metaspace)",
+    "metaspace-first": "before the first chunk, unless it starts with a space (Metaspace 'first')",
     "none": "never (add_space_prefix = false)",
 }
-PER_BYTE_ERRORS = (
-    "stagewise-per-byte"  # decode error handler: one U+FFFD per invalid byte, like sentencepiece
-)
 
 
-def _one_replacement_per_byte(err: UnicodeDecodeError) -> tuple[str, int]:
-    return "\ufffd" * (err.end - err.start), err.end
+class SentencePieceVocabulary(Protocol):
+    """What this stage reads from a tokenizer; `stagewise.tokenizer.Tokenizer` is one."""
 
-
-codecs.register_error(PER_BYTE_ERRORS, _one_replacement_per_byte)
+    tokens: list[str]  # id -> piece: "▁the", "<0x0A>", "<s>"
+    merges: list[
+        tuple[str, str]
+    ]  # a tokenizer.json's merge list, or [] (the Rust path derives one)
+    special_tokens: dict[str, int]  # literal tokens, matched in the text before BPE -> id
+    bos_id: int | None  # beginning-of-sequence id
+    add_bos: bool  # prepend bos_id when encoding
+    unk_id: int | None  # <unk>, for characters without byte tokens
+    space_prefix: str  # where the dummy "▁" goes: a key of SPACE_PREFIXES
+    token_to_id: dict[str, int]  # token -> id
+    sp_scores: dict[str, float]  # the pieces a merge may build -> score (higher merges first)
+    sp_pieces: dict[str, int]  # normal pieces -> id (a symbol outside falls back to bytes)
+    sp_space_inside_pieces: bool  # does some piece hold "▁" after another character?
+    bpe_cache: dict[str, list[int]]  # word -> ids, filled by `naive`
+    rust: tokenizers.Tokenizer  # what `optimized` runs, built once by `build_rust_tokenizer`
 
 
 def byte_token(byte: int) -> str:
@@ -114,7 +108,7 @@ def add_space_prefix(chunk: str, scheme: str, at_input_start: bool) -> str:
 
 
 def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
-    """SentencePiece BPE on one chunk: merge the adjacent pair forming the best-scoring piece, repeat.
+    """SentencePiece BPE on one chunk: merge the adjacent pair that forms the best piece, repeat.
 
     O(n^2) in the chunk length, written for reading; the Rust path does it with a priority queue.
     """
@@ -123,9 +117,8 @@ def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
         best, best_score = None, None
         for i in range(len(symbols) - 1):
             score = scores.get(symbols[i] + symbols[i + 1])  # None: the pair forms no piece
-            if score is not None and (
-                best_score is None or score > best_score
-            ):  # ">": leftmost wins a tie
+            # ">" rather than ">=": the leftmost pair wins a tie
+            if score is not None and (best_score is None or score > best_score):
                 best, best_score = i, score
         if best is None:
             return symbols
@@ -133,7 +126,7 @@ def merge_by_score(symbols: list[str], scores: dict[str, float]) -> list[str]:
 
 
 def split_words(spelled: str, space_inside_pieces: bool) -> list[str]:
-    """Cut "▁the▁cat" into "▁the", "▁cat" when no merge can cross such a cut (a shortcut, not a rule).
+    """Cut "▁the▁cat" into "▁the", "▁cat" when no merge can cross the cut (a shortcut, not a rule).
 
     Merging is one pass over the whole chunk, O(n^2) here. But if no vocabulary piece holds
     "▁" after another character (sentencepiece's default `split_by_whitespace` training never
@@ -145,8 +138,8 @@ def split_words(spelled: str, space_inside_pieces: bool) -> list[str]:
     return [word for word in regex.split(f"(?<=[^{SPACE}])(?={SPACE})", spelled) if word]
 
 
-def symbols_to_ids(symbols: list[str], tokenizer: "StagewiseTokenizer") -> list[int]:
-    """Each merged symbol -> its id; a symbol outside the vocabulary falls back to `<0xNN>` byte tokens."""
+def symbols_to_ids(symbols: list[str], tokenizer: SentencePieceVocabulary) -> list[int]:
+    """Merged symbols -> ids; a symbol that is no piece falls back to one `<0xNN>` per byte."""
     pieces, ids = tokenizer.sp_pieces, []
     for symbol in symbols:
         if symbol in pieces:
@@ -163,15 +156,12 @@ def symbols_to_ids(symbols: list[str], tokenizer: "StagewiseTokenizer") -> list[
 
 
 def naive(
-    text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True
+    text: str, tokenizer: SentencePieceVocabulary, add_special_tokens: bool = True
 ) -> torch.Tensor:
     """Pure Python: literal tokens, "▁" and the dummy prefix, merge by score, byte fallback."""
-    from stagewise.stages.tokenize import (
-        split_special_tokens,
-    )  # the same literal-token split as byte-level BPE
-
     ids = [tokenizer.bos_id] if tokenizer.add_bos and add_special_tokens else []
     at_input_start = True
+    # the same literal-token split as byte-level BPE
     for chunk, is_literal in split_special_tokens(text, tokenizer.special_tokens):
         if is_literal:
             ids.append(tokenizer.special_tokens[chunk])
@@ -188,7 +178,7 @@ def naive(
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
 
 
-def merges_from_scores(tokenizer: "StagewiseTokenizer") -> list[tuple[str, str]]:
+def merges_from_scores(tokenizer: SentencePieceVocabulary) -> list[tuple[str, str]]:
     """A merge list equivalent to score order: every way to split each piece into two pieces.
 
     Ordered by the merged piece's score (highest first), then the shorter left part first,
@@ -205,12 +195,12 @@ def merges_from_scores(tokenizer: "StagewiseTokenizer") -> list[tuple[str, str]]
     return [(left, right) for *_, left, right in candidates]
 
 
-def build_rust_tokenizer(tokenizer: "StagewiseTokenizer") -> Tokenizer:
-    """Rust `tokenizers`: BPE with byte fallback over the same vocabulary, "▁" handling, literal tokens."""
+def build_rust_tokenizer(tokenizer: SentencePieceVocabulary) -> tokenizers.Tokenizer:
+    """Rust `tokenizers`: BPE with byte fallback over the same vocabulary, "▁", literal tokens."""
     vocab = {token: token_id for token_id, token in enumerate(tokenizer.tokens)}
     merges = list(tokenizer.merges) or merges_from_scores(tokenizer)
     unk = tokenizer.tokens[tokenizer.unk_id] if tokenizer.unk_id is not None else None
-    rust = Tokenizer(
+    rust = tokenizers.Tokenizer(
         models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
     scheme = tokenizer.space_prefix
@@ -242,19 +232,8 @@ def build_rust_tokenizer(tokenizer: "StagewiseTokenizer") -> Tokenizer:
 
 
 def optimized(
-    text: str, tokenizer: "StagewiseTokenizer", add_special_tokens: bool = True
+    text: str, tokenizer: SentencePieceVocabulary, add_special_tokens: bool = True
 ) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary."""
     ids = tokenizer.rust.encode(text, add_special_tokens=add_special_tokens).ids
     return torch.tensor(ids, dtype=torch.int64)  # [num_tokens]
-
-
-def token_bytes(tokens: list[str], token_types: list[int]) -> list[bytes]:
-    """id -> the bytes it decodes to: `<0xNN>` -> one byte, any other token -> its text with "▁" -> " "."""
-    out = []
-    for token, kind in zip(tokens, token_types, strict=True):
-        value = byte_value(token) if kind == BYTE else None
-        out.append(
-            bytes([value]) if value is not None else token.replace(SPACE, " ").encode("utf-8")
-        )
-    return out
