@@ -53,6 +53,7 @@ from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.qkv_proj import split_qkv
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
@@ -181,13 +182,13 @@ for name in ["smollm2-135m", "llama-3-8b", "llama-3-405b"]:
 # this check).
 
 # %%
-cu = torch.tensor([0, T], dtype=torch.int32)
+one_seq = AttentionMetadata.over_batch(torch.tensor([0, T], dtype=torch.int32))  # one sequence of T
 scale = d**-0.5
 attn = STAGES["attention"].naive
-gqa = attn(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale)  # index map
+gqa = attn(q=q, k=k, v=v, metadata=one_seq, scale=scale)  # index map
 group = H // Hkv
 k_copied, v_copied = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [T, H, d] each
-mha = attn(q=q, k=k_copied, v=v_copied, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale)
+mha = attn(q=q, k=k_copied, v=v_copied, metadata=one_seq, scale=scale)
 print("copied K/V:", tuple(k_copied.shape), "vs shared:", tuple(k.shape))
 print("max |GQA by index map - MHA on copied K/V| =", (gqa - mha).abs().max().item())
 assert torch.allclose(gqa, mha, atol=1e-6)

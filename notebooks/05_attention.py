@@ -65,6 +65,8 @@ from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.base import stage_of
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
@@ -93,7 +95,7 @@ class RecordAttention(StageOps):
         self.layer, self.kwargs = layer, None
 
     def __call__(self, stage, layer=None, **kwargs):
-        if stage == "attention" and layer == self.layer:
+        if stage_of(stage, STAGES).name == "attention" and layer == self.layer:  # module or name
             self.kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         return super().__call__(stage, layer, **kwargs)
 
@@ -109,7 +111,7 @@ batch = ForwardBatch.from_sequences(seqs, start_positions=[0, 0, 0], device="cpu
 recorder = RecordAttention(layer=2)
 LlamaModel(loaded, recorder).forward(batch, NoKVCache(batch.cu_seqlens_q))
 inputs = recorder.kwargs
-q, k, v, cu = inputs["q"], inputs["k"], inputs["v"], inputs["cu_seqlens_q"]
+q, k, v, cu = inputs["q"], inputs["k"], inputs["v"], inputs["metadata"].cu_seqlens_q  # the step's metadata
 print("q", tuple(q.shape), " k", tuple(k.shape), " v", tuple(v.shape), " cu_seqlens", cu.tolist())
 
 # %% [markdown]
@@ -281,8 +283,8 @@ plt.show()
 worst = 0.0
 for b in range(len(seqs)):
     a, e = int(cu[b]), int(cu[b + 1])
-    one = torch.tensor([0, e - a], dtype=torch.int32)
-    alone = attention.naive(q=q[a:e], k=k[a:e], v=v[a:e], cu_seqlens_q=one, cu_seqlens_k=one, scale=scale)
+    one = AttentionMetadata.over_batch(torch.tensor([0, e - a], dtype=torch.int32))  # one sequence
+    alone = attention.naive(q=q[a:e], k=k[a:e], v=v[a:e], metadata=one, scale=scale)
     worst = max(worst, (alone - out_naive[a:e]).abs().max().item())
 print("packed vs one sequence at a time: max difference", worst)
 assert worst == 0.0
@@ -295,15 +297,22 @@ assert worst == 0.0
 # batch: three sequences, the second and third on cached prefixes of 5 and 17
 # keys, so `cu_seqlens_k` differs from `cu_seqlens_q`. The picture below shows
 # which keys each query may see.
+#
+# The stage receives these offsets, each sequence's key count `seq_lens` and
+# their host copies as one `AttentionMetadata` object
+# (`stages/attention_metadata.py`), built once per engine step and handed to
+# every layer: the loop above slices with its host ints, so it never reads a
+# device tensor back.
 
 # %%
 num_tokens = 24 if QUICK else 48
 example = attention.example_inputs(cfg, num_tokens, torch.device("cpu"), torch.float32)
-cq, ck = example["cu_seqlens_q"].tolist(), example["cu_seqlens_k"].tolist()
-print("cu_seqlens_q", cq, " cu_seqlens_k", ck)
+meta = example["metadata"]  # the step's AttentionMetadata: offsets and lengths, device and host
+cq, ck, lens = meta.cu_seqlens_q_host, meta.cu_seqlens_k_host, meta.seq_lens_host
+print("cu_seqlens_q", cq, " cu_seqlens_k", ck, " seq_lens", lens)
 visible = np.zeros((cq[-1], ck[-1]), dtype=bool)  # [Tq, Tk] for the picture
 for b in range(len(cq) - 1):
-    lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+    lq, lk = cq[b + 1] - cq[b], lens[b]
     for i in range(lq):
         visible[cq[b] + i, ck[b] : ck[b] + i + (lk - lq) + 1] = True
 
@@ -357,9 +366,9 @@ naive_ms = []
 for T in lengths:
     qt = torch.randn(T, H, d, generator=g)
     kt, vt = torch.randn(T, Hkv, d, generator=g), torch.randn(T, Hkv, d, generator=g)
-    cut = torch.tensor([0, T], dtype=torch.int32)
+    cut = AttentionMetadata.over_batch(torch.tensor([0, T], dtype=torch.int32))
     t = compare(
-        {"naive": lambda qt=qt, kt=kt, vt=vt, cut=cut: attention.naive(qt, kt, vt, cut, cut, scale)},
+        {"naive": lambda qt=qt, kt=kt, vt=vt, cut=cut: attention.naive(qt, kt, vt, cut, scale)},
         repeats=3 if QUICK else 5,
         warmup=1,
     )["naive"].median_ms

@@ -66,6 +66,7 @@ from stagewise.config import PRESETS
 from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.trace.tracer import Tracer
 
 # %matplotlib inline
@@ -147,19 +148,19 @@ q = torch.randn(n, cfg.num_heads, cfg.head_dim, generator=g)  # [N, H, d]
 k = torch.randn(n, cfg.num_kv_heads, cfg.head_dim, generator=g)  # [N, Hkv, d]
 v = torch.randn(n, cfg.num_kv_heads, cfg.head_dim, generator=g)
 scale = cfg.head_dim**-0.5
-whole = torch.tensor([0, n], dtype=torch.int32)
-one = torch.tensor([0, 1], dtype=torch.int32)
+whole = AttentionMetadata.build([n], [n], "cpu", k_starts=[0, n])  # n queries on n keys: a prefill
+one = AttentionMetadata.build([1], [n], "cpu", k_starts=[0, n])  # 1 query on n keys: a decode
 
-full = attention(q=q, k=k, v=v, cu_seqlens_q=whole, cu_seqlens_k=whole, scale=scale)  # [N, H, d]: a prefill
-last_only = attention(q=q[-1:], k=k, v=v, cu_seqlens_q=one, cu_seqlens_k=whole, scale=scale)  # [1, H, d]: a decode
+full = attention(q=q, k=k, v=v, metadata=whole, scale=scale)  # [N, H, d]: a prefill
+last_only = attention(q=q[-1:], k=k, v=v, metadata=one, scale=scale)  # [1, H, d]: a decode
 torch.testing.assert_close(last_only[0], full[-1])
 
 q_changed = q.clone()
 q_changed[:-1] = torch.randn(n - 1, cfg.num_heads, cfg.head_dim, generator=g)  # every old query replaced
 k_changed = k.clone()
 k_changed[3] += 1.0  # one old key nudged
-out_q = attention(q=q_changed, k=k, v=v, cu_seqlens_q=whole, cu_seqlens_k=whole, scale=scale)[-1]
-out_k = attention(q=q, k=k_changed, v=v, cu_seqlens_q=whole, cu_seqlens_k=whole, scale=scale)[-1]
+out_q = attention(q=q_changed, k=k, v=v, metadata=whole, scale=scale)[-1]
+out_k = attention(q=q, k=k_changed, v=v, metadata=whole, scale=scale)[-1]
 print("last query alone == last row of the full attention:", True)
 print(f"replace all old queries -> last row changes by {float((out_q - full[-1]).abs().max()):.1e}")
 print(f"nudge one old key       -> last row changes by {float((out_k - full[-1]).abs().max()):.1e}")

@@ -78,6 +78,7 @@ from stagewise.kernels.split_k import choose_num_splits, num_sms
 from stagewise.kernels.targets import gpu_target, launch_target
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.sampling import processed_probs
 
 # %matplotlib inline
@@ -472,7 +473,8 @@ q = torch.randn(sum(q_lens), H, d, generator=g).to(DEVICE)
 k, v = (torch.randn(sum(k_lens), Hkv, d, generator=g).to(DEVICE) for _ in range(2))
 cu_q = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device=DEVICE)
 cu_k = torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32, device=DEVICE)
-ref = STAGES["attention"].naive(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=d**-0.5)
+step = AttentionMetadata.build(q_lens, k_lens, DEVICE, k_starts=cu_k.tolist())  # what the stage takes
+ref = STAGES["attention"].naive(q=q, k=k, v=v, metadata=step, scale=d**-0.5)
 out = flash_kernels.flash_attention(q, k, v, cu_q, cu_k, d**-0.5, max_q_len=max(q_lens))
 print(f"queries {q_lens} on keys {k_lens}: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")
 on_gpu("flash_attention")
@@ -506,9 +508,10 @@ show(paged_kernels._load_kv_tile)
 
 # %%
 pin = STAGES["paged_attention"].example_inputs(config, 9, DEVICE, torch.float32, block_size=8)
-pa_plan = paged_kernels.paged_attention_plan(pin["max_q_len"], H // Hkv, d, torch.float32, here).launch_options()
-n0, bs = pin["seq_lens_host"][0], pin["k_cache"].shape[1]
-row = pin["block_table"][0].tolist()
+meta = pin["metadata"]  # the step's AttentionMetadata: block table, lengths (device and host)
+pa_plan = paged_kernels.paged_attention_plan(meta.max_q_len, H // Hkv, d, torch.float32, here).launch_options()
+n0, bs = meta.seq_lens_host[0], pin["k_cache"].shape[1]
+row = meta.block_table[0].tolist()
 fig, ax = plt.subplots(figsize=(13, 2.6))
 for pos in range(n0):
     block = row[pos // bs]
@@ -528,10 +531,11 @@ ax.set_title(f"{n0} keys in blocks of {bs}, scattered over a pool of {pin['k_cac
 plt.tight_layout()
 plt.show()
 
-args = {key: pin[key] for key in ("q", "k_cache", "v_cache", "block_table", "seq_lens", "cu_seqlens_q", "scale")}
+args = {key: pin[key] for key in ("q", "k_cache", "v_cache", "scale")}  # the launcher takes tensors and ints:
+args.update(block_table=meta.block_table, seq_lens=meta.seq_lens, cu_seqlens_q=meta.cu_seqlens_q)  # unpacked
 ref = STAGES["paged_attention"].naive(**pin)
-out = paged_kernels.paged_attention(**args, max_q_len=pin["max_q_len"], max_seq_len=pin["max_seq_len"])
-print(f"queries {np.diff(pin['cu_seqlens_q_host']).tolist()} on cached lengths {pin['seq_lens_host']}, "
+out = paged_kernels.paged_attention(**args, max_q_len=meta.max_q_len, max_seq_len=meta.max_seq_len)
+print(f"queries {np.diff(meta.cu_seqlens_q_host).tolist()} on cached lengths {meta.seq_lens_host}, "
       f"blocks shuffled: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")  # fmt: skip
 on_gpu("paged_attention")
 
@@ -592,11 +596,11 @@ v_heads = vd.repeat_interleave(H // Hkv, dim=1)  # [n, H, d], only to write the 
 acc_part = torch.stack([torch.einsum("hn,nhd->hd", ps, v_heads[r]) for ps, r in zip(p, ranges)], dim=1)  # [H, S, d]
 merged = torch.empty(1, H, d, device=DEVICE)
 split_k.split_k_reduce(acc_part[None].to(DEVICE), m_part[None].to(DEVICE), l_part[None].to(DEVICE), merged)
-cu_q1, cu_k1 = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, n_keys], dtype=torch.int32)
-want = STAGES["attention"].naive(q=qd, k=kd, v=vd, cu_seqlens_q=cu_q1, cu_seqlens_k=cu_k1, scale=d**-0.5)  # [1, H, d]
+one_decode = AttentionMetadata.build([1], [n_keys], "cpu", k_starts=[0, n_keys])  # 1 query on n_keys keys
+want = STAGES["attention"].naive(q=qd, k=kd, v=vd, metadata=one_decode, scale=d**-0.5)  # [1, H, d]
 err = float((merged.cpu() - want).abs().max())
 print(f"{S} partial states merged by split_k_reduce: max |merged - attention| = {err:.1e}")
-one, split4 = (paged_kernels.paged_attention(**args, max_q_len=pin["max_q_len"], num_splits=s) for s in (1, 4))
+one, split4 = (paged_kernels.paged_attention(**args, max_q_len=meta.max_q_len, num_splits=s) for s in (1, 4))
 print(f"paged_attention with 4 splits vs unsplit: max difference {float((one - split4).abs().max()):.1e}")
 
 # %% [markdown]

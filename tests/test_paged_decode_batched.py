@@ -1,12 +1,14 @@
-"""The batched decode formulation of paged attention (`decode_batched`, one padded gather + one fused call)
-against the reference loop (`one_by_one`): many decoding sequences of irregular lengths, mixed with prefill
-chunks, blocks shuffled, stale values (even NaN) in the padding slots that the mask must hide."""
+"""The torch tier of paged attention (`stages/paged_attention_torch.py`: decoding sequences batched, one
+padded gather + one fused call per group) against the textbook (`paged_attention.naive`, one sequence at a
+time): many decoding sequences of irregular lengths, mixed with prefill chunks on cached prefixes and fresh
+prefills, blocks shuffled, stale values (even NaN) in the padding slots that the mask must hide."""
 
 import pytest
 import torch
 
 from stagewise.stages import paged_attention as pa
-from stagewise.stages import paged_decode_batched as batched
+from stagewise.stages import paged_attention_torch as batched
+from stagewise.stages.attention_metadata import AttentionMetadata
 from tests.helpers import assert_close
 
 
@@ -27,17 +29,12 @@ def paged_inputs(q_lens: list[int], prefixes: list[int], heads=6, kv_heads=2, he
         last = int(table[b, blocks[b] - 1])
         k_cache[last, n - (blocks[b] - 1) * block_size :] = float("nan")
         v_cache[last, n - (blocks[b] - 1) * block_size :] = float("nan")
-    cu = torch.tensor([0, *q_lens]).cumsum(0)
     return {
         "q": torch.randn(sum(q_lens), heads, head_dim, generator=gen),
         "k_cache": k_cache,
         "v_cache": v_cache,
-        "block_table": table,
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
-        "cu_seqlens_q": cu.to(torch.int32),
+        "metadata": AttentionMetadata.build(q_lens, seq_lens, "cpu", block_table=table),
         "scale": head_dim**-0.5,
-        "cu_seqlens_q_host": cu.tolist(),
-        "seq_lens_host": seq_lens,
     }
 
 
@@ -47,14 +44,16 @@ def paged_inputs(q_lens: list[int], prefixes: list[int], heads=6, kv_heads=2, he
         ([1], [0]),  # the very first decode step of a one-token prompt
         ([1] * 7, [0, 3, 4, 5, 17, 30, 2]),  # seven decodes, lengths 1..31
         ([1, 1, 5, 1, 3], [9, 2, 0, 40, 6]),  # decodes around prefill chunks: three decode groups
-        ([6, 1, 1], [0, 12, 1]),
+        ([6, 1, 1], [0, 12, 1]),  # a fresh prefill first, then two decodes
+        ([3, 5], [7, 0]),  # no decode at all: a chunk on a cached prefix and a fresh prefill
     ],
 )
-def test_batched_decode_equals_the_reference_loop(q_lens, prefixes):
+def test_the_torch_tier_equals_the_textbook(q_lens, prefixes):
     inputs = paged_inputs(q_lens, prefixes)
-    out = pa.naive(**inputs)
+    out = batched.paged_attention_torch(**inputs)
     assert not out.isnan().any(), "a padding slot leaked into an output"
-    assert_close(out, pa.one_by_one(**inputs), 1e-6, 1e-6, "naive (batched decode) vs one_by_one")
+    assert_close(out, pa.naive(**inputs), 1e-6, 1e-6, "torch tier (batched decode) vs naive")
+    assert pa.STAGE.tier("torch") is batched.paged_attention_torch  # what `backend="torch"` runs
 
 
 def test_decode_groups_respect_the_padded_key_budget(monkeypatch):
@@ -62,32 +61,36 @@ def test_decode_groups_respect_the_padded_key_budget(monkeypatch):
     # sequences 0-3 decode (lengths 10, 10, 30, 5), 4 prefills, 5-6 decode
     assert batched.group_runs([0, 1, 2, 3, 5, 6], [10, 10, 30, 5, 99, 8, 8]) == [[0, 1], [2], [3], [5, 6]]
     inputs = paged_inputs([1, 1, 1, 1, 4, 1, 1], [9, 9, 29, 4, 95, 7, 7])
-    assert_close(pa.naive(**inputs), pa.one_by_one(**inputs), 1e-6, 1e-6, "small groups vs one_by_one")
+    torch_tier = batched.paged_attention_torch(**inputs)
+    assert_close(torch_tier, pa.naive(**inputs), 1e-6, 1e-6, "small groups vs naive")
 
 
 def test_the_plan_points_padding_at_a_real_key_and_masks_it():
     inputs = paged_inputs([1, 1, 3], [4, 20, 0], block_size=4)
-    (group,) = batched.plan_decode(
-        inputs["block_table"], inputs["seq_lens"], inputs["cu_seqlens_q_host"], inputs["seq_lens_host"], 4
-    )
+    (group,) = batched.plan_of(inputs["metadata"], 4)
     assert group.rows == slice(0, 2) and group.slots.shape == (2, 21)
-    table = inputs["block_table"]
+    table = inputs["metadata"].block_table
     for b, n in enumerate([5, 21]):
         expected = [int(table[b, p // 4]) * 4 + p % 4 for p in range(n)]
         assert group.slots[b, :n].tolist() == expected  # slot = block_id * block_size + offset
         assert (group.slots[b, n:] == expected[0]).all()  # padding reads the sequence's own first key
         assert group.mask[b, 0, 0].tolist() == [True] * n + [False] * (21 - n)
-    (alone,) = batched.plan_decode(table[:1], inputs["seq_lens"][:1], [0, 1], [5], 4)
+    (alone,) = batched.plan_decode(table[:1], inputs["metadata"].seq_lens[:1], [0, 1], [5], 4)
     assert alone.mask is None and alone.slots.shape == (1, 5)  # one sequence: nothing padded, no mask
 
 
-def test_the_engine_builds_the_plan_once_per_step(tiny, monkeypatch):
+def test_the_engine_builds_the_plan_once_per_step_for_the_torch_tier_only(tiny, monkeypatch):
     from stagewise import LLM, SamplingParams
-    from stagewise.kv import paged as paged_cache
+    from stagewise.kv import paged
 
     calls = []
-    real = paged_cache.plan_decode
-    monkeypatch.setattr(paged_cache, "plan_decode", lambda *a: calls.append(1) or real(*a))
-    llm = LLM(tiny, mode="paged")
-    llm.generate(["a b", "c d e"], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    real = paged.plan_of
+    monkeypatch.setattr(paged, "plan_of", lambda *a: calls.append(1) or real(*a))
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    llm = LLM(tiny, backend="torch", mode="paged")
+    assert llm.ops.tier(pa) == "torch"
+    llm.generate(["a b", "c d e"], params)
     assert len(calls) == llm.last_stats.steps  # not once per layer
+    calls.clear()
+    LLM(tiny, backend="naive", mode="paged").generate(["a b"], params)
+    assert calls == []  # the textbook needs no plan

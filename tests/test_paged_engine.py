@@ -172,26 +172,32 @@ def test_request_that_can_never_fit_is_rejected(tiny):
 
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 def test_paged_attention_reference_equals_contiguous_attention(num_tokens):
-    """Gathering through the block table must give exactly the contiguous attention (the reference loop),
-    and the batched PyTorch path the same to float32 rounding."""
+    """Gathering through the block table must give exactly the contiguous attention (the textbook),
+    and the torch tier (batched decode) the same to float32 rounding."""
+    import itertools
+
     import torch
 
     from stagewise.config import PRESETS
-    from stagewise.stages.paged_attention import gather_kv, one_by_one
+    from stagewise.stages.attention_metadata import AttentionMetadata
+    from stagewise.stages.paged_attention import gather_kv
 
-    inputs = STAGES["paged_attention"].example_inputs(PRESETS["tiny"], num_tokens, torch.device("cpu"), torch.float32)
-    out = one_by_one(**inputs)
-    assert_close(STAGES["paged_attention"].naive(**inputs), out, 1e-6, 1e-6, "batched decode vs one by one")
-    lens = inputs["seq_lens"].tolist()
-    k = torch.cat([gather_kv(inputs["k_cache"], inputs["block_table"][b], n) for b, n in enumerate(lens)])
-    v = torch.cat([gather_kv(inputs["v_cache"], inputs["block_table"][b], n) for b, n in enumerate(lens)])
-    cu_k = torch.tensor([0, *lens]).cumsum(0)
-    ref = STAGES["attention"].naive(inputs["q"], k, v, inputs["cu_seqlens_q"], cu_k, inputs["scale"])
+    stage = STAGES["paged_attention"]
+    inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, torch.device("cpu"), torch.float32)
+    out = stage.naive(**inputs)
+    assert_close(stage.torch(**inputs), out, 1e-6, 1e-6, "torch tier (batched decode) vs naive")
+    m = inputs["metadata"]
+    lens = m.seq_lens_host
+    k = torch.cat([gather_kv(inputs["k_cache"], m.block_table[b], n) for b, n in enumerate(lens)])
+    v = torch.cat([gather_kv(inputs["v_cache"], m.block_table[b], n) for b, n in enumerate(lens)])
+    q_lens = [b - a for a, b in zip(m.cu_seqlens_q_host, m.cu_seqlens_q_host[1:])]
+    contiguous = AttentionMetadata.build(q_lens, lens, "cpu", k_starts=list(itertools.accumulate(lens, initial=0)))
+    ref = STAGES["attention"].naive(inputs["q"], k, v, contiguous, inputs["scale"])
     assert_close(out, ref, 0, 0, "paged vs contiguous")
     # and the gather itself follows slot = block_id * block_size + offset
     bs = inputs["k_cache"].shape[1]
     flat = inputs["k_cache"].reshape(-1, *inputs["k_cache"].shape[2:])
-    row = inputs["block_table"][0]
+    row = m.block_table[0]
     for p in range(lens[0]):
         slot = int(row[p // bs]) * bs + p % bs
         assert torch.equal(k[p], flat[slot])

@@ -7,6 +7,7 @@ from transformers.models.llama import modeling_llama as hf
 
 from stagewise.config import PRESETS
 from stagewise.stages import STAGES, attention, embedding, ffn, lm_head, qkv_proj, rmsnorm, rope
+from stagewise.stages.attention_metadata import AttentionMetadata
 from tests.helpers import assert_close
 
 CFG = PRESETS["tiny"]
@@ -100,7 +101,7 @@ def test_qkv_rope_attention_o_proj_match_hf_llama_attention(num_heads, num_kv_he
         q, k, v = qkv_proj.split_qkv(qkv, config)
         cache = rope.build_cos_sin_cache(64, head_dim, cfg.rope_parameters["rope_theta"])
         q, k = rope.naive(positions, q, k, cache)
-        o = attention.naive(q, k, v, cu, cu, head_dim**-0.5)
+        o = attention.naive(q, k, v, AttentionMetadata.over_batch(cu), head_dim**-0.5)
         ours = o.reshape(sum(lens), -1) @ w_o
         start = 0
         for n in lens:
@@ -118,7 +119,7 @@ def test_attention_worked_example_by_hand():
     k = torch.tensor([[[1.0, 1.0]], [[0.0, 1.0]]])
     v = torch.tensor([[[10.0, 0.0]], [[0.0, 10.0]]])
     cu = torch.tensor([0, 2], dtype=torch.int32)
-    out = attention.naive(q, k, v, cu, cu, scale=2**-0.5)
+    out = attention.naive(q, k, v, AttentionMetadata.over_batch(cu), scale=2**-0.5)
     assert_close(out[0, 0], torch.tensor([10.0, 0.0]), 1e-6, 0, "token 0 sees only itself")
     s0, s1 = 2.0 * 2**-0.5, 2.0 * 2**-0.5  # q1.k0 = 2, q1.k1 = 2 -> equal weights
     w = torch.softmax(torch.tensor([s0, s1]), 0)
@@ -129,13 +130,13 @@ def test_attention_worked_example_by_hand():
 def test_attention_bottom_right_causal_and_empty_rows():
     """3 queries on 2 keys: the first query sees nothing (zeros), the others see a causal prefix."""
     q, k, v = randn(3, 2, 4, seed=7), randn(2, 1, 4, seed=8), randn(2, 1, 4, seed=9)
-    out = attention.naive(q, k, v, torch.tensor([0, 3]), torch.tensor([0, 2]), scale=0.5)
+    out = attention.naive(q, k, v, AttentionMetadata.build([3], [2], "cpu", k_starts=[0, 2]), scale=0.5)
     assert torch.equal(out[0], torch.zeros(2, 4))
     assert_close(out[1], v[0].expand(2, 4), 1e-6, 0, "second query sees key 0 only")
-    # seqused_k: keys beyond the used count are ignored even if present
+    # seq_lens: keys beyond a sequence's length are ignored even if present (a cache's spare slots)
     k2, v2 = torch.cat([k, randn(5, 1, 4, seed=10)]), torch.cat([v, randn(5, 1, 4, seed=11)])
-    out2 = attention.naive(q, k2, v2, torch.tensor([0, 3]), torch.tensor([0, 7]), 0.5, seqused_k=torch.tensor([2]))
-    assert_close(out2, out, 0, 0, "seqused_k")
+    out2 = attention.naive(q, k2, v2, AttentionMetadata.build([3], [2], "cpu", k_starts=[0, 7]), 0.5)
+    assert_close(out2, out, 0, 0, "seq_lens")
 
 
 @pytest.mark.parametrize("num_tokens", [1, 7])
@@ -182,7 +183,7 @@ def test_rmsnorm_worked_example():
 def test_kv_store_worked_example():
     k = torch.tensor([[[1.0]], [[2.0]], [[3.0]]])
     cache_k, cache_v = torch.zeros(5, 1, 1), torch.zeros(5, 1, 1)
-    STAGES["kv_store"].naive(k, -k, cache_k, cache_v, torch.tensor([4, -1, 0]))
+    STAGES["kv_store"].naive(k, -k, cache_k, cache_v, AttentionMetadata.build([3], [3], "cpu", slot_mapping=[4, -1, 0]))
     assert cache_k.flatten().tolist() == [3.0, 0.0, 0.0, 0.0, 1.0]
     assert cache_v.flatten().tolist() == [-3.0, 0.0, 0.0, 0.0, -1.0]
 

@@ -170,25 +170,23 @@ def _sampling(batch: int, vocab: int, dtype) -> list[Launch]:
 
     tiles = sampling.sampling_tiles(vocab, interpreter=False)
     f32, i32, i64, u8 = _ptr(torch.float32), _ptr(torch.int32), _ptr(torch.int64), _ptr(torch.uint8)
-    state = dict(row_max_ptr=f32, row_sum_ptr=f32, threshold_ptr=f32, prefix_ptr=i32, token_ptr=i64,
-                 part_f_ptr=f32, part_i_ptr=i32, vocab=vocab, num_chunks=tiles.num_chunks, shift=5,
-                 GREEDY=sampling.GREEDY_TEMPERATURE, RADIX_BITS=sampling.RADIX_BITS)  # fmt: skip
-    row = dict(temperature_ptr=f32, top_k_ptr=i64, top_p_ptr=f32)
+    # the launcher's shared set of arguments, as dtypes; each kernel takes the ones its signature names
+    shared = dict(logits_ptr=_ptr(dtype), logits_row_stride=vocab, seen_ptr=u8, seen_row_stride=vocab,
+                  penalty_ptr=f32, temperature_ptr=f32, top_k_ptr=i64, top_p_ptr=f32, min_p_ptr=f32,
+                  seed_ptr=i64, row_max_ptr=f32, row_sum_ptr=f32, threshold_ptr=f32, kept_ptr=f32,
+                  prefix_ptr=i32, token_ptr=i64, part_f_ptr=f32, part_i_ptr=i32, mask_ptr=u8,
+                  mask_row_stride=1, batch=batch, vocab=vocab, num_chunks=tiles.num_chunks, shift=5,
+                  PENALTY=True, GREEDY=sampling.GREEDY_TEMPERATURE, WRITE_MASK=False, CHUNK=tiles.chunk,
+                  BLOCK=tiles.block, SEARCH_BLOCK=tiles.search_block, RADIX_BITS=sampling.RADIX_BITS,
+                  ROWS=tiles.combine_rows(batch), CHUNKS_POW2=triton.next_power_of_2(tiles.num_chunks))  # fmt: skip
     launches = []
-    for name in ("MAX", "SUM", "COUNT", "KEPT", "MASS", "DRAW"):
-        which = getattr(sampling, name).value
-        args = dict(logits_ptr=_ptr(dtype), logits_row_stride=vocab, seen_ptr=u8, seen_row_stride=vocab, **row)
-        args.update(penalty_ptr=f32, seed_ptr=i64, mask_ptr=u8, mask_row_stride=1, **state)
-        args.update(PASS=which, PENALTY=True, WRITE_MASK=False)
-        config = triton.Config({}, num_warps=sampling.SamplingTiles.pass_warps(which), num_stages=3)
-        constexprs = dict(CHUNK=tiles.chunk, BLOCK=tiles.block, SEARCH_BLOCK=tiles.search_block)
-        launches.append(Launch("sampling", f"sampling {name.lower()}", "stagewise.kernels.sampling",
-                               "_pass_kernel", args, LaunchPlan("sampling", constexprs, (config,))))  # fmt: skip
-        args = dict(min_p_ptr=f32, kept_ptr=f32, batch=batch, PASS=which, **row, **state)
-        constexprs = dict(ROWS=1, CHUNKS_POW2=triton.next_power_of_2(tiles.num_chunks))
-        config = triton.Config({}, num_warps=4, num_stages=3)  # a plain launch's defaults
-        launches.append(Launch("sampling", f"sampling {name.lower()} combine", "stagewise.kernels.sampling",
-                               "_combine_kernel", args, LaunchPlan("sampling", constexprs, (config,))))  # fmt: skip
+    for name, (pass_kernel, combine_kernel) in sampling.PASSES.items():
+        warps = (sampling.SamplingTiles.pass_warps(name), 4)  # the combine: a plain launch's defaults
+        for kernel, label, num_warps in zip((pass_kernel, combine_kernel), (name, f"{name} combine"), warps):
+            config = triton.Config({}, num_warps=num_warps, num_stages=3)
+            args, plan = sampling.kernel_args(kernel, shared), LaunchPlan("sampling", {}, (config,))
+            module, function = kernel.fn.__module__, kernel.fn.__name__
+            launches.append(Launch("sampling", f"sampling {label}", module, function, args, plan))
     return launches
 
 

@@ -39,6 +39,7 @@ from stagewise.kv.paged import PagedKVCache, PagedKVStep
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device
+from stagewise.stages.attention_metadata import AttentionMetadata
 
 
 def graph_sizes(max_batch: int) -> list[int]:
@@ -106,17 +107,17 @@ class DecodeGraphs:
             cu_seqlens_q_host=cu_host,
             max_q_len=1,
         )
-        kv = PagedKVStep(
-            cache=self.cache,
-            slot_mapping=slots,
-            block_table=self.block_table[:size],
-            seq_lens=self.seq_lens[:size],
+        metadata = AttentionMetadata(
             cu_seqlens_q=self.cu_seqlens[: size + 1],
             cu_seqlens_q_host=cu_host,
-            seq_lens_host=[self.max_model_len] * size,  # worst case: grids and split-K sized for it
             max_q_len=1,
+            seq_lens=self.seq_lens[:size],
+            seq_lens_host=[self.max_model_len] * size,  # worst case: grids and split-K sized for it
             max_seq_len=self.max_model_len,
+            block_table=self.block_table[:size],
+            slot_mapping=slots,  # padding rows store into the spare block: every slot is valid
         )
+        kv = PagedKVStep(cache=self.cache, metadata=metadata)
         return batch, kv
 
     def _fill(self, size: int, ids, positions, slots, seq_lens, rows) -> None:
@@ -149,7 +150,7 @@ class DecodeGraphs:
         self.graphs[size] = graph
 
     def run(self, ids, positions, slots, seq_lens, rows) -> torch.Tensor:
-        """One decode step of len(ids) sequences -> logits [num_seqs, vocab] (a static buffer's view)."""
+        """One decode step of len(ids) sequences -> logits [num_seqs, vocab], a static buffer."""
         num_seqs = len(ids)
         size = self._size_for(num_seqs)
         self._fill(size, ids, positions, slots, seq_lens, rows)

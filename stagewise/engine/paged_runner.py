@@ -32,6 +32,7 @@ from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.trace.hooks import active_tracer
 
 
@@ -220,19 +221,16 @@ class PagedRunner:
             cu_seqlens_q_host=cu,
             max_q_len=max(q_lens),
         )
-        kv = PagedKVStep(
-            cache=self.cache,
-            slot_mapping=to_device(slots, torch.long, device),
-            block_table=self.cache.block_table[
-                to_device(rows, torch.long, device), :max_blocks
-            ].contiguous(),
-            seq_lens=to_device(seq_lens, torch.int32, device),
+        block_table = self.cache.block_table[to_device(rows, torch.long, device), :max_blocks]
+        metadata = AttentionMetadata.build(  # once per step, read by every layer
+            q_lens,
+            seq_lens,
+            device,
+            block_table=block_table.contiguous(),  # [B, max_blocks]: this step's rows
+            slot_mapping=slots,
             cu_seqlens_q=batch.cu_seqlens_q,
-            cu_seqlens_q_host=cu,
-            seq_lens_host=seq_lens,
-            max_q_len=batch.max_q_len,
-            max_seq_len=max(seq_lens),
         )
+        kv = PagedKVStep(cache=self.cache, metadata=metadata)
         return batch, kv
 
     def _trace_begin(self, sched: SchedulerOutput, batch: ForwardBatch, kv: PagedKVStep) -> None:
@@ -266,10 +264,10 @@ class PagedRunner:
             infos,
             {
                 "positions": batch.positions,
-                "slot_mapping": kv.slot_mapping,
-                "cu_seqlens_q": kv.cu_seqlens_q,
-                "seq_lens": kv.seq_lens,
-                "block_table": kv.block_table,
+                "slot_mapping": kv.metadata.slot_mapping,
+                "cu_seqlens_q": kv.metadata.cu_seqlens_q,
+                "seq_lens": kv.metadata.seq_lens,
+                "block_table": kv.metadata.block_table,
             },
             scheduler,
         )

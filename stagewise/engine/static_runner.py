@@ -27,6 +27,7 @@ from stagewise.kv.contiguous import ContiguousKVCache, ContiguousKVStep
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.runtime import to_device
+from stagewise.stages.attention_metadata import AttentionMetadata
 
 
 class StaticBatchRunner:
@@ -119,18 +120,15 @@ class StaticBatchRunner:
         starts = [b * cache.capacity + pads[b] for b in range(len(reqs))] + [
             len(reqs) * cache.capacity
         ]
-        kv = ContiguousKVStep(
-            cache=cache,
-            slot_mapping=to_device(slots, torch.long, device),
+        metadata = AttentionMetadata.build(  # once per step, read by every layer
+            [num_tokens // len(reqs)] * len(reqs),  # every row has the same count: P_max, or 1
+            seq_lens,
+            device,
+            k_starts=starts,  # row b's keys start at slot b * capacity + its padding
+            slot_mapping=slots,
             cu_seqlens_q=batch.cu_seqlens_q,
-            cu_seqlens_k=to_device(starts, torch.int32, device),
-            seqused_k=to_device(seq_lens, torch.int32, device),
-            cu_seqlens_q_host=cu_q,
-            cu_seqlens_k_host=starts,
-            seqused_k_host=list(seq_lens),  # a copy: the caller keeps updating seq_lens
-            max_q_len=batch.max_q_len,
-            all_slots_valid=-1 not in slots,
         )
+        kv = ContiguousKVStep(cache=cache, metadata=metadata)
         prefill = num_tokens > len(reqs)
         rows = num_tokens // len(reqs)  # query rows per sequence this step (P_max, or 1)
         infos = [
@@ -148,10 +146,10 @@ class StaticBatchRunner:
             infos,
             {
                 "positions": batch.positions,
-                "slot_mapping": kv.slot_mapping,
-                "cu_seqlens_q": kv.cu_seqlens_q,
-                "cu_seqlens_k": kv.cu_seqlens_k,
-                "seq_lens": kv.seqused_k,
+                "slot_mapping": kv.metadata.slot_mapping,
+                "cu_seqlens_q": kv.metadata.cu_seqlens_q,
+                "cu_seqlens_k": kv.metadata.cu_seqlens_k,
+                "seq_lens": kv.metadata.seq_lens,
             },
         )
         logits = self.model.forward(batch, kv)  # [B, vocab]

@@ -20,6 +20,7 @@ from stagewise.exercises.core import call, close, equal, near
 from stagewise.kv.block_manager import BlockManager
 from stagewise.parallel.shard import valid_tp_sizes
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.paged_attention import gather_kv
 
 TINY = PRESETS["tiny"]
@@ -110,14 +111,9 @@ def check_slot_mapping(fn) -> str:
     for chunk in (range(0, 9), range(9, 13), range(13, 14)):  # a prefill, a chunk, a decode token
         slots = torch.as_tensor(call(fn, list(block_ids), list(chunk), block_size), dtype=torch.long)
         equal(slots.shape[0], len(chunk), "number of slots")
-        STAGES["kv_store"].naive(
-            k=k[chunk.start : chunk.stop],
-            v=k[chunk.start : chunk.stop],
-            k_cache=k_cache,
-            v_cache=v_cache,
-            slot_mapping=slots,
-            all_slots_valid=True,
-        )
+        step = AttentionMetadata.build([len(chunk)], [chunk.stop], "cpu", slot_mapping=slots.tolist())
+        new_k = k[chunk.start : chunk.stop]
+        STAGES["kv_store"].naive(k=new_k, v=new_k, k_cache=k_cache, v_cache=v_cache, metadata=step)
     back = gather_kv(k_cache.view(num_blocks, block_size, Hkv, d), torch.tensor(block_ids), seq_len)
     close(back, k, "K read back through the block table", atol=0, rtol=0)
     return "K written through your slots (kv_store) reads back in order through the block table"
@@ -184,14 +180,8 @@ def check_merge_splits(fn) -> str:
     H, Hkv, d, n = TINY.num_heads, TINY.num_kv_heads, TINY.head_dim, 40
     q = torch.randn(1, H, d, generator=g)  # one decode query
     k, v = torch.randn(n, Hkv, d, generator=g), torch.randn(n, Hkv, d, generator=g)  # its n cached keys and values
-    want = STAGES["attention"].naive(
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
-        cu_seqlens_k=torch.tensor([0, n], dtype=torch.int32),
-        scale=d**-0.5,
-    )  # [1, H, d]
+    one_decode = AttentionMetadata.build([1], [n], "cpu", k_starts=[0, n])  # 1 query on n keys
+    want = STAGES["attention"].naive(q=q, k=k, v=v, metadata=one_decode, scale=d**-0.5)  # [1, H, d]
     for splits in (1, 3, 8):
         for h in (0, H - 1):
             kv_head = h // (H // Hkv)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from stagewise.stages import attention, kv_store
+from stagewise.stages.attention_metadata import AttentionMetadata
+
 
 class ContiguousKVCache:
     def __init__(
@@ -37,48 +40,29 @@ class ContiguousKVCache:
 
 @dataclass
 class ContiguousKVStep:
-    """How one step's tokens store and read K/V in a `ContiguousKVCache`."""
+    """How one step's tokens store and read K/V in a `ContiguousKVCache`.
 
-    cache: ContiguousKVCache
-    slot_mapping: (
-        torch.Tensor
-    )  # [T] int64: where each new token's K/V go (-1 = padding, not stored)
-    cu_seqlens_q: torch.Tensor  # [B+1] int32: query rows of each sequence
-    cu_seqlens_k: torch.Tensor  # [B+1] int32: first cache slot of each sequence's keys
-    seqused_k: torch.Tensor  # [B] int32: keys each sequence reads (its length, this step included)
-    # the same values as host ints and flags, so no stage or launcher reads a device tensor back:
-    cu_seqlens_q_host: list[int]  # [B+1]
-    cu_seqlens_k_host: list[int]  # [B+1]
-    seqused_k_host: list[int]  # [B]
-    max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
-    all_slots_valid: bool  # no token is padding (no slot is -1)
+    `metadata` (built once per step by the runner) holds the contiguous layout: sequence b's keys
+    are slots `cu_seqlens_k[b] : cu_seqlens_k[b] + seq_lens[b]`, its new tokens go to
+    `slot_mapping` (-1 for the padding rows of a static batch).
+    """
+
+    cache: ContiguousKVCache  # the batch's cache (None in a tensor-parallel step message)
+    metadata: AttentionMetadata  # the step's lengths, key offsets and slots
 
     def attend(
         self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [rows * capacity, Hkv, d]
         ops(
-            "kv_store",
+            kv_store,
             layer=layer,
             k=k,
             v=v,
             k_cache=k_cache,
             v_cache=v_cache,
-            slot_mapping=self.slot_mapping,
-            all_slots_valid=self.all_slots_valid,
+            metadata=self.metadata,
         )
         return ops(
-            "attention",
-            layer=layer,
-            q=q,
-            k=k_cache,
-            v=v_cache,
-            cu_seqlens_q=self.cu_seqlens_q,
-            cu_seqlens_k=self.cu_seqlens_k,
-            scale=scale,
-            seqused_k=self.seqused_k,
-            max_q_len=self.max_q_len,
-            cu_seqlens_q_host=self.cu_seqlens_q_host,
-            cu_seqlens_k_host=self.cu_seqlens_k_host,
-            seqused_k_host=self.seqused_k_host,
-        )
+            attention, layer=layer, q=q, k=k_cache, v=v_cache, metadata=self.metadata, scale=scale
+        )  # [T, H, d]

@@ -1,41 +1,36 @@
 """`NoKVCache`: mode "naive" keeps no K/V; attention runs over this batch's own keys.
 
 The batch holds every token of every sequence, so queries and keys coincide: sequence b's
-queries and keys are rows `cu_seqlens[b] : cu_seqlens[b+1]` of the same q, k, v.
+queries and keys are rows `cu_seqlens[b] : cu_seqlens[b+1]` of the same q, k, v
+(`AttentionMetadata.over_batch`).
 """
-
-from dataclasses import dataclass
 
 import torch
 
+from stagewise.stages import attention
+from stagewise.stages.attention_metadata import AttentionMetadata
 
-@dataclass
+
 class NoKVCache:
     """Naive recompute: the batch holds every token of every sequence; K/V are not kept."""
 
-    cu_seqlens: torch.Tensor  # [B+1] int32: the batch's cu_seqlens_q (queries and keys coincide)
-    # [B+1] the same on the host (None: the stages read the tensor)
-    cu_seqlens_host: list[int] | None = None
-    max_len: int | None = None  # the longest sequence (host int; None: the kernel reads the tensor)
+    def __init__(
+        self,
+        cu_seqlens: torch.Tensor,
+        cu_seqlens_host: list[int] | None = None,
+        max_len: int | None = None,
+    ):
+        """cu_seqlens [B+1] int32: the batch's offsets; cu_seqlens_host: the same as host ints
+        (None: read back from the device once, here). `max_len` is kept for older callers: the
+        metadata derives it from the host offsets."""
+        self.metadata = AttentionMetadata.over_batch(cu_seqlens, cu_seqlens_host)
 
     @classmethod
     def of(cls, batch) -> "NoKVCache":
         """Attention over a `ForwardBatch` itself, with its host lengths (no device reads)."""
-        return cls(batch.cu_seqlens_q, batch.cu_seqlens_q_host, batch.max_q_len)
+        return cls(batch.cu_seqlens_q, batch.cu_seqlens_q_host)
 
     def attend(
         self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        return ops(
-            "attention",
-            layer=layer,
-            q=q,
-            k=k,
-            v=v,
-            cu_seqlens_q=self.cu_seqlens,
-            cu_seqlens_k=self.cu_seqlens,
-            scale=scale,
-            max_q_len=self.max_len,
-            cu_seqlens_q_host=self.cu_seqlens_host,
-            cu_seqlens_k_host=self.cu_seqlens_host,
-        )
+        return ops(attention, layer=layer, q=q, k=k, v=v, metadata=self.metadata, scale=scale)

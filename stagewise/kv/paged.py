@@ -20,7 +20,9 @@ import torch
 from stagewise.config import EngineConfig, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.runtime import to_device
-from stagewise.stages.paged_decode_batched import plan_decode
+from stagewise.stages import kv_store, paged_attention
+from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.paged_attention_torch import plan_of
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -129,65 +131,41 @@ class PagedKVCache:
 
 @dataclass
 class PagedKVStep:
-    """How one step's tokens store and read K/V in a `PagedKVCache`."""
+    """How one step's tokens store and read K/V in a `PagedKVCache`.
 
-    cache: PagedKVCache
-    slot_mapping: (
-        torch.Tensor
-    )  # [T] int64: block_id * block_size + offset for every scheduled token
-    block_table: torch.Tensor  # [B, max_blocks] int32: the rows of this step's sequences
-    seq_lens: torch.Tensor  # [B] int32: tokens in the cache per sequence after this step
-    cu_seqlens_q: torch.Tensor  # [B+1] int32: this step's query rows per sequence
-    # the same lengths as host ints, so no stage or launcher reads a device tensor back:
-    cu_seqlens_q_host: list[int]  # [B+1]
-    seq_lens_host: list[int]  # [B]
-    max_q_len: int  # the most query rows of one sequence (sizes the attention grid)
-    max_seq_len: int  # the longest sequence (decides split-K)
-    decode_plan: list | None = (
-        None  # PyTorch paged attention: decode gather slots, built at layer 0, reused
-    )
+    `metadata` (built once per step by the runner) holds the paged layout: the block-table rows
+    of this step's sequences, their lengths, and every new token's slot
+    (`block_id * block_size + offset`; a paged batch has no padding, so every slot is valid).
+    """
+
+    cache: PagedKVCache  # the engine's cache (None in a tensor-parallel step message)
+    metadata: AttentionMetadata  # the step's lengths, block table and slots
 
     def attend(
         self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        k_cache, v_cache = (
-            self.cache.kv[layer, 0],
-            self.cache.kv[layer, 1],
-        )  # [num_blocks, block_size, Hkv, d]
+        m = self.metadata
+        k_cache = self.cache.kv[layer, 0]  # [num_blocks, block_size, Hkv, d]
+        v_cache = self.cache.kv[layer, 1]
         flat = (-1, *k_cache.shape[2:])  # the same memory seen as [num_slots, Hkv, d]
         ops(
-            "kv_store",
+            kv_store,
             layer=layer,
             k=k,
             v=v,
             k_cache=k_cache.view(flat),
             v_cache=v_cache.view(flat),
-            slot_mapping=self.slot_mapping,
-            all_slots_valid=True,  # every scheduled token has a slot: no padding in a paged batch
+            metadata=m,
         )
-        if (
-            self.decode_plan is None and ops.backends["paged_attention"] == "naive"
-        ):  # once per step, all layers
-            self.decode_plan = plan_decode(
-                self.block_table,
-                self.seq_lens,
-                self.cu_seqlens_q_host,
-                self.seq_lens_host,
-                self.cache.block_size,
-            )
+        if m.decode_plan is None and ops.tier(paged_attention) == "torch":
+            # the torch tier's decode plan depends on the step only: once per step, all layers
+            m.decode_plan = plan_of(m, self.cache.block_size)
         return ops(
-            "paged_attention",
+            paged_attention,
             layer=layer,
             q=q,
             k_cache=k_cache,
             v_cache=v_cache,
-            block_table=self.block_table,
-            seq_lens=self.seq_lens,
-            cu_seqlens_q=self.cu_seqlens_q,
+            metadata=m,
             scale=scale,
-            max_q_len=self.max_q_len,
-            max_seq_len=self.max_seq_len,
-            cu_seqlens_q_host=self.cu_seqlens_q_host,
-            seq_lens_host=self.seq_lens_host,
-            decode_plan=self.decode_plan,
-        )
+        )  # [T, H, d]

@@ -2,14 +2,15 @@
 
 Rank 0 alone schedules and samples. Before every forward pass it broadcasts a
 `StepMessage` on the control group: the step's `ForwardBatch` (input_ids,
-positions, cu_seqlens_q, ...) and its KV access (slot_mapping, block_table
-rows, seq_lens, ...) — the same objects its own forward reads, with the cache
+positions, ...) and its KV access with its `AttentionMetadata` (slot_mapping,
+block_table rows, seq_lens, ...) — the same objects its own forward reads, with the cache
 replaced by a `CacheSpec` that says which cache of the worker's own to use.
 Each worker's cache has the same blocks and the same block table as rank 0's,
 holding only that rank's KV heads, so the same slot numbers are valid on
 every rank.
 """
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import torch
 from stagewise.kv.contiguous import ContiguousKVCache
 from stagewise.kv.paged import PagedKVCache
 from stagewise.models.forward_batch import ForwardBatch
+from stagewise.stages.attention_metadata import AttentionMetadata
 
 
 @dataclass
@@ -41,7 +43,7 @@ class TraceRequest:
 @dataclass
 class StepMessage:
     batch: ForwardBatch  # the flattened token batch, on the host
-    kv: object  # PagedKVStep / ContiguousKVStep with cache=None, or NoKVCache
+    kv: object  # PagedKVStep / ContiguousKVStep with cache=None, or NoKVCache (kv/)
     cache: CacheSpec | None  # the cache `kv` reads (None: NoKVCache)
     trace: TraceRequest | None  # None: not tracing
 
@@ -84,22 +86,34 @@ def build_cache(spec: CacheSpec, cfg, dtype, device, table_device):
 
 def step_message(batch: ForwardBatch, kv, trace: TraceRequest | None) -> StepMessage:
     cache = getattr(kv, "cache", None)
-    plain = dataclasses.replace(kv, cache=None) if cache is not None else kv
+    plain = copy.copy(kv)
+    if cache is not None:
+        plain.cache = None  # the worker's own cache takes its place
+    plain.metadata = dataclasses.replace(kv.metadata, decode_plan=None)  # each rank plans its own
     return StepMessage(_moved(batch, "cpu"), _moved(plain, "cpu"), cache_spec(cache), trace)
 
 
 def with_cache(kv, cache):
-    return dataclasses.replace(kv, cache=cache) if cache is not None else kv
+    if cache is None:
+        return kv
+    kv = copy.copy(kv)
+    kv.cache = cache
+    return kv
 
 
 def _moved(obj, device):
-    """A copy of a dataclass of tensors with every tensor on `device` (a no-op on the CPU)."""
-    changes = {
-        f.name: getattr(obj, f.name).to(device)
-        for f in dataclasses.fields(obj)
-        if isinstance(getattr(obj, f.name), torch.Tensor) and getattr(obj, f.name).device != torch.device(device)
-    }
-    return dataclasses.replace(obj, **changes) if changes else obj
+    """A copy of `obj` with every tensor attribute (and its metadata's) on `device` (or `obj`)."""
+    changes = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor) and value.device != torch.device(device):
+            changes[name] = value.to(device)
+        elif isinstance(value, AttentionMetadata) and _moved(value, device) is not value:
+            changes[name] = _moved(value, device)
+    if not changes:
+        return obj
+    moved = copy.copy(obj)
+    vars(moved).update(changes)
+    return moved
 
 
 def to_device(obj, device):

@@ -4,12 +4,12 @@
 
     out = softmax(q k^T * scale + causal_mask) v        per sequence, per head
 
-Variable length: sequences are packed end to end, no padding. Sequence b owns
-query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` and key/value rows starting at
-`cu_seqlens_k[b]`; it uses `seqused_k[b]` of them when given (so a cache with
-spare capacity per sequence needs no copy), else up to `cu_seqlens_k[b+1]`.
-The engine also passes these lengths as host ints (`max_q_len`, the `*_host`
-lists), so neither path reads a device tensor back to size its work.
+Variable length: sequences are packed end to end, no padding. The step's
+`AttentionMetadata` (`stages/attention_metadata.py`, built once per step) says
+where: sequence b owns query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` and
+`seq_lens[b]` key/value rows starting at `cu_seqlens_k[b]` (so a cache with
+spare capacity per sequence needs no copy). It holds these lengths as host
+ints too, so neither tier reads a device tensor back to size its work.
 
 Causal mask, aligned bottom-right: when a sequence has Lq queries and Lk keys,
 its queries are the *last* Lq positions, so query i may see key j iff
@@ -20,8 +20,9 @@ rows of static batching) gets zeros, not NaN.
 
 GQA by index map, never by copying K/V: query head h reads KV head
 `h // (H // Hkv)`. The naive reference expresses that map by regrouping q as
-[Hkv, group * Lq, d]: the query rows of the `group` heads that share a KV head
-become the rows of one matrix product with that head's K (a strided view).
+[Hkv, group * Lq, d] (`einops.rearrange`, so the reader sees which axes move):
+the query rows of the `group` heads that share a KV head become the rows of
+one matrix product with that head's K (a strided view).
 
 The naive reference materialises the full [Lq, Lk] score matrix per head, one
 sequence at a time; the optimized FlashAttention kernel never does (tiles +
@@ -47,81 +48,62 @@ the tile may see are never loaded.
 """
 
 import torch
+from einops import rearrange
 
 from stagewise.config import ModelConfig
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import Stage
 
 
 def causal_attention_one_sequence(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """One sequence: q [Lq, H, d] (its last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] in float32."""
-    len_q, num_heads, head_dim = q.shape
-    len_k, num_kv_heads = k.shape[0], k.shape[1]
-    group = num_heads // num_kv_heads  # query heads per KV head
-    qg = q.float().view(len_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, g, Lq, d]
-    qg = qg.reshape(
-        num_kv_heads, group * len_q, head_dim
-    )  # [Hkv, g*Lq, d]: every query row of one KV head
-    kt = k.float().permute(
-        1, 2, 0
-    )  # [Lk, Hkv, d] -> [Hkv, d, Lk], a strided view: K is never copied
+    """One sequence: q [Lq, H, d] (its last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] fp32."""
+    len_q, len_k = q.shape[0], k.shape[0]
+    num_kv_heads = k.shape[1]
+    # the query heads that share KV head j are heads j*g .. j*g + g-1: one matrix per KV head
+    qg = rearrange(q.float(), "lq (hkv g) d -> hkv (g lq) d", hkv=num_kv_heads)  # [Hkv, g*Lq, d]
+    kt = rearrange(k.float(), "lk hkv d -> hkv d lk")  # [Hkv, d, Lk], a strided view: no copy
     scores = torch.bmm(qg, kt) * scale  # [Hkv, g*Lq, d] @ [Hkv, d, Lk] -> [Hkv, g*Lq, Lk]
-    scores = scores.view(num_kv_heads, group, len_q, len_k)  # [Hkv, g, Lq, Lk]
+    scores = rearrange(scores, "hkv (g lq) lk -> hkv g lq lk", lq=len_q)  # [Hkv, g, Lq, Lk]
     if len_q > 1 or len_q > len_k:  # one query at the end sees every key: no mask needed
         i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
         j = torch.arange(len_k, device=q.device).unsqueeze(0)  # [1, Lk]
         allowed = j <= i + (len_k - len_q)  # [Lq, Lk] causal, bottom-right aligned
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)  # [Hkv, g, Lq, Lk]
-        probs = torch.where(
-            allowed.any(dim=-1, keepdim=True), probs, 0.0
-        )  # rows with no key -> 0, not NaN
+        # rows that may see no key -> 0, not NaN
+        probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)
     else:
         probs = torch.softmax(scores, dim=-1)  # [Hkv, g, 1, Lk]
-    probs = probs.reshape(num_kv_heads, group * len_q, len_k)  # [Hkv, g*Lq, Lk]
-    out = torch.bmm(
-        probs, v.float().permute(1, 0, 2)
-    )  # [Hkv, g*Lq, Lk] @ [Hkv, Lk, d] -> [Hkv, g*Lq, d]
-    out = out.view(num_kv_heads, group, len_q, head_dim)  # [Hkv, g, Lq, d]
-    return out.permute(2, 0, 1, 3).reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
+    probs = rearrange(probs, "hkv g lq lk -> hkv (g lq) lk")  # [Hkv, g*Lq, Lk]
+    vt = rearrange(v.float(), "lk hkv d -> hkv lk d")  # [Hkv, Lk, d], a strided view
+    out = torch.bmm(probs, vt)  # [Hkv, g*Lq, Lk] @ [Hkv, Lk, d] -> [Hkv, g*Lq, d]
+    return rearrange(out, "hkv (g lq) d -> lq (hkv g) d", lq=len_q)  # [Lq, H, d]
 
 
 def naive(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
-    seqused_k: torch.Tensor | None = None,
-    max_q_len: int | None = None,
-    cu_seqlens_q_host: list[int] | None = None,
-    cu_seqlens_k_host: list[int] | None = None,
-    seqused_k_host: list[int] | None = None,
 ) -> torch.Tensor:
-    """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1], seqused_k [B] or None -> [Tq, H, d].
+    """q [Tq, H, d], k/v [Tk, Hkv, d] in the contiguous layout of `metadata` -> [Tq, H, d].
 
     One sequence at a time, each with its own exact shapes: a request's numbers never depend on
     which other requests share the batch (so continuous batching gives the tokens of a run alone).
-    The `*_host` lists are the same offsets as Python ints (the scheduler has them): slicing with
-    them reads nothing back from the device. Without them the tensors are read (a host sync).
+    The offsets come from the metadata's host ints: slicing with them reads nothing back.
     """
+    m = metadata
     out = torch.empty_like(q)
-    cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
-    cu_k = cu_seqlens_k_host if cu_seqlens_k_host is not None else cu_seqlens_k.tolist()
-    if seqused_k is None:
-        used = [b - a for a, b in zip(cu_k, cu_k[1:])]
-    else:
-        used = seqused_k_host if seqused_k_host is not None else seqused_k.tolist()
-    for b in range(len(cu_q) - 1):
+    cu_q, cu_k, lens = m.cu_seqlens_q_host, m.cu_seqlens_k_host, m.seq_lens_host
+    for b in range(m.num_seqs):
         q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
         if q_end == q_start:
             continue
-        kb, vb = (
-            k[k_start : k_start + used[b]],
-            v[k_start : k_start + used[b]],
-        )  # [Lk, Hkv, d] views
+        kb = k[k_start : k_start + lens[b]]  # [Lk, Hkv, d], a view
+        vb = v[k_start : k_start + lens[b]]
         out[q_start:q_end] = causal_attention_one_sequence(q[q_start:q_end], kb, vb, scale)
     return out
 
@@ -130,29 +112,19 @@ def optimized(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
-    seqused_k: torch.Tensor | None = None,
-    max_q_len: int | None = None,
-    cu_seqlens_q_host: list[int] | None = None,
-    cu_seqlens_k_host: list[int] | None = None,
-    seqused_k_host: list[int] | None = None,
 ) -> torch.Tensor:
-    """Triton FlashAttention: K/V tiles stream past a query tile, online softmax, no [Lq, Lk] matrix.
+    """Triton FlashAttention: K/V tiles stream past a query tile, online softmax, no [Lq, Lk].
 
-    Only `max_q_len` (host int) is needed, to size the grid; the kernel reads the offsets itself.
+    The kernel reads the offsets on the device; only `max_q_len` (a host int) sizes the grid.
     """
-    from stagewise.kernels.flash_attention import (
-        flash_attention,
-    )  # lazily: importing kernels picks GPU or interpreter
+    # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.flash_attention import flash_attention
 
-    if max_q_len is None and cu_seqlens_q_host is not None:
-        max_q_len = max(
-            (b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0
-        )
+    m = metadata
     return flash_attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, scale, seqused_k, max_q_len=max_q_len
+        q, k, v, m.cu_seqlens_q, m.cu_seqlens_k, scale, m.seq_lens, max_q_len=m.max_q_len
     )  # [Tq, H, d]
 
 
@@ -163,23 +135,17 @@ def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     q_lens = [b - a for a, b in zip(cuts, cuts[1:])]
     prefixes = [0, 5, 17][: len(q_lens)]
     k_lens = [lq + p for lq, p in zip(q_lens, prefixes)]
-    cu_q = torch.tensor([0] + q_lens).cumsum(0)
     cu_k = torch.tensor([0] + k_lens).cumsum(0)
     q = torch.randn(num_tokens, config.num_heads, config.head_dim, generator=gen)
     k = torch.randn(int(cu_k[-1]), config.num_kv_heads, config.head_dim, generator=gen)
     v = torch.randn(int(cu_k[-1]), config.num_kv_heads, config.head_dim, generator=gen)
+    metadata = AttentionMetadata.build(q_lens, k_lens, device, k_starts=cu_k.tolist())
     return {
         "q": q.to(device, dtype),
         "k": k.to(device, dtype),
         "v": v.to(device, dtype),
-        "cu_seqlens_q": cu_q.to(device, torch.int32),
-        "cu_seqlens_k": cu_k.to(device, torch.int32),
+        "metadata": metadata,  # the lengths on the device and the host, as the engine passes them
         "scale": config.head_dim**-0.5,
-        "max_q_len": max(
-            q_lens, default=0
-        ),  # the same lengths on the host, as the engine passes them
-        "cu_seqlens_q_host": cu_q.tolist(),
-        "cu_seqlens_k_host": cu_k.tolist(),
     }
 
 
@@ -198,7 +164,7 @@ STAGE = Stage(
         "v": "num_kv_tokens kv_heads head_dim",
         "cu_seqlens_q": "num_seqs+1",
         "cu_seqlens_k": "num_seqs+1",
-        "seqused_k": "num_seqs",
+        "seq_lens": "num_seqs",
         "out": "num_tokens heads head_dim",
     },
 )

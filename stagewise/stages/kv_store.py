@@ -7,19 +7,22 @@ KV heads of one layer. A paged cache [num_blocks, block_size, Hkv, d] is the
 same memory seen as [num_blocks * block_size, Hkv, d], with
 `slot = block_id * block_size + offset_in_block`; a contiguous per-request
 cache uses `slot = request_row * capacity + position`. Slot -1 means "do not
-store" (e.g. padding), and is skipped.
+store" (e.g. padding), and is skipped. The slots come with the step's
+`AttentionMetadata` (`slot_mapping`, and `all_slots_valid`, a host flag that
+spares the reference a read of the mask when no token is padding).
 
 The Triton kernel (`kernels/kv_store.py`) runs one program per tile of tokens:
 it loads their K and V rows (read straight from the strided views of the fused
 QKV output) together with their slots, and stores each token whose slot is not
--1 into that slot, casting to the cache dtype at the store. One launch, one read and one
-write per element, instead of the reference's mask, compaction and two
+-1 into that slot, casting to the cache dtype at the store. One launch, one read and
+one write per element, instead of the reference's mask, compaction and two
 `index_copy_` calls.
 """
 
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import Stage
 
 
@@ -28,16 +31,11 @@ def naive(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    all_slots_valid: bool | None = None,
+    metadata: AttentionMetadata,
 ) -> None:
-    """k, v [T, Hkv, d]; k_cache, v_cache [num_slots, Hkv, d]; slot_mapping [T] (-1 = skip).
-
-    `all_slots_valid`: the caller knows no slot is -1 (a host bool); else the mask is read (a host sync).
-    """
-    if all_slots_valid is None:
-        all_slots_valid = bool((slot_mapping >= 0).all())  # reads the slots back: a host sync
-    if not all_slots_valid:  # drop the padding tokens
+    """k, v [T, Hkv, d] -> k_cache, v_cache [num_slots, Hkv, d] at metadata.slot_mapping [T]."""
+    slot_mapping = metadata.slot_mapping  # [T] int64, -1 = skip
+    if not metadata.all_slots_valid:  # drop the padding tokens
         keep = slot_mapping >= 0  # [T] bool
         slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
     slots = slot_mapping.long().to(k_cache.device)  # [T_kept]
@@ -50,37 +48,36 @@ def optimized(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    all_slots_valid: bool | None = None,
+    metadata: AttentionMetadata,
 ) -> None:
-    """Triton scatter: one program per token copies its K and V into cache[slot] (slot -1: skipped).
+    """Triton scatter: one program per tile of tokens copies K and V into cache[slot].
 
     The kernel skips -1 slots itself, so `all_slots_valid` is not needed here.
     """
-    from stagewise.kernels.kv_store import (
-        kv_store,
-    )  # lazily: importing kernels picks GPU or interpreter
+    # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.kv_store import kv_store
 
-    kv_store(k, v, k_cache, v_cache, slot_mapping)  # writes k_cache, v_cache in place
+    kv_store(k, v, k_cache, v_cache, metadata.slot_mapping)  # writes k_cache, v_cache in place
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
+    """One sequence of `num_tokens` new tokens at shuffled slots, one of them padding (-1)."""
     gen = torch.Generator().manual_seed(0)
     num_slots = 4 * num_tokens + 16
     slots = torch.randperm(num_slots, generator=gen)[:num_tokens]
     if num_tokens > 1:
         slots[num_tokens // 2] = -1  # one padding token that must not be written
     shape = (num_tokens, config.num_kv_heads, config.head_dim)
+    cache_shape = (num_slots, config.num_kv_heads, config.head_dim)
+    metadata = AttentionMetadata.build(
+        [num_tokens], [num_tokens], device, slot_mapping=slots.tolist()
+    )
     return {
         "k": torch.randn(shape, generator=gen).to(device, dtype),
         "v": torch.randn(shape, generator=gen).to(device, dtype),
-        "k_cache": torch.zeros(
-            num_slots, config.num_kv_heads, config.head_dim, device=device, dtype=dtype
-        ),
-        "v_cache": torch.zeros(
-            num_slots, config.num_kv_heads, config.head_dim, device=device, dtype=dtype
-        ),
-        "slot_mapping": slots.to(device),
+        "k_cache": torch.zeros(cache_shape, device=device, dtype=dtype),
+        "v_cache": torch.zeros(cache_shape, device=device, dtype=dtype),
+        "metadata": metadata,
     }
 
 

@@ -1,31 +1,30 @@
 """Attention over a paged KV cache: keys and values are read through a block table.
 
-    q [T, H, d], k_cache / v_cache [num_blocks, block_size, Hkv, d],
-    block_table [B, max_blocks_per_seq], seq_lens [B], cu_seqlens_q [B+1] -> out [T, H, d]
+    q [T, H, d], k_cache / v_cache [num_blocks, block_size, Hkv, d], metadata -> out [T, H, d]
 
 The cache is a pool of fixed-size blocks (`block_size` tokens each, 16 by
 default). Sequence b's token at position p lives in physical block
 `block_table[b, p // block_size]`, at offset `p % block_size` — so a sequence
 needs no contiguous memory, only a row of block ids (the seeds' "address array").
 
-Sequence b has `seq_lens[b]` tokens in the cache (this step's new tokens
-already stored) and `q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]` queries:
-its *last* q_len positions. The causal mask is aligned bottom-right, as in the
-contiguous `attention` stage, so one function serves decode (q_len 1), a
-whole prefill (q_len == seq_len) and a chunk of a prefill on top of a cached
-prefix (chunked prefill, prefix-cache hits). The engine also passes the
-lengths as host ints (`max_q_len`, `max_seq_len`, the `*_host` lists), so
-neither path reads a device tensor back to size its work.
+The step's `AttentionMetadata` (`stages/attention_metadata.py`) holds the
+block table and the lengths: sequence b has `seq_lens[b]` tokens in the cache
+(this step's new tokens already stored) and
+`q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]` queries, its *last* q_len
+positions. The causal mask is aligned bottom-right, as in the contiguous
+`attention` stage, so one function serves decode (q_len 1), a whole prefill
+(q_len == seq_len) and a chunk of a prefill on top of a cached prefix
+(chunked prefill, prefix-cache hits). The lengths are host ints too, so no
+tier reads a device tensor back to size its work.
 
 GQA by index map: query head h reads KV head h // (H // Hkv), no copy.
 
-The reference (`one_by_one`) gathers each sequence's K/V blocks into a
-contiguous copy (one `index_select` over its block ids) and runs the
-contiguous `attention` reference's per-sequence function on it. The PyTorch
-backend (`naive`) runs prefills that way too, but attends all decoding
-sequences together, a few batched ops per layer instead of a dozen per
-sequence (`stages/paged_decode_batched.py`, with its measurements); the two
-agree to float32 rounding, tested.
+The reference (`naive`) is the textbook, one sequence at a time: gather its
+K/V blocks through its block-table row into a contiguous copy, then the
+contiguous `attention` reference's formula. The `torch` tier
+(`stages/paged_attention_torch.py`) attends all decoding sequences together, a
+few batched ops per layer instead of a dozen per sequence (its docstring has
+the measurements); the two agree to float32 rounding, tested.
 
 What the kernel (`kernels/paged_attention.py`) does differently: no gather
 copy and no score matrix. A tile of BLOCK_N keys finds each key's physical
@@ -40,112 +39,49 @@ partial (max, sum, acc) states merged by a second small kernel (split-K,
 "flash decoding").
 """
 
-import itertools
-
 import torch
+from einops import rearrange
 
 from stagewise.config import ModelConfig
 from stagewise.stages import attention
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import Stage
-from stagewise.stages.paged_decode_batched import DecodeGroup, attend_group, plan_decode
+from stagewise.stages.paged_attention_torch import paged_attention_torch
 
 
 def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """cache [num_blocks, block_size, Hkv, d], one sequence's block ids -> its [seq_len, Hkv, d] (a copy).
+    """cache [num_blocks, block_size, Hkv, d], one block-table row -> [seq_len, Hkv, d] (a copy).
 
-    Position p comes from slot block_ids[p // block_size] * block_size + p % block_size.
+    Position p comes from block block_ids[p // block_size], offset p % block_size.
     """
     num_blocks = -(-seq_len // cache.shape[1])  # ceil: the blocks that hold its tokens
-    index = block_ids[:num_blocks].to(
-        device=cache.device, dtype=torch.long
-    )  # [n_blocks] physical block ids
-    blocks = cache.index_select(0, index)  # [n_blocks, block_size, Hkv, d], in logical order
-    return blocks.flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d]
-
-
-def one_sequence(
-    q: torch.Tensor, k_cache, v_cache, block_ids: torch.Tensor, seq_len: int, scale: float
-):
-    """One sequence's query rows q [Lq, H, d] over its first seq_len cached keys -> [Lq, H, d] (float32)."""
-    k = gather_kv(k_cache, block_ids, seq_len)  # [seq_len, Hkv, d]
-    v = gather_kv(v_cache, block_ids, seq_len)
-    return attention.causal_attention_one_sequence(q, k, v, scale)
-
-
-def one_by_one(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    scale: float,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    cu_seqlens_q_host: list[int] | None = None,
-    seq_lens_host: list[int] | None = None,
-) -> torch.Tensor:
-    """One sequence at a time: gather its blocks into contiguous K/V, then the contiguous reference.
-
-    Gathering sequence by sequence keeps each copy small enough to stay in cache for the attention
-    that reads it right after (2-3x faster on a CPU than one gather of every sequence's blocks).
-    The `*_host` lists are the lengths as Python ints (the scheduler has them): no read back from
-    the device. Without them the tensors are read (a host sync).
-    """
-    out = torch.empty_like(q)
-    cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
-    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
-    for b, seq_len in enumerate(lens):
-        q_start, q_end = cu_q[b], cu_q[b + 1]
-        if q_end > q_start:
-            out[q_start:q_end] = one_sequence(
-                q[q_start:q_end], k_cache, v_cache, block_table[b], seq_len, scale
-            )
-    return out
+    index = block_ids[:num_blocks].to(device=cache.device, dtype=torch.long)  # [n_blocks]
+    blocks = cache[index]  # [n_blocks, block_size, Hkv, d], in the sequence's order
+    return rearrange(blocks, "n s hkv d -> (n s) hkv d")[:seq_len]  # [seq_len, Hkv, d]
 
 
 def naive(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    cu_seqlens_q_host: list[int] | None = None,
-    seq_lens_host: list[int] | None = None,
-    decode_plan: list[DecodeGroup] | None = None,
 ) -> torch.Tensor:
-    """The PyTorch path: decoding sequences batched (`paged_decode_batched`), the others as `one_by_one`.
+    """One sequence at a time: gather its blocks into contiguous K/V, then the attention formula.
 
-    Same arguments and result as `one_by_one`, the reference. `decode_plan`: the decode groups' key slots,
-    built once per step by the engine (the same for every layer); None builds them here.
+    q [T, H, d], caches [num_blocks, block_size, Hkv, d] -> [T, H, d]. The offsets come from the
+    metadata's host ints: slicing with them reads nothing back from the device.
     """
-    cu_q = cu_seqlens_q_host if cu_seqlens_q_host is not None else cu_seqlens_q.tolist()
-    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
-    if decode_plan is None:
-        decode_plan = plan_decode(block_table, seq_lens, cu_q, lens, k_cache.shape[1])
-    if not decode_plan:
-        return one_by_one(
-            q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, scale, None, None, cu_q, lens
-        )
-    if len(decode_plan) == 1 and decode_plan[0].rows == slice(
-        0, q.shape[0]
-    ):  # a pure decode step, one group
-        return attend_group(
-            q, k_cache, v_cache, decode_plan[0], scale
-        )  # [T, H, d], no copy into an `out`
+    m = metadata
     out = torch.empty_like(q)
-    for group in decode_plan:
-        out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
-    for b in range(len(lens)):
+    cu_q = m.cu_seqlens_q_host
+    for b, seq_len in enumerate(m.seq_lens_host):
         q_start, q_end = cu_q[b], cu_q[b + 1]
-        if q_end - q_start > 1:  # a prefill or a prefill chunk: the reference, one sequence
-            out[q_start:q_end] = one_sequence(
-                q[q_start:q_end], k_cache, v_cache, block_table[b], lens[b], scale
-            )
+        if q_end == q_start:
+            continue
+        k = gather_kv(k_cache, m.block_table[b], seq_len)  # [seq_len, Hkv, d]
+        v = gather_kv(v_cache, m.block_table[b], seq_len)
+        out[q_start:q_end] = attention.causal_attention_one_sequence(q[q_start:q_end], k, v, scale)
     return out
 
 
@@ -153,48 +89,35 @@ def optimized(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    cu_seqlens_q_host: list[int] | None = None,
-    seq_lens_host: list[int] | None = None,
-    decode_plan: list[DecodeGroup] | None = None,
 ) -> torch.Tensor:
     """Triton paged attention: K/V tiles read in place through the block table, online softmax.
 
-    Only `max_q_len` and `max_seq_len` (host ints) are needed, to size the grid and choose split-K;
-    `decode_plan` (the PyTorch path's gather slots) is not used.
+    `max_q_len` and `max_seq_len` (host ints) size the grid and choose split-K; the kernel reads
+    the rest on the device (the torch tier's `decode_plan` is not used).
     """
-    from stagewise.kernels.paged_attention import (
-        paged_attention,
-    )  # lazily: importing kernels picks GPU or interpreter
+    # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.paged_attention import paged_attention
 
-    if max_q_len is None and cu_seqlens_q_host is not None:
-        max_q_len = max(
-            (b - a for a, b in zip(cu_seqlens_q_host, cu_seqlens_q_host[1:])), default=0
-        )
-    if max_seq_len is None and seq_lens_host is not None:
-        max_seq_len = max(seq_lens_host, default=0)
+    m = metadata
     return paged_attention(
         q,
         k_cache,
         v_cache,
-        block_table,
-        seq_lens,
-        cu_seqlens_q,
+        m.block_table,
+        m.seq_lens,
+        m.cu_seqlens_q,
         scale,
-        max_q_len=max_q_len,
-        max_seq_len=max_seq_len,
+        max_q_len=m.max_q_len,
+        max_seq_len=m.max_seq_len,
     )  # -> [T, H, d]
 
 
 def example_inputs(
     config: ModelConfig, num_tokens: int, device, dtype, block_size: int = 16
 ) -> dict:
-    """Three sequences: a decode, a prefill chunk on a cached prefix, a fresh prefill; blocks shuffled."""
+    """A decode, a prefill chunk on a cached prefix and a fresh prefill; blocks shuffled."""
     gen = torch.Generator().manual_seed(0)
     q_lens = [1, max(1, num_tokens // 2), 0]
     q_lens[2] = max(0, num_tokens - q_lens[0] - q_lens[1])
@@ -212,20 +135,13 @@ def example_inputs(
         start += n
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
     q = torch.randn(sum(q_lens), config.num_heads, config.head_dim, generator=gen)
+    metadata = AttentionMetadata.build(q_lens, seq_lens, device, block_table=block_table.to(device))
     return {
         "q": q.to(device, dtype),
         "k_cache": torch.randn(shape, generator=gen).to(device, dtype),
         "v_cache": torch.randn(shape, generator=gen).to(device, dtype),
-        "block_table": block_table.to(device),
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        "cu_seqlens_q": torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32),
+        "metadata": metadata,  # the lengths on the device and the host, as the engine passes them
         "scale": config.head_dim**-0.5,
-        "max_q_len": max(
-            q_lens, default=0
-        ),  # the same lengths on the host, as the engine passes them
-        "max_seq_len": max(seq_lens, default=0),
-        "cu_seqlens_q_host": list(itertools.accumulate(q_lens, initial=0)),
-        "seq_lens_host": seq_lens,
     }
 
 
@@ -234,6 +150,8 @@ STAGE = Stage(
     summary="causal attention reading K/V blocks through each sequence's block table",
     shapes="q [T, H, d], cache [num_blocks, block_size, Hkv, d] -> [T, H, d]",
     naive=naive,
+    torch=paged_attention_torch,
+    torch_kind="torch: decoding sequences batched, one padded gather + one fused SDPA per group",
     triton=optimized,
     triton_kind="triton: paged attention through block_table",
     example_inputs=example_inputs,

@@ -8,7 +8,9 @@
 While a tracer is active, every stage call made through `StageOps` is
 recorded: stage, layer, backend, each input and output tensor's name, shape,
 dtype and the meaning of each axis (from the stage's `axes`), and optionally
-the wall time. Runners open a step with the scheduler's decision and the batch
+the wall time. The attention stages' `AttentionMetadata` is recorded as the
+tensors of it each stage reads, under their own names (`cu_seqlens_q`,
+`seq_lens`, `block_table`, `slot_mapping`, ...). Runners open a step with the scheduler's decision and the batch
 metadata (positions, slot_mapping, cu_seqlens, block_table rows...).
 
 Under tensor parallelism (`stagewise/parallel/`) every record carries the
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 import torch
 
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.trace.hooks import pop_tracer, push_tracer
 
 
@@ -134,6 +137,8 @@ class Tracer:
                 scalars[name] = value if len(value) <= 80 else value[:77] + "..."
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 scalars[name] = value
+            elif isinstance(value, AttentionMetadata):  # its host maxima, as when they were arguments
+                scalars.update(max_q_len=value.max_q_len, max_seq_len=value.max_seq_len)
         outs = result if isinstance(result, tuple) else (result,)
         outputs = []
         for name, value in zip(spec.outputs, outs):
@@ -186,6 +191,14 @@ def _tensor_records(name: str, value, axes: dict[str, str]) -> list[TensorRecord
                 name, list(value.shape), str(value.dtype).removeprefix("torch."), names.split() if names else None
             )
         ]
+    if isinstance(value, AttentionMetadata):
+        # the step's metadata: the tensors this stage reads (the ones its `axes` name), under their own
+        # names (cu_seqlens_q, seq_lens, block_table, slot_mapping, ...), as if passed one by one
+        out = []
+        for key, inner in vars(value).items():
+            if isinstance(inner, torch.Tensor) and key in axes:
+                out += _tensor_records(key, inner, axes)
+        return out
     if is_dataclass(value) and not isinstance(value, type):
         out = []
         for key, inner in vars(value).items():

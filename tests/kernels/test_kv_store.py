@@ -15,6 +15,7 @@ from stagewise.config import PRESETS
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.kv_store import kv_store
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.kv_store import naive
 from stagewise.stages.qkv_proj import split_qkv
 from tests.helpers import assert_close
@@ -50,7 +51,8 @@ def sentinel_cache(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torc
 def run_both(k, v, k_cache, v_cache, slot_mapping):
     """-> (ours, reference) caches after storing into copies of the same starting caches."""
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    naive(k, v, ref_k, ref_v, slot_mapping)
+    one_seq = AttentionMetadata.build([k.shape[0]], [k.shape[0]], k.device)  # the stage's metadata, these slots
+    naive(k, v, ref_k, ref_v, replace(one_seq, slot_mapping=slot_mapping, all_slots_valid=False))
     kv_store(k, v, k_cache, v_cache, slot_mapping)
     return (k_cache, v_cache), (ref_k, ref_v)
 
@@ -160,7 +162,8 @@ def test_casts_to_the_cache_dtype():
 def test_registry_stage(num_tokens, dtype):
     stage = STAGES["kv_store"]
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
-    mine = {name: value.clone() for name, value in inputs.items()}  # both paths write their caches in place
+    # both paths write their caches in place
+    mine = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
     assert stage.naive(**inputs) is None and stage.optimized(**mine) is None
     assert torch.equal(mine["k_cache"], inputs["k_cache"]) and torch.equal(mine["v_cache"], inputs["v_cache"])
     assert stage.optimized_kind.startswith("triton")

@@ -1,8 +1,9 @@
-"""Decode attention for many sequences at once, in PyTorch: the batched form beside `paged_attention.one_by_one`.
+"""The `torch` tier of paged attention: every decoding sequence of a step attended at once.
 
-    q [D, H, d] (one query per decoding sequence) + the paged cache -> out [D, H, d]
+    q [T, H, d], k_cache / v_cache [num_blocks, block_size, Hkv, d], metadata -> out [T, H, d]
+    (the decoding sequences' D query rows in a few batched ops; the others one by one)
 
-The reference (`paged_attention.one_by_one`) takes one sequence at a time:
+The reference (`paged_attention.naive`) takes one sequence at a time:
 gather its blocks into a contiguous copy, then the textbook attention. Every
 sequence costs a dozen small PyTorch ops per layer, so with many short
 sequences the step is Python and dispatch, not arithmetic. Here D decoding
@@ -23,7 +24,8 @@ Long sequences make big padded copies that no longer stay in cache, so the
 decoding sequences are cut into groups of at most `GROUP_KEYS` padded keys.
 Measured on a 2-core Intel Xeon, float32, 2 threads, SmolLM2-135M's heads,
 lengths drawn from L/2..L, fastest of 7 alternating rounds
-(`python -m stagewise.bench.cpu_forms`; microseconds per layer):
+(`python -m stagewise.bench.cpu_forms`; microseconds per layer; "loop" is
+the reference's one-by-one form):
 
     D \ L       64            256            1024
          loop  batched   loop  batched   loop  batched
@@ -38,12 +40,22 @@ The batched form wins at every size, up to 4x for many short sequences (the
 loop's cost there is a dozen ops per sequence); with long sequences both are
 bound by copying K/V. Run-to-run noise on a shared machine is +-30 % for the
 long rows: read the ordering, not the digits.
+
+Sequences with more than one query row this step (a prefill, a prefill chunk)
+run as in the reference: gather their blocks, then the textbook formula
+(`attention.causal_attention_one_sequence`). The plan of step 1 depends only
+on the step's metadata, so the KV layer builds it once per step, at the first
+layer, into `AttentionMetadata.decode_plan` (`kv/paged.py`); a call without
+one builds its own.
 """
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from stagewise.stages import attention
+from stagewise.stages.attention_metadata import AttentionMetadata
 
 GROUP_KEYS = 2048  # most padded keys (sequences x longest) in one batched call (docstring)
 
@@ -53,12 +65,10 @@ class DecodeGroup:
     """A run of consecutive decoding sequences, one query row each, attended in one call."""
 
     rows: slice  # their query rows (consecutive)
-    slots: (
-        torch.Tensor
-    )  # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
-    mask: (
-        torch.Tensor | None
-    )  # [D, 1, 1, S] bool: True = a real key; None when no sequence is padded
+    # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
+    slots: torch.Tensor
+    # [D, 1, 1, S] bool: True = a real key; None when no sequence is padded
+    mask: torch.Tensor | None
 
 
 def group_runs(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
@@ -90,9 +100,7 @@ def plan_decode(
         first, last = run[0], run[-1] + 1
         longest = max(lens[first:last])
         num_blocks = -(-longest // block_size)
-        blocks = block_table[first:last, :num_blocks].to(
-            torch.long
-        )  # [D, n_blocks] physical block ids
+        blocks = block_table[first:last, :num_blocks].to(torch.long)  # [D, n_blocks] block ids
         offsets = torch.arange(block_size, device=blocks.device)  # [block_size]
         slots = (blocks.unsqueeze(-1) * block_size + offsets).flatten(1)[:, :longest]  # [D, S]
         mask = None
@@ -115,12 +123,55 @@ def attend_group(
     index = group.slots.reshape(-1)  # [D * S]
     k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)  # [D * S, Hkv, d]: a copy
     v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)
-    k = k.view(num_seqs, padded, num_kv_heads, head_dim).transpose(
-        1, 2
-    )  # [D, Hkv, S, d], a strided view
+    k = k.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)  # [D, Hkv, S, d], a view
     v = v.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)
     qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [D, Hkv, G, d]
     out = F.scaled_dot_product_attention(
         qg, k, v, attn_mask=group.mask, scale=scale
-    )  # -> [D, Hkv, G, d]
+    )  # [D, Hkv, G, d]
     return out.reshape(num_seqs, num_heads, head_dim)  # [D, H, d]
+
+
+def one_sequence(
+    q: torch.Tensor, k_cache, v_cache, block_ids: torch.Tensor, seq_len: int, scale: float
+) -> torch.Tensor:
+    """A prefill (chunk): q [Lq, H, d] over its first seq_len cached keys -> [Lq, H, d] float32."""
+    num_blocks = -(-seq_len // k_cache.shape[1])  # ceil: the blocks that hold its tokens
+    index = block_ids[:num_blocks].to(device=k_cache.device, dtype=torch.long)  # [n_blocks]
+    k = k_cache.index_select(0, index).flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d], a copy
+    v = v_cache.index_select(0, index).flatten(0, 1)[:seq_len]
+    return attention.causal_attention_one_sequence(q, k, v, scale)
+
+
+def plan_of(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
+    """Step 1 for one step's metadata (what the KV layer stores in `metadata.decode_plan`)."""
+    m = metadata
+    return plan_decode(m.block_table, m.seq_lens, m.cu_seqlens_q_host, m.seq_lens_host, block_size)
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The decoding sequences batched (the plan's groups), the others one by one -> [T, H, d].
+
+    Same arguments and result as `paged_attention.naive`, the reference.
+    """
+    m = metadata
+    plan = m.decode_plan if m.decode_plan is not None else plan_of(m, k_cache.shape[1])
+    if len(plan) == 1 and plan[0].rows == slice(0, q.shape[0]):  # a pure decode step, one group
+        return attend_group(q, k_cache, v_cache, plan[0], scale)  # [T, H, d], no copy into `out`
+    out = torch.empty_like(q)
+    for group in plan:
+        out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
+    cu_q = m.cu_seqlens_q_host
+    for b, seq_len in enumerate(m.seq_lens_host):
+        q_start, q_end = cu_q[b], cu_q[b + 1]
+        if q_end - q_start > 1:  # a prefill or a prefill chunk: as the reference, one sequence
+            out[q_start:q_end] = one_sequence(
+                q[q_start:q_end], k_cache, v_cache, m.block_table[b], seq_len, scale
+            )
+    return out
