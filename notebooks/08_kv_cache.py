@@ -35,8 +35,8 @@
 # in every layer.
 #
 # This notebook runs both modes of the engine on the real model:
-# `LLM(mode="naive")` (`engine/recompute_runner.py`, no cache) and
-# `LLM(mode="kv")` (`engine/static_runner.py`, contiguous per-request cache).
+# `LLM(mode="naive")` (`engine/naive_runner.py`, no cache) and
+# `LLM(mode="kv")` (`engine/kv_runner.py`, contiguous per-request cache).
 # Path: motivation -> naive -> optimized (cache) -> check (same tokens) ->
 # measure (time per output token vs context length) -> picture (measured
 # curves with the seeds' cost models fitted, and the FLOP counts far beyond

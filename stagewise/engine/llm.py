@@ -46,13 +46,13 @@ from pathlib import Path
 
 from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig, ParallelConfig
 from stagewise.engine.checks import check_engine_memory, check_llm_arguments
+from stagewise.engine.kv_runner import KVRunner
+from stagewise.engine.naive_runner import NaiveRunner
 from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.prompts import check_text, encode_prompt
-from stagewise.engine.recompute_runner import RecomputeRunner
 from stagewise.engine.request import FinishReason, Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
-from stagewise.engine.static_runner import StaticBatchRunner
 from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
 from stagewise.models.chat_template import apply_chat_template
@@ -296,9 +296,9 @@ class LLM:
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         eos = self.tokenizer.stop_ids  # every id that ends generation
         if self.mode == "naive":
-            runner = RecomputeRunner(self.model, eos, self.max_model_len)
+            runner = NaiveRunner(self.model, eos, self.max_model_len)
         else:
-            runner = StaticBatchRunner(
+            runner = KVRunner(
                 self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs
             )
         index = {r.request_id: i for i, r in enumerate(requests)}

@@ -20,7 +20,7 @@ from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.models.llama import LlamaModel
 
 
-class RecomputeRunner:
+class NaiveRunner:
     def __init__(self, model: LlamaModel, stop_ids: frozenset[int], max_model_len: int):
         self.model = model
         self.stop_ids = stop_ids  # eos and the other end-of-sequence ids

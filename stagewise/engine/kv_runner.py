@@ -30,7 +30,7 @@ from stagewise.runtime import to_device
 from stagewise.stages.attention_metadata import AttentionMetadata
 
 
-class StaticBatchRunner:
+class KVRunner:
     def __init__(
         self,
         model: LlamaModel,
