@@ -122,8 +122,10 @@ def test_bad_prompts_raise_value_error(llms, prompt, params, match):
 def test_bad_mode_and_backend(tiny):
     with pytest.raises(StagewiseError, match="unknown mode"):
         LLM(tiny, mode="turbo")
-    with pytest.raises(StagewiseError, match="unknown backend"):
+    with pytest.raises(StagewiseError, match="unknown backend 'cuda-magic'.*naive, torch, triton"):
         LLM(tiny, backend="cuda-magic")
+    with pytest.raises(StagewiseError, match="'naive', 'torch' or 'triton'"):
+        LLM(tiny, backend=None)
     with pytest.raises(StagewiseError, match="unknown stage"):
         LLM(tiny, stage_backends={"softmax": "naive"})
 

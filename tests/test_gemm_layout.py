@@ -1,12 +1,13 @@
-"""The projection GEMM (`stages/gemm.py`) and the per-device weight layout (`models/weights.py`)."""
+"""The projections' torch tier (`stages/gemm_torch.py`: the calibrated CPU GEMM forms) and the
+per-device weight layout (`models/weights.py`)."""
 
 import pytest
 import torch
 
 from stagewise.config import PRESETS
 from stagewise.models.weights import random_weights
-from stagewise.stages import gemm as gemm_module
-from stagewise.stages.gemm import SMALL_M, gemm
+from stagewise.stages import gemm_torch as gemm_module
+from stagewise.stages.gemm_torch import SMALL_M, gemm
 
 
 def out_major(w_in_out: torch.Tensor) -> torch.Tensor:
@@ -114,16 +115,18 @@ def test_calibration_measures_every_form_and_gemm_follows_its_choice(monkeypatch
 
 
 def test_a_big_cpu_model_calibrates_once_per_process(monkeypatch):
-    from stagewise.models.llama import LlamaModel
+    from stagewise.engine.llm import LLM
 
     monkeypatch.setattr(gemm_module, "CPU_FORMS", gemm_module.CpuForms())
-    monkeypatch.setattr(LlamaModel, "CALIBRATE_BYTES", 0)  # make `tiny` count as big
-    from stagewise import LLM
-
-    llm = LLM("tiny")
-    assert gemm_module.CPU_FORMS.measured_ms, "a CPU model with naive projections calibrates on load"
+    monkeypatch.setattr(gemm_module, "CALIBRATE_BYTES", 0)  # make `tiny` count as big
+    LLM("tiny", backend="naive")
+    assert not gemm_module.CPU_FORMS.measured_ms, "the textbook tier has nothing to calibrate"
+    LLM("tiny", backend="torch", stage_backends={"ffn": "naive"})
+    assert not gemm_module.CPU_FORMS.measured_ms, "only when every projection runs the torch tier"
+    llm = LLM("tiny")  # the default tier: torch
+    assert gemm_module.CPU_FORMS.measured_ms, "a CPU model with torch-tier projections calibrates"
     first = gemm_module.CPU_FORMS.measured_ms
-    llm.model.calibrate_cpu_gemm()
+    gemm_module.calibrate_for(llm.loaded.weights, llm.ops.backends)
     assert gemm_module.CPU_FORMS.measured_ms is first  # once per process
 
 
@@ -133,7 +136,8 @@ def test_every_form_gives_the_engine_the_same_greedy_tokens(tiny, monkeypatch):
     `tiny`'s gate_up (512 columns) and LM head (512) are whole blocks of 64; its 160-, 96-column weights
     take the blocked form's plain fallback.
     """
-    from stagewise import LLM, SamplingParams
+    from stagewise.engine.llm import LLM
+    from stagewise.sampling_params import SamplingParams
 
     prompts = ["one", "two words", "three words here", "a b c d", "e f g h i", "so many words in this one"]
     params = [SamplingParams(max_tokens=4 + 3 * i, temperature=0, ignore_eos=True) for i in range(len(prompts))]
@@ -145,28 +149,24 @@ def test_every_form_gives_the_engine_the_same_greedy_tokens(tiny, monkeypatch):
         real = gemm_module.FORM_FNS[form]
         counted = lambda x, w, real=real, calls=calls: calls.append(x.shape[0]) or real(x, w)  # noqa: E731
         monkeypatch.setattr(gemm_module, f"gemm_{form}", counted)
-        outs = LLM(tiny, mode="paged").generate(prompts, params)
+        outs = LLM(tiny, backend="torch", mode="paged").generate(prompts, params)
         tokens[form] = [o.token_ids for o in outs]
         if form != "plain":  # plain is `x @ w` in `gemm` itself
             assert {1, 6} <= set(calls), f"{form}: the decode steps' row counts {sorted(set(calls))}"
     assert tokens["blocked"] == tokens["plain"] and tokens["transposed"] == tokens["plain"]
 
 
-def test_a_big_model_calibrates_on_its_first_layers(tiny, monkeypatch):
-    """Past CALIBRATE_SAMPLE_BYTES, calibration streams whole layers up to that size, not every weight."""
-    from stagewise import LLM
-    from stagewise.models.llama import LlamaModel
-
-    model = LLM(tiny).model
-    layers = model.weights.layers
+def test_a_big_model_calibrates_on_its_first_layers(tiny):
+    """Past the sample budget, calibration streams whole layers up to that size, not every weight."""
+    weights = tiny.weights
+    layers = weights.layers
     first = [layers[0].w_qkv, layers[0].w_o, layers[0].w_gate_up, layers[0].w_down]
     layer_bytes = sum(t.numel() * t.element_size() for t in first)
-    head_bytes = model.weights.lm_head.numel() * model.weights.lm_head.element_size()
-    monkeypatch.setattr(LlamaModel, "CALIBRATE_SAMPLE_BYTES", layer_bytes)  # one layer's worth: no room for the head
-    assert [t.data_ptr() for t in model.calibration_sample()] == [t.data_ptr() for t in first]
-    monkeypatch.setattr(LlamaModel, "CALIBRATE_SAMPLE_BYTES", len(layers) * layer_bytes + head_bytes)  # all of it
-    sample = model.calibration_sample()
-    assert len(sample) == 4 * len(layers) + 1 and sample[-1] is model.weights.lm_head
+    head_bytes = weights.lm_head.numel() * weights.lm_head.element_size()
+    one_layer = gemm_module.calibration_sample(weights, layer_bytes)  # no room for the head
+    assert [t.data_ptr() for t in one_layer] == [t.data_ptr() for t in first]
+    sample = gemm_module.calibration_sample(weights, len(layers) * layer_bytes + head_bytes)
+    assert len(sample) == 4 * len(layers) + 1 and sample[-1] is weights.lm_head
 
 
 @pytest.mark.parametrize(

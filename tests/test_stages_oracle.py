@@ -67,9 +67,9 @@ def test_rope_matches_hf_rotary_embedding():
     q_ref, k_ref = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     assert_close(q_out, q_ref[0].transpose(0, 1), ATOL, RTOL, "rope q")
     assert_close(k_out, k_ref[0].transpose(0, 1), ATOL, RTOL, "rope k")
-    # the model gathers the angles once per step and passes them in: the same rotation, bit for bit
-    q_pre, k_pre = rope.naive(positions, q, k, cache, angles=rope.angles_at(positions, cache))
-    assert torch.equal(q_pre, q_out) and torch.equal(k_pre, k_out)
+    # the torch tier (q and k rotated as one tensor): the same rotation, bit for bit
+    q_fast, k_fast = rope.STAGE.torch(positions, q, k, cache)
+    assert torch.equal(q_fast, q_out) and torch.equal(k_fast, k_out)
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(6, 2, 16), (4, 4, 32), (8, 2, 16), (9, 3, 64)])
@@ -191,9 +191,9 @@ def test_kv_store_worked_example():
 @pytest.mark.parametrize("name", [n for n in STAGES if n not in ("tokenize", "sampling")])
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 def test_every_stage_runs_on_its_example_inputs(name, num_tokens):
-    """The registry contract: example_inputs feed both paths; same signature, finite outputs."""
+    """The registry contract: example_inputs feed every tier; same signature, finite outputs."""
     stage = STAGES[name]
-    for path in (stage.naive, stage.optimized):
+    for path in (stage.naive, stage.tier("torch"), stage.triton):
         inputs = stage.example_inputs(CFG, num_tokens, torch.device("cpu"), torch.float32)
         result = path(**inputs)
         outs = result if isinstance(result, tuple) else (result,)

@@ -15,12 +15,25 @@ PROMPTS = ["Hello there, how are you?", "A", "The quick brown fox jumps over the
 
 
 @pytest.mark.parametrize("mode", ["paged", "kv", "naive"])
-def test_tiny_triton_greedy_tokens_equal_naive(tiny, mode):
+def test_tiny_naive_torch_triton_greedy_tokens_equal(tiny, mode):
+    """The three tiers, every stage at once: the same greedy tokens in every mode."""
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     ecfg = EngineConfig(max_num_batched_tokens=16)  # paged: chunked prefill through the Triton kernels too
-    naive = LLM(tiny, backend="naive", mode=mode, engine_config=ecfg).generate(PROMPTS, params)
-    triton = LLM(tiny, backend="triton", mode=mode, engine_config=ecfg).generate(PROMPTS, params)
-    assert [o.token_ids for o in triton] == [o.token_ids for o in naive]
+    tokens = {}
+    for tier in ("naive", "torch", "triton"):
+        llm = LLM(tiny, backend=tier, mode=mode, engine_config=ecfg)
+        assert llm.describe()["backend"] == tier
+        tokens[tier] = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    assert tokens["torch"] == tokens["naive"], "torch tier"
+    assert tokens["triton"] == tokens["naive"], "triton tier"
+
+
+def test_default_tier_is_torch_and_says_which_stages_run_it(tiny):
+    llm = LLM(tiny)
+    assert llm.describe()["backend"] == "torch"
+    assert llm.ops.tier("qkv_proj") == "torch" and llm.ops.tier("rmsnorm") == "naive"  # no torch tier
+    tiers = llm.describe()["tiers"]
+    assert tiers.startswith("naive: tokenize, embedding, rmsnorm") and "torch: qkv_proj, rope" in tiers
 
 
 def test_tiny_triton_every_stage_is_a_kernel(tiny):

@@ -34,7 +34,7 @@ def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, eng
             f"model must be a preset name, a path or a LoadedModel, got {type(model).__name__}"
         )
     if not isinstance(backend, str):
-        raise StagewiseError(f"backend must be 'naive' or 'triton', got {backend!r}")
+        raise StagewiseError(f"backend must be 'naive', 'torch' or 'triton', got {backend!r}")
     if not isinstance(mode, str) or mode not in MODES:
         raise StagewiseError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     if device is not None and not isinstance(device, str | torch.device):
@@ -72,5 +72,6 @@ def check_engine_memory(loaded: LoadedModel, ecfg: EngineConfig, max_model_len: 
     if kv + table > free:
         raise StagewiseError(
             f"the paged KV cache needs {(kv + table) / 2**30:.1f} GiB ({blocks} blocks, "
-            f"{ecfg.max_num_seqs} seats) but {free / 2**30:.1f} GiB are free; lower num_kv_blocks / max_num_seqs"
+            f"{ecfg.max_num_seqs} seats) but {free / 2**30:.1f} GiB are free; "
+            "lower num_kv_blocks / max_num_seqs"
         )

@@ -1,6 +1,6 @@
 """`LLM`: the user-facing API — load a model once, then generate or stream.
 
-    llm = LLM(model="smollm2-135m", backend="naive", mode="kv")
+    llm = LLM(model="smollm2-135m", mode="kv")   # backend="torch": the fast PyTorch tiers
     outs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16, temperature=0))
     for event in llm.stream(["Tell me a story"], SamplingParams(max_tokens=64)):
         print(event.text, end="")
@@ -11,8 +11,22 @@ control tokens (`engine/prompts.py`); `special_tokens=True` trusts the prompt.
 
 Modes: "paged" (default) is continuous batching over a paged KV cache, "naive"
 recomputes the whole sequence every step (no cache), "kv" runs static batches
-over a contiguous per-request KV cache. `backend` picks naive PyTorch or
-Triton for every stage; `stage_backends` overrides single stages.
+over a contiguous per-request KV cache.
+
+`backend` picks the tier of every stage; `stage_backends` overrides single
+stages ({"attention": "naive"}); `describe()["backend"]` says what ran:
+
+    "naive"   the textbook formula of every stage in PyTorch (the reference)
+    "torch"   the faster PyTorch tier where a stage has one (the calibrated CPU
+              GEMM forms, the batched paged decode, RoPE in fewer ops), naive
+              elsewhere. The default, on a CPU and on a CUDA GPU alike.
+    "triton"  the Triton kernels (the interpreter on a CPU: slow, for checking)
+
+Why "torch" on a GPU too: eager steps are host-bound, and the committed H200
+run (`benchmarks/README.md`, batch 1, paged) measured a SmolLM2 decode step at
+28.0 ms in PyTorch against 30.2 ms eager Triton (Llama-3-8B shapes: 23.4 ms
+against 28.3). Triton wins once the step replays from a CUDA graph (1.35 ms,
+5.16 ms): ask for `backend="triton", engine_config=EngineConfig(cuda_graphs=True)`.
 
 Stepping the engine by hand (paged mode), one iteration at a time:
 
@@ -60,6 +74,7 @@ from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import LoadedModel, load_model
 from stagewise.sampling_params import SamplingParams
+from stagewise.stages import gemm_torch
 from stagewise.stages.rope import describe_rope
 from stagewise.trace.hooks import active_tracer
 
@@ -68,7 +83,7 @@ class LLM:
     def __init__(
         self,
         model: str | LoadedModel = DEFAULT_MODEL,
-        backend: str = "naive",
+        backend: str = "torch",
         mode: str = "paged",
         device: str | None = None,
         dtype=None,
@@ -111,8 +126,8 @@ class LLM:
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
         # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's lifetime
         self.engine = self._paged_engine() if mode == "paged" else None
-        # Every request in the paged engine has an owner: a live stream, or the hand-stepping caller.
-        # Each engine step routes each token event to its owner's inbox, whoever ran the step.
+        # Every request in the paged engine has an owner: a live stream, or the hand-stepping
+        # caller. Each engine step routes each token event to its owner's inbox, whoever ran it.
         self._owner: dict[
             str, tuple[str, int]
         ] = {}  # request id -> (owner key, index in its owner's list)
@@ -123,11 +138,12 @@ class LLM:
         self._num_stepped = 0  # requests added with add_request so far (their event index)
 
     def _build_model(self, pcfg: ParallelConfig):
-        """One device: the LlamaModel. N ranks: rank 0's TensorParallelModel (the workers start here)."""
+        """One device: the LlamaModel; N ranks: rank 0's TensorParallelModel (starts the others)."""
         if pcfg.tensor_parallel_size == 1:
-            model = LlamaModel(self.loaded, self.ops)
-            model.calibrate_cpu_gemm()  # CPU only, once per process: the faster way to ask this BLAS
-            return model
+            # The torch tier's CPU GEMM forms, measured once per process on these weights
+            # (a no-op off the CPU, for small models, or when the projections run another tier).
+            gemm_torch.calibrate_for(self.loaded.weights, self.ops.backends)
+            return LlamaModel(self.loaded, self.ops)
         from stagewise.parallel.driver import serve_torchrun_worker, tensor_parallel_model
         from stagewise.parallel.launch import torchrun_rank
 
@@ -144,10 +160,10 @@ class LLM:
         )  # shared with other LLMs of the same model
 
     def shutdown(self) -> None:
-        """End the tensor-parallel workers (a no-op on one device). Also on `with LLM(...) as llm:` exit.
+        """End the tensor-parallel workers (a no-op on one device); also on a `with` block's exit.
 
-        LLMs of other modes over the same LoadedModel and N share one set of ranks (one process group
-        per process); the last of them to shut down ends the workers."""
+        LLMs of other modes over the same LoadedModel and N share one set of ranks (one process
+        group per process); the last of them to shut down ends the workers."""
         if hasattr(self.model, "release") and not self._released:
             self._released = True
             self.model.release()
@@ -199,7 +215,7 @@ class LLM:
         )
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        """Token ids of a prompt as a request would get them (user text never becomes control tokens)."""
+        """Token ids of a prompt as a request gets them (user text never becomes control tokens)."""
         return encode_prompt(self.ops, self.tokenizer, prompt, chat, self.special_tokens)[1]
 
     def make_request(
@@ -226,8 +242,9 @@ class LLM:
             )
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**63)
         tok = self.tokenizer
-        # After visible prompt text the output continues it: "Paris is" + " the" keeps its space (SentencePiece
-        # would drop it as a dummy prefix); after markers only (a bare bos) the output starts the text.
+        # After visible prompt text the output continues it: "Paris is" + " the" keeps its space
+        # (SentencePiece would drop it as a dummy prefix); after markers only (a bare bos) the
+        # output starts the text.
         continuation = bool(tok.decode(ids[-8:], skip_special_tokens=True))
         return Request(
             request_id=f"req-{next(self._ids)}",
@@ -312,7 +329,7 @@ class LLM:
         return runner.stats
 
     def _stream_paged(self, requests: list[Request]):
-        """Mode "paged": this stream's requests join the shared engine; its events come from its inbox."""
+        """Mode "paged": this stream's requests join the shared engine; its events, its inbox."""
         engine = self.engine
         for req in requests:  # all or nothing: check every request before queueing any
             engine.check_fits(req)
@@ -344,7 +361,8 @@ class LLM:
         try:
             results = self.engine.step()
         except BaseException:
-            self.engine.recover_interrupted_step()  # nothing half-done survives: running requests recompute
+            # nothing half-done survives: running requests recompute
+            self.engine.recover_interrupted_step()
             raise
         for req, token, delta in results:
             key, index = self._owner[req.request_id]
@@ -373,7 +391,8 @@ class LLM:
             ),  # the cos_sin_cache's frequencies
             "max_model_len": self.max_model_len,
             "mode": self.mode,
-            "backend": self.ops.describe(),
+            "backend": self.ops.describe(),  # the tier asked for, and per-stage overrides
+            "tiers": self.ops.tiers_run(),  # the tier each stage runs ("torch" falls back to naive)
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "device": str(self.loaded.device),
             "tensor_parallel_size": self.tensor_parallel_size,
@@ -433,8 +452,8 @@ class LLM:
         return events
 
     def has_unfinished_requests(self) -> bool:
-        """True while the engine holds requests (from add_request or live streams), or `step()` has
-        tokens of add_request's requests still to hand out (sampled while a stream ran the engine)."""
+        """True while the engine holds requests (from add_request or live streams), or `step()`
+        has tokens of add_request's requests still to hand out (sampled while a stream ran)."""
         return self.engine is not None and (self.engine.has_unfinished() or bool(self._inbox[HAND]))
 
 

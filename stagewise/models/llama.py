@@ -14,9 +14,11 @@
       -> lm_head on each sequence's last token  [num_seqs, vocab]
 
 The batch is a flattened token batch across all scheduled sequences, never
-[batch, seq, hidden] with padding. Every stage is called through `ops`, which
-picks naive or Triton per stage and lets the tracer watch. How K/V are kept
-(nowhere, a contiguous cache, a paged cache) is the `kv` argument's business.
+[batch, seq, hidden] with padding. Every stage is called by its module through
+`ops` (`ops(rmsnorm, layer=i, x=...)`: an editor jumps from here to the stage),
+which runs the tier asked for (naive, torch or triton) and lets the tracer
+watch. How K/V are kept (nowhere, a contiguous cache, a paged cache) is the
+`kv` argument's business.
 
 Tensor parallelism (`stagewise/parallel/`) changes three lines, through `tp`
 (`models/parallel.py`): the embedding becomes a masked lookup + all-reduce,
@@ -31,7 +33,8 @@ from stagewise.models.forward_batch import ForwardBatch, KVAccess
 from stagewise.models.ops import StageOps
 from stagewise.models.parallel import SINGLE_DEVICE
 from stagewise.models.registry import LoadedModel
-from stagewise.stages import gemm, rope
+from stagewise.models.weights import LayerWeights
+from stagewise.stages import ffn, lm_head, o_proj, qkv_proj, rmsnorm, rope
 from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
 
@@ -44,8 +47,9 @@ class LlamaModel:
         self.dtype = model.dtype
         self.ops = ops
         self.tp = tp  # this rank's group (models/parallel.py); SINGLE_DEVICE: no collectives
-        # Batch metadata (ids, positions, cu_seqlens, slot_mapping, ...) lives with the weights, except for
-        # shape-only models on the meta device: there it stays on the CPU, where the stages can read it.
+        # Batch metadata (ids, positions, cu_seqlens, slot_mapping, ...) lives with the weights,
+        # except for shape-only models on the meta device: there it stays on the CPU, where the
+        # stages can read it.
         self.batch_device = torch.device("cpu") if self.device.type == "meta" else self.device
         cfg = self.config
         # Precomputed rotation angles: [max_position, rotary_dim], float32 (space for time).
@@ -58,87 +62,49 @@ class LlamaModel:
         )
         self.scale = cfg.head_dim**-0.5
 
-    CALIBRATE_BYTES = (
-        64 * 2**20
-    )  # below this the weights sit in cache and the GEMM form hardly matters
-    CALIBRATE_SAMPLE_BYTES = (
-        2 * 2**30
-    )  # far beyond any L3, so streamed from memory; bounds the load-time cost
-
-    def calibrate_cpu_gemm(self) -> None:
-        """On a CPU, measure once per process how this BLAS streams these weights fastest (`stages/gemm.py`).
-
-        A model up to CALIBRATE_SAMPLE_BYTES is measured whole; a bigger one on its first whole layers up
-        to that size (the same shapes repeat in every layer), so an 8B model does not stream 32 GB per pass.
-        """
-        naive_projections = all(
-            self.ops.backends[s] == "naive" for s in ("qkv_proj", "o_proj", "ffn", "lm_head")
-        )
-        big = self.device.type == "cpu" and self.weights.decode_bytes() >= self.CALIBRATE_BYTES
-        if naive_projections and big and not gemm.CPU_FORMS.measured_ms:
-            gemm.calibrate(self.calibration_sample())
-
-    def calibration_sample(self) -> list[torch.Tensor]:
-        """Whole layers' projection weights in order until CALIBRATE_SAMPLE_BYTES, and the LM head if it fits too."""
-        w, budget = self.weights, self.CALIBRATE_SAMPLE_BYTES
-        sample, size = [], 0
-        for lw in w.layers:
-            layer = [lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down]
-            sample += layer
-            size += sum(t.numel() * t.element_size() for t in layer)
-            if size >= budget:
-                break
-        head_bytes = w.lm_head.numel() * w.lm_head.element_size()
-        return sample + [w.lm_head] if size + head_bytes <= budget else sample
-
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVAccess) -> torch.Tensor:
         """-> logits [num_seqs, vocab] for the last token of each sequence."""
         cfg, w, ops, tp = self.config, self.weights, self.ops, self.tp
-        num_tokens = batch.num_tokens
-        h = tp.embed(
-            ops, batch.input_ids, w.embed
-        )  # [T] -> [T, hidden] (TP: masked lookup + all-reduce)
-        residual = None
-        angles = None  # the PyTorch RoPE's cos/sin rows for this step's positions: gathered once, used by all layers
-        if ops.backends["rope"] == "naive":
-            angles = rope.angles_at(batch.positions, self.cos_sin_cache)  # -> cos, sin [T, 1, d]
+        h = tp.embed(ops, batch.input_ids, w.embed)  # [T] -> [T, hidden] (TP: lookup + all-reduce)
+        residual = None  # the residual stream; the first rmsnorm starts it from h
         for i, lw in enumerate(w.layers):
-            x, residual = ops(
-                "rmsnorm",
-                layer=i,
-                x=h,
-                weight=lw.attn_norm,
-                eps=cfg.rms_norm_eps,
-                residual=residual,
-            )
-            qkv = ops("qkv_proj", layer=i, x=x, w_qkv=lw.w_qkv)  # [T, hidden] -> [T, (H+2Hkv)*d]
-            q, k, v = split_qkv(qkv, cfg)  # -> [T, H, d], [T, Hkv, d], [T, Hkv, d]
-            q, k = ops(
-                "rope",
-                layer=i,
-                positions=batch.positions,
-                q=q,
-                k=k,
-                cos_sin_cache=self.cos_sin_cache,
-                angles=angles,
-            )
-            attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
-            h = ops(
-                "o_proj", layer=i, x=attn.reshape(num_tokens, cfg.q_size), w_o=lw.w_o
-            )  # -> [T, hidden]
-            h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial o_proj outputs
-            x, residual = ops(
-                "rmsnorm", layer=i, x=h, weight=lw.ffn_norm, eps=cfg.rms_norm_eps, residual=residual
-            )
-            h = ops("ffn", layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
-            h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial down outputs
-        x, _ = ops("rmsnorm", x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
-        if (
-            batch.last_token_index.numel() == 0
-        ):  # a step of prefill chunks only: nothing to predict yet
+            h, residual = self.transformer_block(i, lw, h, residual, batch, kv)  # [T, hidden]
+        x, _ = ops(rmsnorm, x=h, weight=w.final_norm, eps=cfg.rms_norm_eps, residual=residual)
+        if batch.last_token_index.numel() == 0:  # a step of prefill chunks only: nothing to predict
             return x.new_empty(0, cfg.vocab_size)
-        logits = ops(
-            "lm_head", hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head
-        )  # [B, vocab]
+        # each sequence's last token: [T, hidden] -> [B, hidden] @ [hidden, vocab] -> [B, vocab]
+        logits = ops(lm_head, hidden=x, last_token_index=batch.last_token_index, w_lm=w.lm_head)
         return tp.gather_vocab(logits)  # TP: [B, vocab/N] per rank -> [B, vocab] on rank 0
+
+    def transformer_block(
+        self,
+        i: int,
+        lw: LayerWeights,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        kv: KVAccess,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block i: h [T, hidden] (+ residual) -> the block's output [T, hidden] and the residual.
+
+        Each rmsnorm first adds the sub-block output to the residual stream (`residual`), so the
+        block returns its last output unadded; the next block's (or the final) norm adds it.
+        """
+        cfg, ops, tp = self.config, self.ops, self.tp
+        num_tokens = h.shape[0]
+        eps = cfg.rms_norm_eps
+        x, residual = ops(rmsnorm, layer=i, x=h, weight=lw.attn_norm, eps=eps, residual=residual)
+        qkv = ops(qkv_proj, layer=i, x=x, w_qkv=lw.w_qkv)  # [T, hidden] -> [T, (H+2Hkv)*d]
+        q, k, v = split_qkv(qkv, cfg)  # -> [T, H, d], [T, Hkv, d], [T, Hkv, d]
+        q, k = ops(
+            rope, layer=i, positions=batch.positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache
+        )
+        attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
+        attn = attn.reshape(num_tokens, cfg.q_size)  # [T, H, d] -> [T, H*d]
+        h = ops(o_proj, layer=i, x=attn, w_o=lw.w_o)  # [T, H*d] -> [T, hidden]
+        h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial o_proj outputs
+        x, residual = ops(rmsnorm, layer=i, x=h, weight=lw.ffn_norm, eps=eps, residual=residual)
+        h = ops(ffn, layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
+        h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial down outputs
+        return h, residual

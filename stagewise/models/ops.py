@@ -29,7 +29,7 @@ class StageOps:
                 raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
         self.backend = backend  # the tier asked for every stage
         self.overrides = overrides  # stage -> tier, where one stage was asked otherwise
-        # stage -> the tier that runs ("torch" falls back to "naive" where a stage has no torch tier)
+        # stage -> the tier that runs ("torch" falls back to "naive" where a stage has none)
         self.backends = {
             name: stage.tier_that_runs(overrides.get(name, backend))
             for name, stage in STAGES.items()
@@ -58,3 +58,10 @@ class StageOps:
         if not self.overrides:
             return self.backend
         return ", ".join([self.backend, *(f"{n}={b}" for n, b in self.overrides.items())])
+
+    def tiers_run(self) -> str:
+        """Which stages each tier runs: "torch: qkv_proj, rope, ...; naive: tokenize, ..."."""
+        by_tier: dict[str, list[str]] = {}
+        for name, tier in self.backends.items():
+            by_tier.setdefault(tier, []).append(name)
+        return "; ".join(f"{tier}: {', '.join(names)}" for tier, names in by_tier.items())

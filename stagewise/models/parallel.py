@@ -18,6 +18,8 @@ same stages with no collective and no process.
 
 import torch
 
+from stagewise.stages import embedding
+
 
 class SingleDevice:
     """No tensor parallelism: every rank-related call is the plain computation."""
@@ -26,7 +28,7 @@ class SingleDevice:
     world_size = 1  # ranks in the group
 
     def embed(self, ops, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return ops("embedding", ids=ids, weight=weight)  # [T] -> [T, hidden]
+        return ops(embedding, ids=ids, weight=weight)  # [T] -> [T, hidden]
 
     def all_reduce(self, x: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         return x  # one rank holds the whole sum already

@@ -29,13 +29,13 @@ import torch.distributed as dist
 
 from stagewise.config import ModelConfig, ParallelConfig
 from stagewise.errors import StagewiseError
-from stagewise.models.llama import LlamaModel
 from stagewise.models.registry import LoadedModel
 from stagewise.parallel import launch
 from stagewise.parallel.group import TensorParallelGroup
 from stagewise.parallel.messages import Shutdown, TraceRequest, step_message
 from stagewise.parallel.shard import check_tp_size, local_config, shard_plan, shard_weights
 from stagewise.parallel.worker import build_model
+from stagewise.stages import gemm_torch
 from stagewise.trace.hooks import active_tracer
 
 
@@ -85,7 +85,7 @@ class TensorParallelModel:
         plans = [shard_plan(full, r, n) for r in range(n)]
         self.config = local_config(full, plans[0])  # rank 0's sizes: what the runners build caches for
         self.pcfg = pcfg
-        LlamaModel(loaded, ops).calibrate_cpu_gemm()  # once per process, on the whole model; the workers inherit it
+        gemm_torch.calibrate_for(loaded.weights, ops.backends)  # once per process, whole model; workers inherit it
         self._closed: str | None = None  # why no further step can run (None: running)
         self.users = 0  # LLMs sharing these ranks (tensor_parallel_model); the last one's shutdown ends them
         self._source = loaded.weights  # held, so its id (the sharing key) cannot be reused by other weights

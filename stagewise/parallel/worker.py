@@ -54,7 +54,7 @@ def build_model(config: ModelConfig, plan: ShardPlan, shard: LlamaWeights, devic
     """This rank's LlamaModel: its local sizes, its shards, its collectives."""
     loaded = LoadedModel(local_config(config, plan), shard, None, f"{config.name} rank {plan.rank}", device, dtype)
     model = LlamaModel(loaded, StageOps("naive", overrides=backends), tp=group)
-    model.calibrate_cpu_gemm()  # CPU only, once per process: how this BLAS streams this rank's shards fastest
+    gemm.calibrate_for(shard, model.ops.backends)  # CPU torch tier, once per process: this BLAS's fastest form
     return model
 
 

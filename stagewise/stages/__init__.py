@@ -1,8 +1,11 @@
 """The stage registry: every step of a Llama forward pass, in pipeline order.
 
-`STAGES[name]` is a `Stage` with a naive PyTorch reference and an optimized
-path of the same signature. Tests, the `stages` CLI command, benchmarks and
-notebooks iterate this mapping, so a new stage is one module plus one line here.
+`STAGES[name]` is a `Stage` with three tiers of one signature: `naive` (the
+textbook formula), `triton` and, where a CPU needs it, `torch` (a faster
+PyTorch formulation in its own module beside the stage: `gemm_torch.py` for
+the four projections, `rope_torch.py`, `paged_attention_torch.py`). Tests,
+the `stages` CLI command, benchmarks and notebooks iterate this mapping, so a
+new stage is one module plus one line here.
 """
 
 from stagewise.stages import (

@@ -54,7 +54,7 @@ class Stage:
         return self.triton_kind
 
     def tier_that_runs(self, tier: str) -> str:
-        """The tier a request for `tier` runs: "torch" falls back to "naive" where there is no torch tier."""
+        """The tier a request for `tier` runs: "torch" falls back to "naive" where there is none."""
         tier = "triton" if tier == "optimized" else tier
         if tier not in TIERS:
             choices = ", ".join(TIERS)

@@ -29,10 +29,9 @@ def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def optimized(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Triton gather: one program per (tile of tokens, column block) copies its slice of their table rows."""
-    from stagewise.kernels.embedding import (
-        embedding,
-    )  # lazily: importing kernels picks GPU or interpreter
+    """Triton gather: one program per (tile of tokens, column block) copies its slice of rows."""
+    # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.embedding import embedding
 
     return embedding(ids, weight)  # [T] -> [T, hidden]
 

@@ -9,7 +9,10 @@ one wide weight and one GEMM replaces two. `silu_and_mul` reads both halves of
 that output and writes their product: fused, it touches the [T, 2*inter]
 tensor once instead of materialising silu(gate) in between.
 
-Optimized: Triton GEMM -> Triton `silu_and_mul` -> Triton GEMM
+Torch tier (`stages/gemm_torch.py`): both GEMMs in the CPU BLAS form measured
+fastest at load (the activation is the same PyTorch line).
+
+Triton: Triton GEMM -> Triton `silu_and_mul` -> Triton GEMM
 (`kernels/matmul.py`, `kernels/activation.py`). The activation kernel reads
 gate and up once, computes in fp32 and writes h once: the minimum traffic for
 a step that is purely memory bound.
@@ -18,8 +21,8 @@ a step that is purely memory bound.
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages import gemm_torch
 from stagewise.stages.base import Stage
-from stagewise.stages.gemm import gemm
 
 
 def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
@@ -30,16 +33,15 @@ def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
 
 def naive(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden]."""
-    gate_up = gemm(x, w_gate_up)  # x @ w_gate_up: [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
-    h = silu_and_mul_naive(gate_up)  # [T, 2*inter] -> [T, inter]
-    return gemm(h, w_down)  # h @ w_down: [T, inter] @ [inter, hidden] -> [T, hidden]
+    gate_up = x @ w_gate_up  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    h = silu_and_mul_naive(gate_up)  # [T, 2*inter] -> [T, inter]: silu(gate) * up
+    return h @ w_down  # [T, inter] @ [inter, hidden] -> [T, hidden]
 
 
 def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden] with Triton kernels."""
-    from stagewise.kernels.activation import (
-        silu_and_mul,
-    )  # lazy: importing kernels chooses GPU or interpreter
+    """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden], Triton."""
+    # lazy: importing kernels chooses GPU or interpreter
+    from stagewise.kernels.activation import silu_and_mul
     from stagewise.kernels.matmul import matmul
 
     gate_up = matmul(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
@@ -67,6 +69,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: tiled GEMM, fused silu_and_mul, tiled GEMM",
+    torch=gemm_torch.ffn,
+    torch_kind="torch: both GEMMs in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
     outputs=("out",),
     axes={

@@ -1,15 +1,17 @@
-"""The PyTorch GEMM behind every projection stage: `x @ w`, asked the way this CPU's BLAS streams fastest.
+"""The torch tier of the four projection stages: `x @ w`, asked the way this CPU's BLAS streams
+fastest.
 
     x [M, K] @ w [K, N] -> [M, N]        (M = tokens in the step, K = in features, N = out features)
 
-Mathematically this is one line, `x @ w`, and on a GPU (or for large M) that
-is exactly what runs. On a CPU, decode makes M tiny (1 token per running
-request): every weight is read once to do 2 FLOPs per element, so a step's
-time is the time to *stream* the weights, and how the BLAS library is asked
-decides how close it gets to the memory's read bandwidth. Three ways to ask
-for the same product, all reading the weights stored "out-major" (`w_t` [N, K]
-row-major, the layout of PyTorch's nn.Linear, GGUF and safetensors files,
-seen here as a [K, N] view; `models/weights.py` stores them so on the CPU):
+The `naive` tier of qkv_proj, o_proj, ffn and lm_head is that one line,
+`x @ w`, and on a GPU (or for large M) it is also the fastest PyTorch. On a
+CPU, decode makes M tiny (1 token per running request): every weight is read
+once to do 2 FLOPs per element, so a step's time is the time to *stream* the
+weights, and how the BLAS library is asked decides how close it gets to the
+memory's read bandwidth. Three ways to ask for the same product, all reading
+the weights stored "out-major" (`w_t` [N, K] row-major, the layout of
+PyTorch's nn.Linear, GGUF and safetensors files, seen here as a [K, N] view;
+`models/weights.py` stores them so on the CPU):
 
     plain        x @ w              the GEMM (or GEMV when M = 1) of the textbook
     transposed   (w_t @ x^T)^T      C^T = w_t @ x^T: a tall, skinny GEMM that walks
@@ -21,8 +23,8 @@ seen here as a [K, N] view; `models/weights.py` stores them so on the CPU):
                                     back out as [M, N] (M*N numbers, a small copy)
 
 Which one wins is a property of the BLAS build *and* the CPU it runs on, not
-a law. Streaming all 538 MB of SmolLM2-135M's projection weights once, float32,
-2 threads, torch 2.13 / MKL (Intel: `python -m stagewise.bench.cpu_forms
+a law. Streaming all 538 MB of SmolLM2-135M's projection weights once,
+float32, 2 threads, torch 2.13 / MKL (`python -m stagewise.bench.cpu_forms
 --only gemm`, fastest of 3 alternating passes):
 
     M   2-core AMD EPYC               2-core Intel Xeon (480 MB L3)
@@ -36,20 +38,24 @@ a law. Streaming all 538 MB of SmolLM2-135M's projection weights once, float32,
 
 (the AMD machine was measured before the blocked form existed; on a shared
 machine the digits drift by up to 35 % within a day, the order does not). On
-the Intel machine 8 rows take the plain product 2.4x as long as one row, and
-the same call split into 64-column blocks 1.6x (blocks of 16 to 128 columns
-measure within 10 % of each other). The likely reason: for these M the BLAS
-first copies ("packs") each weight panel into a buffer and then multiplies, a
-second pass over the bytes, while a batch of small products is multiplied in
-place. From M of about 16 the packed GEMM's better arithmetic wins again.
+the AMD machine the textbook `x @ w` takes 1.9x as long as the transposed
+form for one decode row: that is why the CPU default is this tier, not naive.
+On the Intel machine 8 rows take the plain product 2.4x as long as one row,
+and the same call split into 64-column blocks 1.6x (blocks of 16 to 128
+columns measure within 10 % of each other). The likely reason: for these M
+the BLAS first copies ("packs") each weight panel into a buffer and then
+multiplies, a second pass over the bytes, while a batch of small products is
+multiplied in place. From M of about 16 the packed GEMM's better arithmetic
+wins again.
 
 So the choice is measured, once per process, on the model's own weights:
-`calibrate(weights)` streams them with each form (alternating, best of a few
-passes) at one M per bucket (a lone decode row, a small batch, a batch), and
-`gemm` then asks the BLAS the fastest way for each. Until then (and off the
-CPU, for other layouts, or for M > SMALL_M) it is plain `x @ w`. `LLM`
-calibrates when it loads a model big enough for the difference to matter;
-`CPU_FORMS` says what was chosen.
+`calibrate_for(weights, tiers)` (called by `LLM` when it loads a CPU model
+whose projections run this tier) streams them with each form (alternating,
+best of a few passes) at one M per bucket (a lone decode row, a small batch,
+a batch), and `gemm` then asks the BLAS the fastest way for each. Until then
+(and off the CPU, for other layouts, or for M > SMALL_M) it is plain `x @ w`.
+`CPU_FORMS` says what was chosen: like an autotuner's cache it is the one
+per-process record here, a property of the machine, not of a request.
 """
 
 import time
@@ -64,7 +70,7 @@ BLOCK_N = 64  # output columns per block of the blocked form ([K, 64] floats: 14
 
 
 def bucket(m: int) -> str:
-    """Which measured choice covers M rows: decode rows (M <= 3), a small batch (M <= 12), a batch (M <= SMALL_M).
+    """Which measured choice covers M rows: decode rows (M <= 3), a small batch (M <= 12), a batch.
 
     The edges are where the Intel machine's table in the module docstring changes its winner.
     """
@@ -75,12 +81,10 @@ def bucket(m: int) -> str:
 class CpuForms:
     """The form `gemm` uses on the CPU for small M, per bucket, and the timings that chose it."""
 
-    chosen: dict[str, str] = field(
-        default_factory=lambda: dict.fromkeys(BUCKET_M, "plain")
-    )  # bucket -> form
-    measured_ms: dict[str, dict[str, float]] = field(
-        default_factory=dict
-    )  # bucket -> form -> ms per pass
+    # bucket -> form
+    chosen: dict[str, str] = field(default_factory=lambda: dict.fromkeys(BUCKET_M, "plain"))
+    # bucket -> form -> ms per pass
+    measured_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def describe(self) -> str:
         if not self.measured_ms:
@@ -92,9 +96,8 @@ class CpuForms:
         return "CPU GEMM forms, measured on this model's weights: " + "; ".join(parts)
 
 
-CPU_FORMS = (
-    CpuForms()
-)  # a property of this machine's BLAS, measured once per process (like an autotune cache)
+# A property of this machine's BLAS, measured once per process (like an autotune cache).
+CPU_FORMS = CpuForms()
 
 
 def is_out_major(w: torch.Tensor) -> bool:
@@ -120,10 +123,9 @@ def gemm_blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if n % BLOCK_N:
         return x @ w  # no whole number of blocks: the plain product
     blocks = w.t().view(n // BLOCK_N, BLOCK_N, k)  # [N, K] -> [N/64, 64, K]: a view, no copy
-    shared = x.expand(
-        n // BLOCK_N, m, k
-    )  # [M, K] -> [N/64, M, K]: the same rows for every block, no copy
-    out = torch.bmm(shared, blocks.transpose(1, 2))  # [N/64, M, K] @ [N/64, K, 64] -> [N/64, M, 64]
+    shared = x.expand(n // BLOCK_N, m, k)  # [M, K] -> [N/64, M, K]: the same rows, no copy
+    # [N/64, M, K] @ [N/64, K, 64] -> [N/64, M, 64]
+    out = torch.bmm(shared, blocks.transpose(1, 2))
     return out.transpose(0, 1).reshape(m, n)  # [N/64, M, 64] -> [M, N/64, 64] -> [M, N] (copies)
 
 
@@ -146,10 +148,10 @@ def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def time_forms(weights: list[torch.Tensor], m: int, passes: int = 3) -> dict[str, float]:
     """ms for one pass of every form over `weights` (out-major [K, N] views) with M = m rows.
 
-    The forms alternate (plain, transposed, blocked, plain, ...) so a drift of the machine hits all
-    alike; a form's time is its fastest full pass over every matrix.
+    The forms alternate (plain, transposed, blocked, plain, ...) so a drift of the machine hits
+    all alike; a form's time is its fastest full pass over every matrix.
     """
-    xs = {w.shape[0]: torch.randn(m, w.shape[0], dtype=w.dtype) for w in weights}  # one input per K
+    xs = {w.shape[0]: torch.randn(m, w.shape[0], dtype=w.dtype) for w in weights}  # one x per K
     best = dict.fromkeys(FORMS, float("inf"))
     for _ in range(passes):
         for form in FORMS:
@@ -161,10 +163,10 @@ def time_forms(weights: list[torch.Tensor], m: int, passes: int = 3) -> dict[str
 
 
 def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
-    """Time each form streaming `weights` (out-major [K, N] views, together far larger than the cache).
+    """Time each form streaming `weights` (out-major [K, N] views, together far beyond the cache).
 
-    One `time_forms` per bucket, at the bucket's M; each bucket keeps its fastest form. Sets and returns
-    `CPU_FORMS`.
+    One `time_forms` per bucket, at the bucket's M; each bucket keeps its fastest form. Sets and
+    returns `CPU_FORMS`.
     """
     weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
     if not weights:
@@ -173,3 +175,71 @@ def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
     CPU_FORMS.measured_ms = measured
     CPU_FORMS.chosen = {name: min(times, key=times.get) for name, times in measured.items()}
     return CPU_FORMS
+
+
+# ---- when to calibrate: at load, for a CPU model whose projections run this tier ----
+
+PROJECTIONS = ("qkv_proj", "o_proj", "ffn", "lm_head")  # the stages whose torch tier is `gemm`
+CALIBRATE_BYTES = 64 * 2**20  # below this the weights sit in cache and the form hardly matters
+CALIBRATE_SAMPLE_BYTES = 2 * 2**30  # far beyond any L3, so streamed from memory; bounds the cost
+
+
+def calibration_sample(weights, budget: int | None = None) -> list[torch.Tensor]:
+    """Whole layers' projection weights, in order, up to `budget` bytes; the LM head if it fits too.
+
+    `weights` is a model's `LlamaWeights` (read by its fields: `layers[i].w_qkv`, `w_o`,
+    `w_gate_up`, `w_down`, and `lm_head`). The same shapes repeat in every layer, so an 8B model
+    is measured on its first layers instead of streaming 32 GB per pass.
+    """
+    budget = CALIBRATE_SAMPLE_BYTES if budget is None else budget
+    sample, size = [], 0
+    for lw in weights.layers:
+        layer = [lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down]
+        sample += layer
+        size += sum(t.numel() * t.element_size() for t in layer)
+        if size >= budget:
+            break
+    head_bytes = weights.lm_head.numel() * weights.lm_head.element_size()
+    return sample + [weights.lm_head] if size + head_bytes <= budget else sample
+
+
+def calibrate_for(weights, tiers: dict[str, str]) -> CpuForms:
+    """Measure the forms once per process, when it matters: every projection runs the torch tier
+    (`tiers`: stage name -> the tier that runs, `StageOps.backends`), the weights are on the CPU
+    and at least CALIBRATE_BYTES. Otherwise (or when already measured) `CPU_FORMS` is left as is.
+    """
+    torch_projections = all(tiers.get(name) == "torch" for name in PROJECTIONS)
+    on_cpu = weights.embed.device.type == "cpu"
+    big = weights.decode_bytes() >= CALIBRATE_BYTES
+    if torch_projections and on_cpu and big and not CPU_FORMS.measured_ms:
+        calibrate(calibration_sample(weights))
+    return CPU_FORMS
+
+
+# ---- the torch tier of each projection stage: the same signature as its `naive` ----
+
+
+def qkv_proj(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
+    """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d], in this CPU's fastest form."""
+    return gemm(x, w_qkv)  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
+
+
+def o_proj(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
+    """x [T, H*d], w_o [H*d, hidden] -> [T, hidden], in this CPU's fastest form."""
+    return gemm(x, w_o)  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
+
+
+def ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """x [T, hidden] -> [T, hidden]: both GEMMs of the SwiGLU FFN in this CPU's fastest form."""
+    gate_up = gemm(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    gate, up = gate_up.chunk(2, dim=-1)  # -> 2 x [T, inter]
+    h = torch.nn.functional.silu(gate) * up  # [T, inter]
+    return gemm(h, w_down)  # [T, inter] @ [inter, hidden] -> [T, hidden]
+
+
+def lm_head(
+    hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor
+) -> torch.Tensor:
+    """hidden [T, hidden], last_token_index [B], w_lm [hidden, vocab] -> logits [B, vocab]."""
+    last = hidden[last_token_index]  # [T, hidden] -> [num_seqs, hidden]
+    return gemm(last, w_lm)  # [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]

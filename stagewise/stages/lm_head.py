@@ -10,11 +10,14 @@ row of the [hidden, vocab] product, not 1000.
 `w_lm` has the shape [in, out] = [hidden, vocab] like every other projection.
 With tied embeddings (SmolLM2) it holds the same numbers as the embedding table
 [vocab, hidden]: on a CPU it *is* the table, seen through a transposed view
-(the layout `stages/gemm.py` streams fastest); on a GPU it is a contiguous
+(the layout the torch tier streams fastest); on a GPU it is a contiguous
 [hidden, vocab] copy made at load time. Decode reads the whole matrix every
 step: 113 MB in fp32 for SmolLM2, a fifth of all weights.
 
-Optimized: one Triton GEMM (`kernels/matmul.py`) that reads the rows of
+Torch tier (`stages/gemm_torch.py`): the same gather, then the GEMM in the CPU
+BLAS form measured fastest at load.
+
+Triton: one Triton GEMM (`kernels/matmul.py`) that reads the rows of
 `hidden` through `last_token_index` (no gathered copy): only the vocab matrix
 and the selected rows leave memory.
 """
@@ -22,27 +25,24 @@ and the selected rows leave memory.
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages import gemm_torch
 from stagewise.stages.base import Stage
-from stagewise.stages.gemm import gemm
 
 
 def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:
-    """hidden [T, hidden], last_token_index [num_seqs], w_lm [hidden, vocab] -> [num_seqs, vocab]."""
+    """hidden [T, hidden], last_token_index [B], w_lm [hidden, vocab] -> logits [B, vocab]."""
     last = hidden[last_token_index]  # [T, hidden] -> [num_seqs, hidden]
-    return gemm(
-        last, w_lm
-    )  # last @ w_lm: [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
+    return last @ w_lm  # [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
 
 
 def optimized(
     hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor
 ) -> torch.Tensor:
-    """hidden [T, hidden], last_token_index [num_seqs], w_lm [hidden, vocab] -> [num_seqs, vocab]."""
-    from stagewise.kernels.matmul import (
-        matmul,
-    )  # lazy: importing kernels chooses GPU or interpreter first
+    """hidden [T, hidden], last_token_index [B], w_lm [hidden, vocab] -> logits [B, vocab]."""
+    # lazy: importing kernels chooses GPU or interpreter first
+    from stagewise.kernels.matmul import matmul
 
-    # hidden[last_token_index] @ w_lm: [num_seqs of T, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
+    # hidden[last_token_index] @ w_lm: [B of T, hidden] @ [hidden, vocab] -> [B, vocab]
     return matmul(hidden, w_lm, row_index=last_token_index)
 
 
@@ -69,6 +69,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: row-gather + tiled GEMM on weight^T",
+    torch=gemm_torch.lm_head,
+    torch_kind="torch: gather, then x @ w in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
     outputs=("logits",),
     axes={

@@ -6,7 +6,10 @@ Not one of the seeds' six named steps but a GEMM of the same size as the Q
 projection that every block runs right after attention; it is traced and
 benchmarked like the other projections.
 
-Optimized: the same tiled Triton GEMM as qkv_proj (`kernels/matmul.py`), fp32
+Torch tier (`stages/gemm_torch.py`): the same product in the CPU BLAS form
+measured fastest at load, as for qkv_proj.
+
+Triton: the same tiled Triton GEMM as qkv_proj (`kernels/matmul.py`), fp32
 accumulation and grouped program ordering for L2 reuse; `x` may be a strided
 view of the attention output, read in place through its strides.
 """
@@ -14,20 +17,19 @@ view of the attention output, read in place through its strides.
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages import gemm_torch
 from stagewise.stages.base import Stage
-from stagewise.stages.gemm import gemm
 
 
 def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     """x [T, H*d], w_o [H*d, hidden] -> [T, hidden]."""
-    return gemm(x, w_o)  # x @ w_o: [T, H*d] @ [H*d, hidden] -> [T, hidden]
+    return x @ w_o  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
 
 
 def optimized(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     """x [T, H*d], w_o [H*d, hidden] -> [T, hidden] through the Triton GEMM."""
-    from stagewise.kernels.matmul import (
-        matmul,
-    )  # lazy: importing kernels chooses GPU or interpreter first
+    # lazy: importing kernels chooses GPU or interpreter first
+    from stagewise.kernels.matmul import matmul
 
     return matmul(x, w_o)  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
 
@@ -46,6 +48,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: tiled GEMM, grouped ordering",
+    torch=gemm_torch.o_proj,
+    torch_kind="torch: x @ w in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
     outputs=("out",),
     axes={"x": "num_tokens q_size", "w_o": "q_size hidden", "out": "num_tokens hidden"},

@@ -45,9 +45,8 @@ def optimized(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton row kernel: the residual add, the fp32 sum of squares and the scaling in one pass."""
-    from stagewise.kernels.rmsnorm import (
-        rmsnorm,
-    )  # lazily: importing kernels picks GPU or interpreter
+    # lazily: importing kernels picks GPU or interpreter
+    from stagewise.kernels.rmsnorm import rmsnorm
 
     return rmsnorm(x, weight, eps, residual)  # -> (out [T, hidden], residual_out [T, hidden])
 

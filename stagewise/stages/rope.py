@@ -24,24 +24,30 @@ The Triton kernel (`kernels/rope.py`) rotates q and k *in place*: one program
 per tile of tokens (and block of heads) loads their q and k heads, gathers each
 token's cos/sin row once, rotates all of the token's q and k heads with it in
 fp32, and writes them back over the inputs, so q and k are each read once and
-written once and nothing is allocated. It works directly on the strided views `split_qkv` returns. Unlike
-the naive path, which returns new tensors, `optimized` modifies q and k and
-returns those same objects; callers use the return value either way.
+written once and nothing is allocated. It works directly on the strided views
+`split_qkv` returns. Unlike the naive path, which returns new tensors,
+`optimized` modifies q and k and returns those same objects; callers use the
+return value either way.
+
+The torch tier (`stages/rope_torch.py`) rotates q and k as one tensor with
+half-width angles: fewer PyTorch ops per layer, measured there.
 """
 
 import math
 
 import torch
+from einops import rearrange
 
 from stagewise.config import ModelConfig, RopeScaling
 from stagewise.errors import StagewiseError
+from stagewise.stages import rope_torch
 from stagewise.stages.base import Stage
 
 
 def inverse_frequencies(
     rotary_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
 ) -> torch.Tensor:
-    """-> [rotary_dim / 2] float32: the angle per position of each feature pair, `theta^(-2i/d)`, scaled.
+    """-> [rotary_dim / 2] float32: each feature pair's angle per position, `theta^(-2i/d)`, scaled.
 
     Long-context models change only these numbers (the rotation itself stays the same):
 
@@ -100,13 +106,14 @@ def build_cos_sin_cache(
 
 
 def describe_rope(theta: float, scaling: RopeScaling | None) -> str:
-    """One line for traces and headers: "theta 500000, llama3 x32 (pre-trained 8192, low 1, high 4)"."""
+    """One line for traces: "theta 500000, llama3 x32 (pre-trained 8192, low 1, high 4)"."""
     text = f"theta {theta:g}"
     if scaling is None:
         return text
     if scaling.kind == "llama3":
         return (
-            f"{text}, llama3 x{scaling.factor:g} (pre-trained {scaling.original_max_position_embeddings}, "
+            f"{text}, llama3 x{scaling.factor:g} "
+            f"(pre-trained {scaling.original_max_position_embeddings}, "
             f"low {scaling.low_freq_factor:g}, high {scaling.high_freq_factor:g})"
         )
     if scaling.kind == "linear":
@@ -115,65 +122,38 @@ def describe_rope(theta: float, scaling: RopeScaling | None) -> str:
     return f"{text}, rope_freqs from the GGUF (divisors {min(factors):g}..{max(factors):g})"
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, d], cos/sin [T, 1, d] (each half repeated) -> rotated x, computed in float32.
-
-    With x = [x1, x2] (halves): [x1*cos - x2*sin, x2*cos + x1*sin] = x * cos + [-x2, x1] * sin.
-    """
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)  # [T, heads, d/2] each
-    rotated_half = torch.cat([-x2, x1], dim=-1)  # [T, heads, d]: each pair turned by 90 degrees
-    return (xf * cos + rotated_half * sin).to(x.dtype)  # [T, heads, d]
-
-
-def angles_at(
-    positions: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [T] -> (cos, sin), each [T, 1, d] float32: the rows of the cache, each half repeated.
-
-    The same for every layer of a forward pass: the model gathers them once per step and passes them in.
-    """
-    cos, sin = (
-        cos_sin_cache[positions].float().chunk(2, dim=-1)
-    )  # [max_position, d] -> [T, d/2] each
-    cos = torch.cat([cos, cos], dim=-1).unsqueeze(1)  # [T, 1, d]: pair (i, i + d/2) shares angle i
-    sin = torch.cat([sin, sin], dim=-1).unsqueeze(1)  # [T, 1, d]: broadcast over heads
-    return cos, sin
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] = [x1, x2] (halves) -> [-x2, x1]: each pair (i, i + d/2) turned by 90 degrees."""
+    x1, x2 = x.chunk(2, dim=-1)  # [..., d/2] each
+    return torch.cat([-x2, x1], dim=-1)  # [..., d]
 
 
 def naive(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified.
 
-    `angles`: `angles_at(positions, cos_sin_cache)` when the caller already has them (once per step).
+    x_rotated = x * cos + rotate_half(x) * sin, in float32, with each token's angles read from
+    its row of the cache: [x1*cos - x2*sin, x2*cos + x1*sin].
     """
-    cos, sin = (
-        angles if angles is not None else angles_at(positions, cos_sin_cache)
-    )  # [T, 1, d] each
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # [T, d] -> [T, d/2] each
+    cos = torch.cat([cos, cos], dim=-1)  # [T, d]: pair (i, i + d/2) shares angle i
+    sin = torch.cat([sin, sin], dim=-1)  # [T, d]
+    cos = rearrange(cos, "t d -> t 1 d")  # [T, 1, d]: the same angles for every head
+    sin = rearrange(sin, "t d -> t 1 d")  # [T, 1, d]
+    qf, kf = q.float(), k.float()
+    q_out = qf * cos + rotate_half(qf) * sin  # [T, H, d]
+    k_out = kf * cos + rotate_half(kf) * sin  # [T, Hkv, d]
+    return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
 def optimized(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton kernel, in place: q and k are rotated where they are and returned (the same objects).
-
-    The kernel gathers each token's cos/sin row itself: `angles` is not used.
-    """
+    """Triton kernel, in place: q and k are rotated where they are and returned (same objects)."""
     from stagewise.kernels.rope import rope  # lazily: importing kernels picks GPU or interpreter
 
-    return rope(
-        positions, q, k, cos_sin_cache
-    )  # -> (q [T, H, d], k [T, Hkv, d]), modified in place
+    return rope(positions, q, k, cos_sin_cache)  # -> (q [T, H, d], k [T, Hkv, d]), in place
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -200,6 +180,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: in place on q and k, a tile of tokens per program",
+    torch=rope_torch.rope,
+    torch_kind="torch: q and k rotated as one tensor, half-width angles (fewer ops per layer)",
     example_inputs=example_inputs,
     outputs=("q_out", "k_out"),
     axes={
