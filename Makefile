@@ -1,10 +1,11 @@
 # The set-up commands of the README:
 #   make trace     install everything, then print the shape flow of a short prompt through the real model
 #   make test      install everything, then run the whole test suite
+#   make check     install everything, then ruff: lint and format, as CI checks them
 #   make notebook  install everything, add JupyterLab and a "stagewise" kernel, open notebooks/
 PROMPT ?= The capital of France is
 
-.PHONY: install trace test notebook lint compile-gate test-triton36
+.PHONY: install trace test check notebook lint compile-gate test-triton36
 install:
 	./scripts/install.sh
 
@@ -13,6 +14,12 @@ trace: install
 
 test: install
 	.venv/bin/python -m pytest -q
+
+# Lint and format check (100 columns in stages/, kernels/, models/, engine/, tokenizer/, kv/: their ruff.toml;
+# 120 elsewhere). --no-cache: ruff's cache would miss those per-folder ruff.toml files
+check: install
+	.venv/bin/ruff check --no-cache stagewise tests scripts
+	.venv/bin/ruff format --no-cache --check stagewise tests scripts
 
 # JupyterLab goes into the same .venv (only here: `make test` runs the notebooks without it); the kernel named
 # "stagewise" (this .venv's Python) is registered for any other Jupyter front end too (VS Code, a system Jupyter)

@@ -56,12 +56,12 @@ import numpy as np
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.calc.roofline import analyze, seeds_table
-from stagewise.calc.counts import attention_flops, linear_flops
-from stagewise.calc.hardware import HARDWARE
 from stagewise.bench.modes import eval_fit, fit_cost
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import single_prompt
+from stagewise.calc.counts import attention_flops, linear_flops
+from stagewise.calc.hardware import HARDWARE
+from stagewise.calc.roofline import analyze, seeds_table
 from stagewise.config import PRESETS
 from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from stagewise import LLM
 from stagewise.bench.hf_baseline import HFBaseline, hf_model_location, static_padding
 from stagewise.bench.machine import machine_info
 from stagewise.bench.modes import check_fits_positions, check_identical, refuse_weightless, run_notes
@@ -41,6 +40,7 @@ from stagewise.bench.plots import (
 from stagewise.bench.timing import StreamedRequest, alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, Workload, mixed_workload
 from stagewise.config import EngineConfig
+from stagewise.engine.llm import LLM
 from stagewise.engine.outputs import percentile
 from stagewise.errors import StagewiseError
 from stagewise.kv.paged import kv_bytes_per_token

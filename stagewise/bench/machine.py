@@ -68,8 +68,6 @@ def machine_info() -> dict:
             "cuda": torch.version.cuda,
         }
     ram = _ram_bytes()
-    from stagewise import __version__
-
     return {
         "cpu": _cpu_model(),
         "logical_cores": os.cpu_count(),
@@ -81,7 +79,7 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "triton": _version("triton"),
         "transformers": _version("transformers"),
-        "stagewise": __version__,
+        "stagewise": _version("stagewise"),  # the installed package (pyproject.toml's version)
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }

@@ -35,13 +35,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from stagewise import LLM
 from stagewise.bench.decode_overhead import stage_breakdown, weight_streaming
 from stagewise.bench.machine import machine_info
 from stagewise.bench.plots import plot_throughput, plot_time_per_token, save_figure
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, single_prompt
 from stagewise.config import PRESETS, EngineConfig
+from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
 from stagewise.models.registry import LoadedModel, load_model
 

@@ -26,11 +26,12 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from stagewise import LLM, SamplingParams
 from stagewise.bench.machine import machine_info
 from stagewise.bench.plots import save_figure
 from stagewise.config import EngineConfig
+from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
+from stagewise.sampling_params import SamplingParams
 
 PREFIXES = (
     "You are a careful assistant. Answer briefly and check every number twice before you answer.",

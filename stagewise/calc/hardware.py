@@ -142,14 +142,6 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def get_hardware(name: str) -> Hardware:
-    """Look up a preset by name, with a one-line error listing the valid names."""
-    key = name.strip().lower()
-    if key not in HARDWARE:
-        raise StagewiseError(f"unknown hardware '{name}'; choose one of {', '.join(HARDWARE)} or probe")
-    return HARDWARE[key]
-
-
 # ---------------------------------------------------------------- the probe
 
 

@@ -76,7 +76,8 @@ def generate(
     ),
 ):
     """Generate text, streaming it as it is produced."""
-    from stagewise import LLM, SamplingParams
+    from stagewise.engine.llm import LLM
+    from stagewise.sampling_params import SamplingParams
 
     params = SamplingParams(
         max_tokens=max_tokens,

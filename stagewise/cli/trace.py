@@ -52,7 +52,8 @@ def trace(
     ),
 ):
     """Print every tensor shape through a run, step by step."""
-    from stagewise import LLM, SamplingParams
+    from stagewise.engine.llm import LLM
+    from stagewise.sampling_params import SamplingParams
     from stagewise.stages import STAGES
     from stagewise.trace.select import check_ranges, parse_ranges
     from stagewise.trace.tracer import COLLECTIVES, Tracer

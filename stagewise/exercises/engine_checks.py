@@ -37,8 +37,9 @@ def tiny_model():
 
 def run_tiny(mode: str, prompt_lens: list[int], output_lens: list[int], seats: int = 4):
     """Generate on the tiny model with exact prompt and output lengths; returns the run's stats."""
-    from stagewise import LLM, SamplingParams
     from stagewise.bench.workloads import single_prompt
+    from stagewise.engine.llm import LLM
+    from stagewise.sampling_params import SamplingParams
 
     loaded = tiny_model()
     ecfg = EngineConfig(max_num_seqs=seats, max_model_len=256, enable_prefix_caching=False)
