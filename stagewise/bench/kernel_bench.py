@@ -136,6 +136,7 @@ def flash_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
     """Causal prefill of an equal-length batch: Triton FlashAttention vs SDPA (flash / cuDNN)."""
     from stagewise.kernels.flash_attention import flash_attention
     from stagewise.stages.attention import naive
+    from stagewise.stages.attention_metadata import AttentionMetadata
 
     b, n, h, hkv, d = sizes.attn_batch, sizes.attn_len, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = torch.randn(b * n, h, d, device=device, dtype=dtype)  # [T, H, d], T = B * N packed
@@ -145,16 +146,17 @@ def flash_cases(cfg: ModelConfig, sizes: Sizes, dtype, device) -> list[dict]:
     scale = d**-0.5
     call = lambda: flash_attention(q, k, v, cu, cu, scale, max_q_len=n)  # noqa: E731  (host int: no sync)
     t_ms, how = time_kernels([call], device, sizes.rounds)
-    n_ms = time_calls([lambda: naive(q, k, v, cu, cu, scale)], device, 1, warmup=0)
+    meta = AttentionMetadata.over_batch(cu, cu.tolist())  # the textbook's lengths, read once here
+    n_ms = time_calls([lambda: naive(q, k, v, meta, scale)], device, 1, warmup=0)
     q4, k4, v4 = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))  # [B, heads, N, d] views
     q4, k4, v4 = q4.contiguous(), k4.contiguous(), v4.contiguous()
     sdpa = _sdpa_timed(q4, k4, v4, device, sizes.rounds, causal=True)
     timed = {name: ms for name, ms in sdpa.items() if isinstance(ms, float)}
     best = min(timed, key=timed.get) if timed else None
-    ref = naive(q.double(), k.double(), v.double(), cu, cu, scale) if device.type == "cpu" else None
+    ref = naive(q.double(), k.double(), v.double(), meta, scale) if device.type == "cpu" else None
     if ref is None:  # on a GPU the float64 reference of the full batch is slow: check the first sequence
-        one = cu[:2]
-        ref = naive(q[:n].double(), k[:n].double(), v[:n].double(), one, one, scale)
+        one = AttentionMetadata.over_batch(cu[:2], [0, n])
+        ref = naive(q[:n].double(), k[:n].double(), v[:n].double(), one, scale)
     err = rel_error(call()[: ref.shape[0]], ref)
     flops = 4 * b * h * n * n * d / 2  # QK^T and PV, causal: half the square
     row = _row(
@@ -173,6 +175,7 @@ def paged_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     import torch.nn.functional as F
 
     from stagewise.kernels.paged_attention import paged_attention
+    from stagewise.stages.attention_metadata import AttentionMetadata
     from stagewise.stages.paged_attention import naive
 
     hkv, d, bs = cfg.num_kv_heads, cfg.head_dim, 16
@@ -192,8 +195,9 @@ def paged_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     lengths = dict(max_q_len=1, max_seq_len=ctx)  # host ints, as the engine passes them: no sync per call
     call = lambda: paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale, **lengths)  # noqa: E731
     t_ms, how = time_kernels([call], device, sizes.rounds)
-    n_ms = time_calls([lambda: naive(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale)], device, 1, 0)
-    err = rel_error(call(), naive(q.float(), k_cache.float(), v_cache.float(), block_table, seq_lens, cu_q, scale))
+    meta = AttentionMetadata.build([1] * seqs, [ctx] * seqs, device, block_table=block_table, cu_seqlens_q=cu_q)
+    n_ms = time_calls([lambda: naive(q, k_cache, v_cache, meta, scale)], device, 1, 0)
+    err = rel_error(call(), naive(q.float(), k_cache.float(), v_cache.float(), meta, scale))
     moved = seqs * kv_bytes_per_seq
     gbs = moved / (t_ms * 1e-3) / GB
     # Stock: SDPA over the same K/V laid out contiguously (no paging), one query per sequence.
@@ -224,6 +228,7 @@ def flash_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     """
     from stagewise.kernels.flash_attention import flash_attention
     from stagewise.stages.attention import naive
+    from stagewise.stages.attention_metadata import AttentionMetadata
 
     hkv, d, ctx = cfg.num_kv_heads, cfg.head_dim, sizes.decode_ctx
     kv_bytes_per_seq = 2 * ctx * hkv * d * torch.finfo(dtype).bits // 8
@@ -237,8 +242,9 @@ def flash_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
     scale = d**-0.5
     call = lambda: flash_attention(q, k, v, cu_q, cu_k, scale, used, max_q_len=1)  # noqa: E731  (host int: no sync)
     t_ms, how = time_kernels([call], device, sizes.rounds)
-    n_ms = time_calls([lambda: naive(q, k, v, cu_q, cu_k, scale, used)], device, 1, 0)
-    err = rel_error(call(), naive(q.float(), k.float(), v.float(), cu_q, cu_k, scale, used))
+    meta = AttentionMetadata.build([1] * seqs, [ctx] * seqs, device, k_starts=cu_k.tolist(), cu_seqlens_q=cu_q)
+    n_ms = time_calls([lambda: naive(q, k, v, meta, scale)], device, 1, 0)
+    err = rel_error(call(), naive(q.float(), k.float(), v.float(), meta, scale))
     gbs = seqs * kv_bytes_per_seq / (t_ms * 1e-3) / GB
     return [
         _row(
