@@ -143,7 +143,9 @@ def test_markdown_rendering(tiny):
         llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0))
     md = render_markdown(tracer)
     assert md.startswith("# stagewise trace")
-    assert "| 0 | 0 | qkv_proj | naive | x [num_tokens=" in md
+    # the default tier is torch; each row names the tier that ran (rmsnorm has none: naive)
+    assert "backend torch" in md and "| 0 | 0 | qkv_proj | torch | x [num_tokens=" in md
+    assert "| 0 | 0 | rmsnorm | naive | x [num_tokens=" in md
 
 
 def test_inactive_tracer_records_nothing(tiny):

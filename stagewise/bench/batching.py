@@ -53,7 +53,7 @@ COMPARE = ("transformers",)
 @dataclass(frozen=True)
 class BatchingSettings:
     model: str = "smollm2-135m"  # preset, .gguf or Hugging Face directory
-    backend: str = "naive"  # stage backend: naive or triton
+    backend: str = "torch"  # the tier of every stage: naive, torch or triton
     device: str | None = None  # cpu / cuda; None = cuda when available
     dtype: str | None = None  # float32 / bfloat16; None = the loader's default for the device
     num_requests: int = 32  # requests in the workload

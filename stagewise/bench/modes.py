@@ -54,7 +54,7 @@ COMPARE = ("transformers",)  # other systems that can run the same prompt
 @dataclass(frozen=True)
 class ModesSettings:
     model: str = "smollm2-135m"  # preset, .gguf or Hugging Face directory
-    backend: str = "naive"  # stage backend: naive or triton
+    backend: str = "torch"  # the tier of every stage: naive, torch or triton
     device: str | None = None  # cpu / cuda; None = cuda when available
     dtype: str | None = None  # float32 / bfloat16; None = the loader's default for the device
     prompt_tokens: int = 32  # length of the one prompt
@@ -102,8 +102,8 @@ def run_notes(backend: str, loaded: LoadedModel, llm: LLM | None = None) -> list
     notes = []
     if backend == "triton" and loaded.device.type == "cpu":
         notes.append("Triton kernels ran in the CPU interpreter: correctness only, not a speed measurement")
-    if loaded.device.type == "cpu" and backend == "naive":
-        from stagewise.stages.gemm import CPU_FORMS
+    if loaded.device.type == "cpu" and backend == "torch":
+        from stagewise.stages.gemm_torch import CPU_FORMS
 
         notes.append(CPU_FORMS.describe())
     return notes

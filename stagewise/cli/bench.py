@@ -32,7 +32,7 @@ bench_app = typer.Typer(
 )
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
-BACKENDS = ("naive", "triton")
+BACKENDS = ("naive", "torch", "triton")
 
 
 def parse_dtype(name: str | None) -> str | None:
@@ -84,7 +84,7 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
 
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
-        raise StagewiseError(f"unknown backend '{backend}'; use naive or triton")
+        raise StagewiseError(f"unknown backend '{backend}'; use naive, torch or triton")
     return backend
 
 
@@ -157,7 +157,7 @@ def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str
 MODEL = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory")
 OUT = typer.Option(None, help="output folder (default benchmarks/results/<machine-tag>/)")
 QUICK = typer.Option(False, "--quick", help="tiny sizes: a smoke run, not a measurement")
-BACKEND = typer.Option("naive", help="stage backend: naive (PyTorch) or triton")
+BACKEND = typer.Option("torch", help="stage tier: naive (textbook), torch (fast PyTorch where it exists) or triton")
 DEVICE = typer.Option(None, help="cpu or cuda (default: cuda when available)")
 DTYPE = typer.Option(None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bfloat16 on CUDA)")
 THREADS = typer.Option(None, help="torch CPU threads (default: torch's choice)")

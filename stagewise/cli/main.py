@@ -50,7 +50,7 @@ def parse_stage_backends(items: list[str]) -> dict[str, str]:
 def generate(
     prompts: list[str] = typer.Argument(..., help="one or more prompts"),
     model: str = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory"),
-    backend: str = typer.Option("naive", help="naive (PyTorch) or triton, for every stage"),
+    backend: str = typer.Option("torch", help="stage tier: naive (textbook), torch (fast PyTorch) or triton"),
     stage_backend: list[str] = typer.Option([], help="per-stage override, e.g. attention=naive (repeatable)"),
     mode: str = typer.Option("paged", help="paged (continuous batching), kv (static batching) or naive (recompute)"),
     max_tokens: int = typer.Option(64, help="most tokens to generate per prompt"),

@@ -24,7 +24,7 @@ def trace(
     prompts: list[str] = typer.Argument(..., help="one or more prompts"),
     model: str = typer.Option("smollm2-135m", help="preset (smollm2-135m, tiny, llama-3-405b, ...), .gguf or HF dir"),
     max_tokens: int = typer.Option(3, help="tokens to generate per prompt"),
-    backend: str = typer.Option("naive", help="naive or triton"),
+    backend: str = typer.Option("torch", help="the tier of every stage: naive, torch or triton"),
     mode: str = typer.Option("paged", help="paged (continuous batching), kv (static batching) or naive"),
     layers: str | None = typer.Option(
         None, help="'first', 'all', or indices like 0,5-7 (default: first; json and chrome: all)"

@@ -98,7 +98,7 @@ def section_e2e(dry_run: bool, ctx: dict) -> dict:
 
     for name in (big, small):
         loaded = load_model(name, dev, None)
-        for backend, graphs in (("triton", True), ("triton", False), ("naive", False)):
+        for backend, graphs in (("triton", True), ("triton", False), ("torch", False)):
             label = f"decode {name} {backend}{' +graphs' if graphs else ''}"
             row = attempt(label, decode_speed, name, backend, graphs, dev, None, new, copy_gbs, loaded)
             if row:
