@@ -1,48 +1,27 @@
-"""What the two attention kernels share: the online-softmax step and the input checks.
+"""What FlashAttention and paged attention share: the tile's rows, the key loop, the online softmax.
 
-The online softmax (Milakov & Gimelshein 2018; the heart of FlashAttention)
----------------------------------------------------------------------------
-softmax needs the row maximum (for stability) and the row sum before any
-probability is known. Computed naively that means: all scores S = Q K^T of a
-row, then max, then sum, then P V — the whole [Lq, Lk] matrix S (and P) lives
-in memory: O(N^2) extra memory per head, written to HBM and read back.
+Both kernels run one program per (row tile, sequence, KV head x split). A
+tile's BLOCK_M rows are (query, group head) pairs of one KV head, query-major
+(row r -> query r // G, head kv_head * G + r % G), so the G query heads that
+share a KV head read each K/V tile once. The program loads its Q tile once,
+then walks its keys BLOCK_N at a time (`attend_keys`), keeping per row
 
-The online version walks the keys tile by tile (BLOCK_N keys at a time) and
-keeps, per query row, three running values:
+    m    the largest score seen so far          (base 2: scores carry scale * log2 e)
+    l    the sum of exp2(s - m) over the keys seen
+    acc  the sum of exp2(s - m) * v             [d]
 
-    m    the largest score seen so far
-    l    sum of exp(s - m) over the keys seen so far
-    acc  sum of exp(s - m) * v over the keys seen so far          [d]
+and folding each tile of scores s_j in (`attend_tile`; Milakov & Gimelshein 2018):
 
-For a new tile of scores s_j:
+    m_new = max(m, max_j s_j)   alpha = exp2(m - m_new)   p_j = exp2(s_j - m_new)
+    l = alpha * l + sum_j p_j   acc = alpha * acc + sum_j p_j v_j   ...   out = acc / l
 
-    m_new = max(m, max_j s_j)
-    alpha = exp(m - m_new)                  # rescales what was summed under the old max
-    p_j   = exp(s_j - m_new)
-    l     = alpha * l + sum_j p_j
-    acc   = alpha * acc + sum_j p_j v_j
-
-and after the last tile `out = acc / l`. Every term carries the same factor
-exp(-m_final) in the end, so the result is exactly softmax(s) v — only the
-order of the additions differs. A tile of S exists only in registers, so the
-extra memory is O(N) (m and l per row) instead of O(N^2).
-
-The HBM *traffic* is not O(N): a tile holds BLOCK_M query rows, and K and V
-stream past every tile, so they are read N / BLOCK_M times per head:
-Theta(N^2 d / BLOCK_M) elements. A tile must fit in the on-chip memory M
-(BLOCK_M ~ M / d), which gives FlashAttention's Theta(N^2 d^2 / M) (Dao et al.
-2022, Theorem 2) against the naive path's Theta(N d + N^2): fewer bytes
-whenever d^2 < M, e.g. d = 128 and ~200 KB of shared memory per SM.
-
-`online_softmax_reference` below is that loop in plain PyTorch, for reading and
-for the test that proves it equals the full softmax.
-
-The kernels use base 2: scores are multiplied by scale * log2(e), so
-exp(x) = exp2(x * log2(e)) costs one `exp2` (a single GPU instruction).
-Masked scores are -inf and give p = 0. The running max starts at a large
-*finite* negative number, so a row that sees no key at all keeps m finite,
-alpha = exp2(0) = 1, p = exp2(-inf) = 0, l = 0 — no NaN from (-inf) - (-inf) —
-and the kernels write 0 for rows with l == 0.
+Only one [BLOCK_M, BLOCK_N] tile of scores exists, in registers: O(N) extra
+memory where the naive path holds O(N^2). `key_range` skips the keys no row
+sees (causal, bottom-right aligned) and marks the tiles every row sees whole,
+which run without masks. m starts at a large finite negative number, so a row
+that sees no key keeps l = 0 without a NaN, and writes 0. The kernels differ
+only in where a key lives: a row of k/v, or a slot through the block table.
+`online_softmax_reference` is the same loop in PyTorch, for reading and tests.
 """
 
 import math
@@ -59,16 +38,13 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_shape,
 )
-from stagewise.kernels.targets import Target
+from stagewise.kernels.targets import Target, fma_dots
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
-M_INIT_VALUE = (
-    -1.0e30
-)  # the running max's start: finite, so a row with no visible key never computes -inf - -inf
-M_INIT = tl.constexpr(
-    M_INIT_VALUE
-)  # the same for kernels (@triton.jit code may read constexpr globals only)
+# the running max's start: finite, so a row with no visible key never computes -inf - -inf
+M_INIT_VALUE = -1.0e30
+M_INIT = tl.constexpr(M_INIT_VALUE)  # the same for kernels (jit code reads constexpr globals only)
 
 
 def online_softmax_reference(
@@ -79,22 +55,157 @@ def online_softmax_reference(
     scores [M, N] (-inf = masked), values [N, d] -> [M, d]. Rows with no finite score give 0.
     """
     scores, values = scores.double(), values.double()
-    m = torch.full((scores.shape[0],), M_INIT_VALUE, dtype=torch.float64)  # [M] running max
-    row_sum = torch.zeros(scores.shape[0], dtype=torch.float64)  # [M] running sum of exp(s - m)
-    acc = torch.zeros(
-        scores.shape[0], values.shape[1], dtype=torch.float64
-    )  # [M, d] running sum of exp(s - m) v
+    rows, dim = scores.shape[0], values.shape[1]
+    m = torch.full((rows,), M_INIT_VALUE, dtype=torch.float64)  # [M] running max
+    row_sum = torch.zeros(rows, dtype=torch.float64)  # [M] running sum of exp(s - m)
+    acc = torch.zeros(rows, dim, dtype=torch.float64)  # [M, d] running sum of exp(s - m) v
     for start in range(0, scores.shape[1], block_n):
         s = scores[:, start : start + block_n]  # [M, block_n]: one tile of scores
         m_new = torch.maximum(m, s.max(dim=1).values)  # [M]
         alpha = torch.exp(m - m_new)  # [M] rescale factor for everything summed so far
         p = torch.exp(s - m_new[:, None])  # [M, block_n]
         row_sum = alpha * row_sum + p.sum(dim=1)
-        acc = (
-            alpha[:, None] * acc + p @ values[start : start + block_n]
-        )  # [M, block_n] @ [block_n, d]
+        acc = alpha[:, None] * acc + p @ values[start : start + block_n]  # [M, bn] @ [bn, d]
         m = m_new
     return torch.where(row_sum[:, None] > 0, acc / row_sum.clamp_min(1e-300)[:, None], 0.0)
+
+
+@triton.jit
+def program_tile(
+    cu_seqlens_q_ptr,  # [B+1] int32: query rows of each sequence
+    BLOCK_M: tl.constexpr,  # (query, group head) rows per tile
+    NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
+):
+    """Grid (row tile, sequence, KV head x split) -> (seq, kv_head, split, q_start, q_len, f0).
+
+    f0 is the tile's first (query, group head) row within the sequence.
+    """
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    return seq, kv_head, split, q_start, q_len, tl.program_id(0) * BLOCK_M
+
+
+@triton.jit
+def load_query_tile(
+    q_ptr,  # [T, H, d] queries, last dim contiguous
+    q_start,  # the sequence's first query row
+    q_len,  # the sequence's query rows
+    f0,  # the tile's first (query, group head) row
+    kv_head,  # the KV head whose group the tile holds
+    stride_q_token,  # elements between consecutive query tokens
+    stride_q_head,  # elements between consecutive query heads
+    GROUP: tl.constexpr,  # query heads per KV head, H // Hkv
+    HEAD_DIM: tl.constexpr,  # d (a power of two)
+    BLOCK_M: tl.constexpr,  # rows per tile
+    FP32_DOTS: tl.constexpr,  # convert the tile to fp32 after the load
+):
+    """The tile's rows and its Q tile: (q [BLOCK_M, HEAD_DIM], query, head, row_ok, q_rows)."""
+    flat = f0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed rows
+    query = flat // GROUP  # [BLOCK_M] query within the sequence
+    head = kv_head * GROUP + flat % GROUP  # [BLOCK_M] query head: GQA by index map, no K/V copy
+    row_ok = query < q_len
+    q_rows = (q_start + query).to(tl.int64)  # int64: row * stride may pass 2^31
+    dims = tl.arange(0, HEAD_DIM)
+    rows = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head  # [BLOCK_M, 1]
+    q = tl.load(q_ptr + rows + dims[None, :], mask=row_ok[:, None], other=0.0)
+    if FP32_DOTS:
+        q = q.to(tl.float32)
+    return q, query, head, row_ok, q_rows
+
+
+@triton.jit
+def key_range(
+    f0,  # the tile's first (query, group head) row
+    q_len,  # the sequence's query rows
+    k_len,  # the sequence's keys
+    split,  # this program's share of the keys (split-K)
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,  # keys per tile
+    NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
+):
+    """The keys this program visits: (lo, mid, hi), multiples of BLOCK_N from lo.
+
+    Query i sees keys j <= i + k_len - q_len (causal, aligned bottom-right). The tile's rows span
+    queries f0 // G to its last row's; so keys [lo, mid) are seen by every row (no mask work at
+    all), [mid, hi) is the diagonal band (masked), and keys past hi are never loaded.
+    """
+    shift = k_len - q_len
+    last_query = (tl.minimum(f0 + BLOCK_M, q_len * GROUP) - 1) // GROUP  # the tile's last query
+    hi = tl.maximum(tl.minimum(k_len, last_query + shift + 1), 0)  # no row sees keys past hi
+    full = tl.maximum(tl.minimum(k_len, f0 // GROUP + shift + 1), 0)  # all rows see keys < full
+    full = (full // BLOCK_N) * BLOCK_N  # whole tiles only
+    lo = hi * 0
+    if NUM_SPLITS > 1:  # this program's share of [0, hi), in whole tiles
+        per_split = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = tl.minimum(split * per_split, hi)
+        hi = tl.minimum(lo + per_split, hi)
+    mid = tl.maximum(lo, tl.minimum(full, hi))
+    return lo, mid, hi
+
+
+@triton.jit
+def attend_keys(
+    acc,  # [BLOCK_M, HEAD_DIM] fp32 running sum of p * v
+    m_i,  # [BLOCK_M] fp32 running max of the scores (base-2 units)
+    l_i,  # [BLOCK_M] fp32 running sum of p
+    q,  # [BLOCK_M, HEAD_DIM] the query tile
+    query,  # [BLOCK_M] each row's query within the sequence
+    row_ok,  # [BLOCK_M] bool: the row exists
+    k_base,  # [1, HEAD_DIM] pointers: key row (or slot) 0 of this KV head
+    v_base,  # [1, HEAD_DIM] pointers: value row (or slot) 0 of this KV head
+    stride_k_row,  # elements between consecutive key rows (or cache slots)
+    stride_v_row,  # elements between consecutive value rows (or cache slots)
+    key_start,  # contiguous K/V: the sequence's first key row (unused when PAGED)
+    block_table_row_ptr,  # paged K/V: [max_blocks] int32 the sequence's blocks (read when PAGED)
+    k_len,  # the sequence's keys
+    shift,  # k_len - q_len: query i sees keys j <= i + shift
+    n_lo,  # first key to visit
+    n_hi,  # end of the keys to visit
+    qk_scale,  # softmax scale * log2(e)
+    BLOCK_N: tl.constexpr,  # keys per tile
+    BLOCK_SIZE: tl.constexpr,  # paged: tokens per cache block
+    PAGED: tl.constexpr,  # K/V through the block table
+    MASKED: tl.constexpr,  # the causal and length masks (False: every row sees every key)
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load
+    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for fp32 tiles (precision.py)
+):
+    """Fold the keys [n_lo, n_hi) into (acc, m, l), one [BLOCK_N, HEAD_DIM] K/V tile at a time.
+
+    Paged: key n of the sequence lives in slot block_table[n // BLOCK_SIZE] * BLOCK_SIZE
+    + n % BLOCK_SIZE, so a tile may span several cache blocks, or part of one.
+    """
+    for n0 in range(n_lo, n_hi, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions within the sequence
+        in_seq = pos < k_len
+        if PAGED:
+            blocks = block_table_row_ptr + pos // BLOCK_SIZE
+            if MASKED:
+                block_id = tl.load(blocks, mask=in_seq, other=0)
+            else:
+                block_id = tl.load(blocks)
+            rows = block_id.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE  # int64: may pass 2^31
+        else:
+            rows = (key_start + pos).to(tl.int64)
+        k_ptrs = k_base + rows[:, None] * stride_k_row  # [BLOCK_N, HEAD_DIM]
+        v_ptrs = v_base + rows[:, None] * stride_v_row
+        if MASKED:
+            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+            visible = (pos[None, :] <= query[:, None] + shift) & in_seq[None, :]  # [BM, BN]
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+            visible = row_ok[:, None]  # unread
+        if FP32_DOTS:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q, k, v, visible, qk_scale, MASKED, INPUT_PRECISION
+        )
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -108,7 +219,7 @@ def attend_tile(
     visible,  # [BLOCK_M, BLOCK_N] bool: may this row see this key (read only when MASKED)
     qk_scale,  # softmax scale * log2(e)
     MASKED: tl.constexpr,  # False for tiles that every row sees whole: no mask work at all
-    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for fp32 tiles; 16-bit tiles ignore it (precision.py)
+    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for fp32 tiles; 16-bit ignore it
 ):
     """One step of the online softmax: fold one K/V tile into (acc, m, l).
 
@@ -123,10 +234,44 @@ def attend_tile(
     p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]; masked -> exp2(-inf) = 0
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    acc += tl.dot(
-        p.to(v.dtype), v, input_precision=INPUT_PRECISION
-    )  # 16-bit v: P rounded to 16 bits, as in FA
+    # 16-bit v: P rounded to 16 bits before P @ V, as in FlashAttention
+    acc += tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def store_rows(
+    out_ptr,  # [T, H, d] output (NUM_SPLITS == 1) or [T, H, NUM_SPLITS, d] fp32 partial acc
+    m_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running max (split-K only)
+    l_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running sum (split-K only)
+    acc,  # [BLOCK_M, HEAD_DIM] fp32 running sum of p * v
+    m_i,  # [BLOCK_M] fp32 running max
+    l_i,  # [BLOCK_M] fp32 running sum of p
+    q_rows,  # [BLOCK_M] int64 token rows of the tile
+    head,  # [BLOCK_M] query heads of the tile
+    row_ok,  # [BLOCK_M] bool: the row exists
+    split,  # this program's split
+    stride_o_token,  # elements between consecutive output tokens (of out or the partial acc)
+    stride_o_head,  # elements between consecutive output heads (of out or the partial acc)
+    stride_o_split,  # elements between consecutive splits of the partial acc
+    stride_ml_token,  # elements between consecutive tokens of m_part / l_part
+    stride_ml_head,  # elements between consecutive heads of m_part / l_part
+    HEAD_DIM: tl.constexpr,  # d
+    NUM_SPLITS: tl.constexpr,  # 1: write acc / l; more: the unnormalised partials
+):
+    """Write the tile: acc / l (0 for a row that saw no key), or split-K's partials (acc, m, l)."""
+    dims = tl.arange(0, HEAD_DIM)
+    o_rows = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head  # [BLOCK_M, 1]
+    if NUM_SPLITS == 1:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key has acc == 0, l == 0
+        out = (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + o_rows + dims[None, :], out, mask=row_ok[:, None])
+    else:  # split_k_reduce merges the NUM_SPLITS partials of each row (split_k.py)
+        o_split = o_rows + split * stride_o_split + dims[None, :]
+        tl.store(out_ptr + o_split, acc, mask=row_ok[:, None])
+        ml_rows = q_rows * stride_ml_token + head * stride_ml_head + split  # [BLOCK_M]
+        tl.store(m_part_ptr + ml_rows, m_i, mask=row_ok)
+        tl.store(l_part_ptr + ml_rows, l_i, mask=row_ok)
 
 
 def check_qkv(
@@ -137,14 +282,15 @@ def check_qkv(
     kv_ndim: int,
     kv_names=("k", "v"),
 ) -> tuple[int, int, int]:
-    """q [T, H, d] and K/V [..., Hkv, d] of one dtype and head_dim, H a multiple of Hkv -> (H, Hkv, d)."""
+    """q [T, H, d], K/V [..., Hkv, d]: one dtype and head_dim, H a multiple of Hkv -> H, Hkv, d."""
     k_name, v_name = kv_names
     check_dim(kernel, "q", q, 3)
     check_dim(kernel, k_name, k, kv_ndim)
     check_dtype(kernel, "q", q, FLOAT_DTYPES)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise KernelInputError(
-            f"{kernel}: q, {k_name}, {v_name} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+            f"{kernel}: q, {k_name}, {v_name} must share one dtype, "
+            f"got {q.dtype}, {k.dtype}, {v.dtype}"
         )
     check_shape(kernel, v_name, v, tuple(k.shape))
     for name, t in (("q", q), (k_name, k), (v_name, v)):
@@ -158,7 +304,8 @@ def check_qkv(
     check_head_dim(kernel, head_dim)
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
         raise KernelInputError(
-            f"{kernel}: {num_heads} query heads cannot share {num_kv_heads} KV heads (GQA needs H % Hkv == 0)"
+            f"{kernel}: {num_heads} query heads cannot share {num_kv_heads} KV heads "
+            "(GQA needs H % Hkv == 0)"
         )
     return num_heads, num_kv_heads, head_dim
 
@@ -173,7 +320,8 @@ def check_cu_seqlens_q(kernel: str, cu_q: list[int], num_tokens: int) -> None:
     """cu_seqlens_q must start at 0, never decrease and end at the number of query rows."""
     if cu_q[0] != 0 or cu_q[-1] != num_tokens or any(b < a for a, b in zip(cu_q, cu_q[1:])):
         raise KernelInputError(
-            f"{kernel}: cu_seqlens_q {cu_q} must rise from 0 to the {num_tokens} query rows, never decreasing"
+            f"{kernel}: cu_seqlens_q {cu_q} must rise from 0 to the {num_tokens} query rows, "
+            "never decreasing"
         )
 
 
@@ -182,11 +330,6 @@ def qk_scale_log2(scale: float) -> float:
     if not math.isfinite(scale) or scale <= 0:
         raise KernelInputError(f"attention: scale must be a positive finite number, got {scale}")
     return float(scale) * LOG2E
-
-
-def fma_dots(dtype: torch.dtype, target: Target) -> bool:
-    """Whether tl.dot runs on FMA units, not tensor cores: fp32 with IEEE precision, and any dot before sm_80."""
-    return dtype == torch.float32 or target.capability < 80
 
 
 def tile_fits(
@@ -204,10 +347,12 @@ def tile_fits(
     [BLOCK_M, d], the P tile [BLOCK_M, BLOCK_N] staged for the second dot, the row statistics; the
     compile gate checks this stays at or above what Triton allocates.
 
-    Registers: on tensor cores each thread holds its share of the fp32 accumulator [BLOCK_M, d] and
-    scores [BLOCK_M, BLOCK_N] (plus their 16-bit copies for the dots) and of the K/V tiles; past ~160
-    32-bit words of that ptxas spills (measured: 152 clean, 176 spills). FMA dots (fp32, pre-Ampere)
-    keep whole operand rows per thread: they need BLOCK_M * BLOCK_N * d <= 512 per thread (256 on sm_90, sm_75).
+    Registers: on tensor cores each thread holds its share of the fp32 accumulator [BLOCK_M, d]
+    and scores [BLOCK_M, BLOCK_N] (plus their 16-bit copies for the dots) and of the K/V tiles;
+    past ~160 32-bit words of that ptxas spills (measured: 152 clean, 176 spills). FMA dots (fp32,
+    pre-Ampere) keep whole operand rows per thread: they need BLOCK_M * BLOCK_N * d <= 512 per
+    thread (256 on sm_90, sm_75).
+
     """
     if target.interpreter:
         return True

@@ -64,6 +64,7 @@ from stagewise.kernels.targets import (
     LaunchPlan,
     Target,
     checked_target,
+    fma_dots,
     launch_target,
 )
 from stagewise.runtime import debug_checks
@@ -101,11 +102,6 @@ class GemmConfig:
         """Bytes of shared memory: the pipeline keeps num_stages - 1 (a, b) tile pairs in flight."""
         tiles = self.block_m * self.block_k + self.block_k * self.block_n
         return max(self.num_stages - 1, 1) * tiles * dtype.itemsize
-
-
-def fma_dots(dtype: torch.dtype, target: Target) -> bool:
-    """Whether tl.dot runs on FMA units, not tensor cores: fp32 with IEEE precision, and any dot before sm_80."""
-    return dtype == torch.float32 or target.capability < 80
 
 
 def _fits(config: GemmConfig, dtype: torch.dtype, target: Target) -> bool:

@@ -28,7 +28,7 @@ PROGRAMS_PER_SM = 2  # aim: about two programs per SM, so none idles while anoth
 
 
 def num_sms(device: torch.device) -> int | None:
-    """Streaming multiprocessors of a CUDA device; None on the CPU interpreter (programs run one by one)."""
+    """The streaming multiprocessors of a CUDA device; None in the CPU interpreter."""
     if device.type != "cuda":
         return None
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -94,7 +94,10 @@ def _split_k_reduce_kernel(
 
 
 def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
-    """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile (dtype checks: the attention's)."""
+    """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile.
+
+    (The dtype checks are the attention launcher's.)
+    """
     constexprs = {
         "NUM_SPLITS": num_splits,
         "SPLITS_POW2": triton.next_power_of_2(num_splits),
@@ -106,7 +109,11 @@ def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
 def split_k_reduce(
     acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
 ) -> None:
-    """acc_part [T, H, S, d], m_part / l_part [T, H, S] (fp32, from the split kernel) -> out [T, H, d], in place."""
+    """acc_part [T, H, S, d], m_part / l_part [T, H, S] fp32 (the split kernel's) -> out [T, H, d].
+
+    out is written in place.
+    """
+
     num_tokens, num_heads, num_splits, head_dim = acc_part.shape
     if num_tokens == 0:
         return
@@ -124,3 +131,18 @@ def split_k_reduce(
         stride_o_head=out.stride(1),
         **split_k_reduce_plan(num_splits, head_dim).launch_options(),
     )
+
+
+def partial_buffers(out: torch.Tensor, num_splits: int) -> tuple:
+    """Where an attention kernel writes: (target, m_part, l_part, stride_o_split, stride_ml).
+
+    Unsplit, the kernel writes `out` [T, H, d] itself and never touches the partials; split, fp32
+    partials [T, H, S, d] and [T, H, S], which `split_k_reduce` then merges into `out`.
+    """
+    if num_splits == 1:
+        return out, out, out, 0, (0, 0)
+    num_tokens, num_heads, head_dim = out.shape
+    f32 = dict(dtype=torch.float32, device=out.device)
+    acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, **f32)  # [T, H, S, d]
+    m_part = torch.empty(num_tokens, num_heads, num_splits, **f32)  # [T, H, S]
+    return acc, m_part, torch.empty_like(m_part), acc.stride(2), m_part.stride()[:2]

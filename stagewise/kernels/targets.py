@@ -106,6 +106,14 @@ def fixed_plan(
     )
 
 
+def fma_dots(dtype: torch.dtype, target: Target) -> bool:
+    """Whether tl.dot runs on FMA units, not tensor cores: fp32 (IEEE) dots, and any before sm_80.
+
+    FMA dots keep whole operand rows per thread: such tiles must be smaller to stay in registers.
+    """
+    return dtype == torch.float32 or target.capability < 80
+
+
 def gpu_target(capability: int) -> Target:
     """A GPU target by compute capability, with its shared memory from the table above."""
     if capability not in SHARED_MEMORY_PER_BLOCK:
