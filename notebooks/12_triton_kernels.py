@@ -266,7 +266,7 @@ show(rmsnorm_kernels._rmsnorm_kernel)
 smol = PRESETS["smollm2-135m"]
 here = launch_target(DEVICE)
 for hidden in (smol.hidden_size, config.hidden_size):
-    plan = rmsnorm_kernels.rmsnorm_plan(hidden, True, torch.float32, here).launch_options()
+    plan = rmsnorm_kernels.rmsnorm_plan(hidden, True).launch_options()
     idle = 1 - hidden / plan["BLOCK_SIZE"]
     print(f"hidden {hidden}: BLOCK_SIZE {plan['BLOCK_SIZE']} ({idle:.0%} of the lanes masked), "
           f"num_warps {plan['num_warps']} (on {here.name})")  # fmt: skip
@@ -388,11 +388,13 @@ show(attention_common.attend_tile)
 # %% [markdown]
 # `s` is the `[BLOCK_M, BLOCK_N]` tile of scores, in registers only; `m_i`,
 # `l_i` and `acc` are the running max, sum and output of the online softmax
-# (section 2), in base 2 (`qk_scale` already holds `log2(e)`). The kernel
-# around it decides which key tiles to visit:
+# (section 2), in base 2 (`qk_scale` already holds `log2(e)`). Which key tiles
+# a program visits, and how it walks them, are two more helpers there, shared
+# by FlashAttention and paged attention:
 
 # %%
-show(flash_kernels._flash_attention_kernel, start="last_query =", stop="attend_tile(acc, m_i, l_i, q, k, v, visible")
+show(attention_common.key_range, start="shift = k_len - q_len")
+show(attention_common.attend_keys, start="for n0 in range")
 
 # %% [markdown]
 # What to look at:
@@ -402,12 +404,13 @@ show(flash_kernels._flash_attention_kernel, start="last_query =", stop="attend_t
 #   tile: the loops stop there, and those K/V tiles are **never loaded**.
 # * `full`: keys before the tile's *first* query are seen by every row: those
 #   tiles run with `MASKED=False`, no mask work at all. Only the diagonal band
-#   `[mid, hi)` builds the `visible` mask.
-# * the pointers: `k_base + keys[:, None] * stride_k_token` is a `[BLOCK_N, d]`
-#   tile of addresses, the token stride and the head stride passed in. The
-#   queries are a strided view into the fused QKV output (a token stride of
-#   `(H + 2 Hkv) d`), read in place.
-# * `tl.load(..., mask=col_ok[:, None], other=0.0)` in the band: the last tile
+#   `[mid, hi)` builds the `visible` mask: the kernel calls `attend_keys`
+#   twice, once per range.
+# * the pointers: `k_base + rows[:, None] * stride_k_row` is a `[BLOCK_N, d]`
+#   tile of addresses (`k_base` already holds the KV head's offset and the
+#   `d` columns). The queries are a strided view into the fused QKV output (a
+#   token stride of `(H + 2 Hkv) d`), read in place.
+# * `tl.load(..., mask=in_seq[:, None], other=0.0)` in the band: the last tile
 #   runs past the sequence's keys.
 #
 # The picture, from the launcher's own plan: one prefill of this model's
@@ -485,22 +488,24 @@ on_gpu("flash_attention")
 # Paged attention runs the same online softmax; what changes is where a key
 # lives. The cache is a pool of blocks `[num_blocks, block_size, Hkv, d]`, and
 # a sequence's keys are scattered over it in the order its block-table row
-# says. Every K/V tile is loaded through this helper:
+# says. `attend_keys` (above) loads every K/V tile; its `PAGED` branch is the
+# block-table lookup:
 
 # %%
-show(paged_kernels._load_kv_tile)
+show(attention_common.attend_keys, start="if PAGED:", stop="v_ptrs = v_base")
 
 # %% [markdown]
-# * `block_table_row_ptr + positions // BLOCK_SIZE`: one block id per key of
-#   the tile (a gather from the sequence's block-table row); then
-#   `slot = block_id * BLOCK_SIZE + positions % BLOCK_SIZE`, the seeds'
-#   address formula, and `slot * stride_slot + kv_head * stride_head + dims`
+# * `block_table_row_ptr + pos // BLOCK_SIZE`: one block id per key of the
+#   tile (a gather from the sequence's block-table row); then
+#   `block_id * BLOCK_SIZE + pos % BLOCK_SIZE`, the seeds' slot formula, and
+#   `k_base + rows[:, None] * stride_k_row` (the stride of one slot, `Hkv * d`)
 #   the address of every element of the `[BLOCK_N, d]` tile.
 # * a tile may span several cache blocks or part of one: the block size and
 #   the tile size are independent.
-# * `MASKED` loads only the positions inside the sequence (`in_seq`); the
-#   kernel's loops are FlashAttention's, with `seq_lens` in place of the key
+# * `MASKED` loads only the positions inside the sequence (`in_seq`); the rest
+#   of the loop is FlashAttention's, with `seq_lens` in place of the key
 #   offsets.
+
 #
 # The picture: the first sequence of the stage's example inputs (a decode on
 # a cached prefix), its keys coloured by the physical block they live in, the

@@ -127,7 +127,7 @@ def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> li
         args = dict(x_ptr=x, x_row_stride=hidden, residual_ptr=x, residual_row_stride=hidden, weight_ptr=x)
         args.update(out_ptr=x, residual_out_ptr=x, hidden=hidden, eps=1e-5)
         label = "rmsnorm+residual" if residual else "rmsnorm"
-        add("rmsnorm", label, "rmsnorm", "_rmsnorm_kernel", args, rmsnorm_plan(hidden, residual, dtype, target))
+        add("rmsnorm", label, "rmsnorm", "_rmsnorm_kernel", args, rmsnorm_plan(hidden, residual))
     out.append(_matmul("qkv_proj", tokens, qkv_width, hidden, dtype, target))
     rope_args = dict(positions_ptr=i64, q_ptr=x, q_token_stride=qkv_width, q_head_stride=d, k_ptr=x)
     rope_args.update(k_token_stride=qkv_width, k_head_stride=d, cos_sin_ptr=f32, cos_sin_row_stride=d)

@@ -3,33 +3,20 @@
     gate_up [T, 2*inter] -> out [T, inter],   out = silu(gate) * up,   silu(g) = g * sigmoid(g)
 
 The FFN's fused gate/up GEMM writes gate and up side by side in one row:
-columns [0, inter) are the gate, columns [inter, 2*inter) the up projection.
-Unfused, PyTorch reads gate to write silu(gate), then reads that and up to
-write the product: three passes over [T, inter] tensors plus a temporary. This
-kernel reads each input element once and writes each output element once, so
-it moves the minimum bytes; it is purely memory bound, and on a GPU its speed
-is measured against a plain copy of the same bytes.
+columns [0, inter) are the gate, [inter, 2*inter) the up projection. Unfused,
+PyTorch reads gate to write silu(gate), then reads that and up to write the
+product; this kernel reads each input once and writes each output once, the
+minimum bytes: it is purely memory bound.
 
-Tiling: program (i, j) owns a [BLOCK_T, BLOCK_C] tile: rows [i * BLOCK_T,
-(i + 1) * BLOCK_T) and columns [j * BLOCK_C, (j + 1) * BLOCK_C) of the output.
-It loads the gate tile and the up tile `inter` columns further along the same
-rows — both loads issued before either is waited on — computes in fp32 and
-stores in the input dtype. Rows may be strided (a row slice of a larger
-buffer); the last dimension must be contiguous so each tile row is contiguous.
-
-Why this tile (see `row_tiles`). The first version ran one program per
-(row, 1024 columns): 2 KB of gate and 2 KB of up in flight per program in bf16,
-and reached 68% of copy bandwidth on an H200. A tile of BLOCK_T rows x 2048
-columns (Llama-3-8B: BLOCK_T = 2, 8 KB of gate + 8 KB of up per program, four
-16-byte vectors of each per thread with 4 warps) keeps about four times as many
-bytes in flight per program. BLOCK_C is a power of 2 that divides `inter` when
-one of at least MIN_BLOCK does (14336 = 7 x 2048; SmolLM2's 1536 = 3 x 512), so
-no lane of a tile is masked off for a real model; and `inter` a multiple of 16
-(Triton specialises on that) lets the up loads, `inter` elements to the right,
-stay 16-byte aligned. The arithmetic is ~10 instructions per element (exp is
-one `ex2.approx`, the fp32 division Triton's fast `div.full`), small next to
-the ~6 bytes it moves. On a GPU, BLOCK_T and num_warps are autotuned around
-that choice.
+Tiling: program (i, j) owns a [BLOCK_T, BLOCK_C] tile of the output. It loads
+the gate tile and the up tile `inter` columns further along the same rows,
+both issued before either is waited on, computes in fp32 and stores in the
+input dtype. BLOCK_C is a power of 2 dividing `inter` when one of at least
+MIN_BLOCK does (14336 = 7 x 2048), so no lane is masked off for a real model;
+rows may be strided, the last dimension is contiguous. On a GPU BLOCK_T and
+num_warps are autotuned (row_tiles.py; measurements: benchmarks/README.md,
+"Kernel notes"). bf16 stores are rounded by hand in the interpreter
+(precision.py).
 """
 
 import torch
@@ -58,12 +45,14 @@ from stagewise.kernels.targets import checked_target
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BLOCK = 2048  # columns per program
 MIN_BLOCK = 256  # narrowest column block chosen to divide `inter` exactly
-TOKEN_TILE = 4096  # elements of one tensor's [BLOCK_T, BLOCK_C] tile: 8 KB in bf16 (interpreter; GPU: around it)
+# elements of one tensor's [BLOCK_T, BLOCK_C] tile: 8 KB in bf16 (interpreter; GPU: around it)
+TOKEN_TILE = 4096
 
 
 @triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
 def _silu_and_mul_kernel(
-    gate_up_ptr,  # [T, 2*inter] input: gate in columns [0, inter), up in [inter, 2*inter); last dim contiguous
+    # [T, 2*inter] input: gate in columns [0, inter), up in [inter, 2*inter); last dim contiguous
+    gate_up_ptr,
     out_ptr,  # [T, inter] output, contiguous
     num_tokens,  # T: rows of the last row tile beyond it are masked off
     inter,  # width of each half
@@ -81,7 +70,8 @@ def _silu_and_mul_kernel(
     gate_ptrs = gate_up_ptr + rows64 * stride_in_row + cols[None, :]
     gate = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_T, BLOCK_C]
     up = tl.load(gate_ptrs + inter, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_T, BLOCK_C]
-    # silu(gate) * up in fp32; sigmoid written out (tl.sigmoid is a @jit helper, slow to call in the interpreter)
+    # silu(gate) * up in fp32; sigmoid written out (tl.sigmoid is a @jit helper, slow to call in the
+    # interpreter)
     out = gate / (1.0 + tl.exp(-gate)) * up
     if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         out = round_to_bf16(out)
@@ -110,7 +100,8 @@ def silu_and_mul_tiles(
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [T, 2*inter] -> silu(gate_up[:, :inter]) * gate_up[:, inter:] as a new contiguous [T, inter]."""
+    """gate_up [T, 2*inter] -> silu(gate_up[:, :inter]) * gate_up[:, inter:] as a new contiguous [T,
+    inter]."""
     check_dim("silu_and_mul", "gate_up", gate_up, 2)
     check_dtype("silu_and_mul", "gate_up", gate_up, FLOAT_DTYPES)
     check_same_device("silu_and_mul", gate_up=gate_up)

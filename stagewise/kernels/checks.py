@@ -38,7 +38,8 @@ def check_shape(kernel: str, name: str, t: torch.Tensor, shape: tuple) -> None:
 def check_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise KernelInputError(
-            f"{kernel}: {name} must be contiguous (got strides {list(t.stride())}); call .contiguous()"
+            f"{kernel}: {name} must be contiguous (got strides {list(t.stride())}); "
+            "call .contiguous()"
         )
 
 

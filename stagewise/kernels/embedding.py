@@ -2,39 +2,22 @@
 
     ids [T] (int32/int64), weight [vocab, hidden] -> out [T, hidden]   (out[t] = weight[ids[t]])
 
-What it does: program (i, j) copies tokens [i * BLOCK_T, (i + 1) * BLOCK_T)
-and columns [j * BLOCK_C, (j + 1) * BLOCK_C) of their table rows: it loads the
+Tiling: program (i, j) copies tokens [i * BLOCK_T, (i + 1) * BLOCK_T) and
+columns [j * BLOCK_C, (j + 1) * BLOCK_C) of their table rows: it loads the
 BLOCK_T ids, then one [BLOCK_T, BLOCK_C] tile gathered from the table (row
 ids[t] for tile row t), and stores it into rows of the output.
 
-Why it is memory-bound: there is no arithmetic at all. Per token it reads
-`hidden * bytes` and writes the same amount (plus 4-8 bytes of id), 0 FLOPs,
-so the only thing that matters is how close the copy runs to the memory
-bandwidth: contiguous rows, wide loads, enough bytes in flight. The table
-itself is large (vocab x hidden: 49152 x 576 for SmolLM2, 128256 x 4096 for
-Llama 3 8B) but only the T rows asked for are touched.
+Memory-bound: no arithmetic at all, so the copy should run at the memory's
+bandwidth: contiguous rows (whole rows up to MAX_BLOCK columns), one id load
+for BLOCK_T rows whose loads are all in flight at once, 16-byte vectors
+(`hidden` is a multiple of 16 for every real model). With few tokens (decode)
+rows are split over more programs; on a GPU BLOCK_T and num_warps are
+autotuned (row_tiles.py; measurements: benchmarks/README.md, "Kernel notes").
 
-How it keeps the memory busy (see `row_tiles`). The first version ran one
-program per (token, 1024 columns): load one id, wait for it, load 2 KB, wait,
-store — a good part of each program's life spent waiting on a 4-byte id,
-and only 2 KB in flight the rest. It reached 53% of copy bandwidth on an H200.
-Now a program covers BLOCK_T tokens and whole rows up to 4096 columns
-(Llama-3-8B: BLOCK_T = 2, BLOCK_C = 4096, 16 KB per tile in bf16, 8 warps:
-four 16-byte vectors per thread): one id load for BLOCK_T rows, then all
-BLOCK_T rows' loads in flight at once (`hidden` is a multiple of 16 for every
-real model, which Triton sees and uses to prove 16-byte alignment).
-A gather's row order is random, but each row is 8 KB of contiguous memory, so
-DRAM still reads whole bursts. On a GPU, BLOCK_T and num_warps are autotuned
-around that choice; with few tokens (decode) rows are split over more
-programs, so a handful of tokens still spreads over several SMs.
-
-Out-of-range ids: a kernel does not bounds-check, and on a GPU an id >= vocab
-reads someone else's memory (silently wrong rows). Checking `0 <= ids < vocab`
-needs the ids' min and max on the host — a device synchronisation: the host
-waits for every queued kernel, the step becomes host-bound and no CUDA graph
-could capture it. So the launcher checks only with debug checks on
-(`STAGEWISE_DEBUG_CHECKS=1`, as in the test suite); the engine's ids come from
-its own tokenizer and sampler.
+Out-of-range ids would read other memory (silently wrong rows). Checking
+`0 <= ids < vocab` reads them on the host, a sync that makes the step
+host-bound, so the launcher checks only with debug checks on
+(`STAGEWISE_DEBUG_CHECKS=1`, as in the test suite).
 """
 
 import torch
@@ -105,7 +88,8 @@ def embedding_tiles(
     """Tile candidates: one under the interpreter, a few around it on a GPU.
 
     Whole rows up to MAX_BLOCK columns, and BLOCK_T tokens so the tile is about TOKEN_TILE elements;
-    a short batch (fewer than MIN_PROGRAMS programs) gets one token per program and narrower column blocks.
+    a short batch (fewer than MIN_PROGRAMS programs) gets one token per program and narrower column
+    blocks.
     """
     block_c = min(triton.next_power_of_2(hidden), MAX_BLOCK)
     block_t = tokens_per_program(num_tokens, block_c, TOKEN_TILE)

@@ -4,43 +4,20 @@
 
     k_cache[slot_mapping[t]] = k[t];  v_cache[slot_mapping[t]] = v[t];  slot -1: skip token t
 
-What it does: program (i, b) stores tokens [i * BLOCK_T, (i + 1) * BLOCK_T)
-and a block of BLOCK_HEADS heads of each, as one [BLOCK_T, BLOCK_HEADS, d]
-tile of k and one of v, to `cache + slot * Hkv * d`, casting to the cache's
-dtype at the store. A token whose slot is -1 (padding) is masked off at the
-store. A paged cache [num_blocks, block_size, Hkv, d] is passed viewed as
-[num_blocks * block_size, Hkv, d] (`slot = block_id * block_size + offset`), a
-contiguous per-request cache as [rows * capacity, Hkv, d]; the kernel cannot
-tell the difference, which is the point of slot addressing. k and v may be
-strided views of the fused QKV output: the kernel takes their token and head
-strides, so they are never copied to contiguous memory first.
+Tiling: program (i, b) stores tokens [i * BLOCK_T, (i + 1) * BLOCK_T) and a
+block of BLOCK_HEADS heads of each, one [BLOCK_T, BLOCK_HEADS, d] tile of k
+and one of v, to `cache + slot * Hkv * d`, cast to the cache's dtype; a -1
+slot (padding) is masked off at the store. A paged cache [num_blocks,
+block_size, Hkv, d] arrives viewed as [num_slots, Hkv, d] (slot = block_id *
+block_size + offset), a contiguous cache as [rows * capacity, Hkv, d]: the
+kernel cannot tell them apart, the point of slot addressing. k and v may be
+strided views of the fused QKV output, never copied first.
 
-Why it is memory-bound: it is a copy — 0 FLOPs, 2 * Hkv * d * bytes read and
-written per tensor and token. One launch stores both K and V (two tensors per
-program instead of two kernels), and the slot indirection replaces the naive
-reference's boolean mask, compaction and `index_copy_` (several passes and a
-host sync for the number of kept tokens) with one gather-free scatter.
-
-How it keeps the memory busy (see `row_tiles` for the reasoning). The first
-version ran one program per token: load the slot, wait; return if -1; load K
-(2 KB for Llama-3-8B), wait, store; load V, wait, store — three memory round
-trips in a row for 4 KB, and it reached 37% of copy bandwidth on an H200.
-Now a program
-
-- loads K and V of BLOCK_T tokens (Llama-3-8B, BLOCK_T = 4: 2 x 8 KB) and
-  their slots, all issued before it waits on any: the slot only says where to
-  *write*, so the data loads need not wait for it. One round trip, not three.
-  A -1 token's K/V are read for nothing; padding is rare, a round trip is not.
-- stores both tiles with the mask `slot >= 0`. Each destination is one
-  contiguous slot row (Hkv * d elements, 2 KB), written whole in 16-byte
-  vectors: the cache's slot stride Hkv * d is a multiple of d, a constexpr.
-
-On a GPU, BLOCK_T and num_warps are autotuned around that choice.
-
-Out-of-range slots would silently overwrite other memory on a GPU. Checking
-`-1 <= slot < num_slots` is a host sync (min/max of T ints read back), so the
-launcher does it only with debug checks on (`STAGEWISE_DEBUG_CHECKS=1`, as in
-the test suite): a step must not wait for the GPU (CUDA graphs, host-bound steps).
+A copy, 0 FLOPs: one launch stores K and V, and the data loads do not wait for
+the slot (it only says where to write); on a GPU BLOCK_T and num_warps are
+autotuned (row_tiles.py; measurements: benchmarks/README.md, "Kernel notes").
+Out-of-range slots would overwrite other memory; checking them is a host sync,
+so the launcher does it only with debug checks on (`STAGEWISE_DEBUG_CHECKS=1`).
 """
 
 import torch
@@ -70,8 +47,10 @@ from stagewise.runtime import debug_checks
 NAME = "kv_store"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SLOT_DTYPES = (torch.int32, torch.int64)
-MAX_TILE = 4096  # elements of one token's [BLOCK_HEADS, BLOCK_D] tile: beyond it, heads split over programs
-TOKEN_TILE = 4096  # elements of one tensor's [BLOCK_T, BLOCK_HEADS, BLOCK_D] tile (interpreter; GPU: around it)
+# elements of one token's [BLOCK_HEADS, BLOCK_D] tile: beyond it, heads split over programs
+MAX_TILE = 4096
+# elements of one tensor's [BLOCK_T, BLOCK_HEADS, BLOCK_D] tile (interpreter; GPU: around it)
+TOKEN_TILE = 4096
 
 
 @triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
@@ -129,10 +108,12 @@ def _kv_store_kernel(
 def kv_store_tiles(
     num_tokens: int, num_kv_heads: int, head_dim: int, interpreter: bool = INTERPRETER
 ) -> tuple[dict, tuple[TileConfig, ...]]:
-    """-> (head tiling constexprs, token tile candidates): one candidate under the interpreter, a few on a GPU.
+    """-> (head tiling constexprs, token tile candidates): one candidate under the interpreter, a
+    few on a GPU.
 
-    Head tile: all of a token's heads when Hkv * d fits MAX_TILE, else blocks of heads (a second grid axis).
-    Token tile: BLOCK_T tokens so that one tensor's tile is about TOKEN_TILE elements (2 x 8 KB for bf16).
+    Head tile: all of a token's heads when Hkv * d fits MAX_TILE, else blocks of heads (a second
+    grid axis). Token tile: BLOCK_T tokens so that one tensor's tile is about TOKEN_TILE elements (2
+    x 8 KB for bf16).
     """
     block_d = triton.next_power_of_2(head_dim)
     block_heads = min(triton.next_power_of_2(num_kv_heads), max(1, MAX_TILE // block_d))
@@ -150,7 +131,8 @@ def kv_store(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """k, v [T, Hkv, d] (strided along tokens allowed); caches [num_slots, Hkv, d] contiguous; slot_mapping [T].
+    """k, v [T, Hkv, d] (strided along tokens allowed); caches [num_slots, Hkv, d] contiguous;
+    slot_mapping [T].
 
     Never reads slot_mapping on the host: the grid comes from shapes, so the launch queues without
     waiting for the GPU (no host-bound step, capturable in a CUDA graph). That slots lie in the
@@ -169,12 +151,14 @@ def kv_store(
     num_tokens, num_kv_heads, head_dim = k.shape
     if v.shape != k.shape or slot_mapping.shape[0] != num_tokens:
         raise KernelInputError(
-            f"{NAME}: k {list(k.shape)}, v {list(v.shape)} and slot_mapping {list(slot_mapping.shape)} "
+            f"{NAME}: k {list(k.shape)}, v {list(v.shape)} and "
+            f"slot_mapping {list(slot_mapping.shape)} "
             "must agree: k and v [T, Hkv, d], slot_mapping [T]"
         )
     if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
         raise KernelInputError(
-            f"{NAME}: k_cache {list(k_cache.shape)} {k_cache.dtype} and v_cache {list(v_cache.shape)} "
+            f"{NAME}: k_cache {list(k_cache.shape)} {k_cache.dtype} and "
+            f"v_cache {list(v_cache.shape)} "
             f"{v_cache.dtype} must have the same shape and dtype"
         )
     num_slots = k_cache.shape[0]

@@ -3,52 +3,28 @@
     a [M, K] @ b [K, N] -> c [M, N]          fp32 accumulation, c in a's dtype
     a[row_index] @ b    -> c [len(row_index), N]   rows read through an index, no gather copy
 
-Tiling. Each program instance owns one [BLOCK_M, BLOCK_N] tile of c. It walks
-K in steps of BLOCK_K: load a [BLOCK_M, BLOCK_K] tile of a and a [BLOCK_K,
-BLOCK_N] tile of b, `tl.dot` them (tensor cores on a GPU) into an fp32
-accumulator, and store the tile once at the end. Every load is masked, so M, N
-and K need not be multiples of the blocks. `a` and `b` may have any strides:
-activations arrive as column slices, and the LM head passes `weight.t()`, a
-transposed view of the [vocab, hidden] embedding matrix, without a copy.
+Tiling. Each program owns one [BLOCK_M, BLOCK_N] tile of c and walks K in
+BLOCK_K steps: a [BLOCK_M, BLOCK_K] tile of a and a [BLOCK_K, BLOCK_N] tile of
+b into `tl.dot` (tensor cores on a GPU), an fp32 accumulator, one store at the
+end. Every load is masked, so M, N, K need not be multiples of the blocks; a
+and b may have any strides (a column slice; the LM head's `weight.t()`).
 
-Grouped ordering. Program ids are handed out GROUP_M tile-rows at a time,
-walking down a column of GROUP_M tiles before moving right:
+Grouped ordering. Program ids walk down GROUP_M tile-rows before moving one
+tile-column right, so tiles running together share a few rows of a and
+columns of b, re-read from L2 instead of fetched again from DRAM.
 
-    row-major:  pid 0 1 2 3 4 5 ... along the first tile-row of c, then the next row
-    grouped:    pid 0 1 2 3 go down the first GROUP_M tile-rows of column 0, then column 1 ...
+Decode vs prefill. With M <= DECODE_MAX_M rows (decode) each weight is used by
+M rows only: the GEMM is memory bound, and `matmul` hands it to the split-K
+kernel of kernels/matmul_decode.py. Prefill reuses each weight M times: compute
+bound, large square-ish tiles. The interpreter (no driver, no autotune) uses
+one config per shape class (`gemm_config`); a GPU autotunes prefill tiles.
 
-Tiles that run at the same time then share a few rows of a and a few columns
-of b, so each tile of a and b is fetched from DRAM once and re-read from L2 by
-its neighbours, instead of the whole of b streaming through L2 once per tile-row.
-
-Decode vs prefill. In decode M is the number of running sequences (often 1-16):
-every weight element is used by only M rows, so the GEMM is really a
-matrix-vector product, bound by how fast the weights stream from memory. A
-small BLOCK_M (16, the smallest `tl.dot` accepts) wastes little work on padded
-rows, and wide BLOCK_N / deep BLOCK_K tiles give each program long contiguous
-weight reads. `matmul` hands these shapes (M <= 16, no fixed config) to the
-split-K kernel in `kernels/matmul_decode.py`, which also cuts K into ranges
-so that enough programs stream the weights at once. In prefill M is thousands
-of tokens: each weight element is reused M times, the GEMM is compute bound,
-and large square-ish tiles maximise the flops per byte loaded into shared memory.
-
-Configs. In Triton's CPU interpreter there is no driver, so `@triton.autotune`
-with several configs cannot run: `gemm_config` picks one fixed config per shape
-class. On a CUDA GPU the launcher autotunes over a few configs per class.
-
-Dot precision (precision.py, one policy for every kernel with dots): fp16/bf16
-tiles go to 16-bit tensor-core dots with fp32 accumulation; fp32 tiles use TF32
-when torch.backends.cuda.matmul.allow_tf32 is on and IEEE fp32 otherwise, like
-torch.matmul. The autotune key holds that precision, so a tuning done for one
-is not reused for the other.
-
-Interpreter quirks (triton 3.9): bf16 `tl.dot` and arithmetic are silently
-wrong and fp32 -> bf16 casts truncate instead of rounding to nearest even. So
-under the interpreter bf16 tiles are upcast to fp32 before the dot and bf16
-stores are rounded by hand (`round_to_bf16`); fp16 tiles keep their 16-bit dot
-(the interpreter gets that one right), and fp32 is always full fp32.
+Precision (precision.py): 16-bit tiles take tensor-core dots with fp32
+accumulation, fp32 tiles TF32 exactly when torch.matmul may; in the interpreter
+bf16 tiles are upcast before the dot and bf16 stores rounded by hand.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -73,91 +49,13 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-@dataclass(frozen=True)
-class GemmConfig:
-    block_m: int  # rows of a (and of c) per tile; >= 16 for tl.dot
-    block_n: int  # columns of b (and of c) per tile; >= 16
-    block_k: int  # depth of one step along the reduction dimension; >= 16
-    group_m: int  # tile-rows per group in the grouped program ordering
-    num_warps: int = 4  # GPU only: warps per program
-    num_stages: int = 3  # GPU only: software-pipelining depth of the K loop
-
-    def __post_init__(self) -> None:
-        blocks = (self.block_m, self.block_n, self.block_k)
-        if any(b < 16 or b & (b - 1) for b in blocks) or self.group_m < 1:
-            raise KernelInputError(
-                f"matmul: blocks {blocks} must be powers of two >= 16 (tl.dot), group_m >= 1"
-            )
-
-    def triton_config(self) -> "triton.Config":
-        meta = {
-            "BLOCK_M": self.block_m,
-            "BLOCK_N": self.block_n,
-            "BLOCK_K": self.block_k,
-            "GROUP_M": self.group_m,
-        }
-        return triton.Config(meta, num_warps=self.num_warps, num_stages=self.num_stages)
-
-    def shared_memory(self, dtype: torch.dtype) -> int:
-        """Bytes of shared memory: the pipeline keeps num_stages - 1 (a, b) tile pairs in flight."""
-        tiles = self.block_m * self.block_k + self.block_k * self.block_n
-        return max(self.num_stages - 1, 1) * tiles * dtype.itemsize
-
-
-def _fits(config: GemmConfig, dtype: torch.dtype, target: Target) -> bool:
-    """Whether a config is meant for this target and fits its shared memory.
-
-    FMA dots (fp32 IEEE, and every dot before sm_80) hold whole operand rows per thread and spill on the
-    tensor-core tiles: they get their own, smaller list. Registers are the compile gate's to check.
-    """
-    if target.interpreter:
-        return True
-    if (config in _FMA_CONFIGS) != fma_dots(dtype, target):
-        return False
-    return config.shared_memory(dtype) <= target.shared_memory
-
-
-def gemm_configs(m: int, dtype: torch.dtype, target: Target) -> list[GemmConfig]:
-    """The configs the GPU autotuner tries for this shape class on this target (those that fit it)."""
-    configs = _DECODE_CONFIGS if m <= DECODE_MAX_M else _PREFILL_CONFIGS
-    return [c for c in configs if _fits(c, dtype, target)]
-
-
-def gemm_config(
-    m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, target: Target = INTERPRETER_TARGET
-):
-    """One fixed config per shape class: decode (m <= 16, memory bound) or prefill (compute bound).
-
-    The interpreter always uses it; on a GPU the launcher autotunes instead, unless a config is passed
-    (a benchmark can pass `gemm_config(m, n, k, dtype, launch_target(device))`, the first tuned
-    candidate that fits that GPU, to compare a fixed choice with the tuned one).
-    """
-    if target.interpreter:
-        if m <= DECODE_MAX_M:
-            return GemmConfig(
-                block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4
-            )
-        return GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
-    return gemm_configs(m, dtype, target)[0]
-
-
-def gemm_plan(
-    m: int, dtype: torch.dtype, target: Target, config: GemmConfig | None = None
-) -> LaunchPlan:
-    """The launch's tile configs: a fixed one (interpreter, or `config`), else the autotuner's candidates."""
-    if config is not None or target.interpreter:
-        configs = [config or gemm_config(m, 0, 0, dtype, target)]
-    else:
-        configs = gemm_configs(m, dtype, target)
-    return LaunchPlan("matmul", {}, tuple(c.triton_config() for c in configs))
-
-
 @triton.jit
 def _matmul_kernel(
     a_ptr,  # [M_in, K] input rows, any strides
     b_ptr,  # [K, N] right-hand matrix, any strides (weights, or a transposed view)
     c_ptr,  # [M, N] output
-    row_index_ptr,  # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
+    # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
+    row_index_ptr,
     M,  # rows of c (= len(row_index) when GATHER)
     N,  # columns of b and c
     K,  # reduction length
@@ -170,16 +68,19 @@ def _matmul_kernel(
     stride_cn,  # elements between columns of c
     GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
     INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
-    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
-    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision of fp32 tiles: "ieee" or "tf32" (precision.py)
+    # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    FP32_DOTS: tl.constexpr,
+    # tl.dot input precision of fp32 tiles: "ieee" or "tf32" (precision.py)
+    INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # Ceil divisions and tl.full are written out rather than calling tl.cdiv / tl.zeros: those are @jit
-    # helpers, and under the interpreter every helper call re-patches triton.language (~0.5 ms a call).
-    # Grouped ordering: consecutive pids walk down GROUP_M tile-rows, then move one tile-column right.
+    # Ceil divisions and tl.full are written out rather than calling tl.cdiv / tl.zeros: those are
+    # @jit helpers, and under the interpreter every helper call re-patches triton.language (~0.5 ms
+    # a call). Grouped ordering: consecutive pids walk down GROUP_M tile-rows, then move one
+    # tile-column right.
     pid = tl.program_id(0)
     tiles_m = (M + BLOCK_M - 1) // BLOCK_M  # tile-rows of c
     tiles_n = (N + BLOCK_N - 1) // BLOCK_N  # tile-columns of c
@@ -225,113 +126,13 @@ def _matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-# On a GPU: one autotuner per shape class, each trying a few tile shapes (never built under the interpreter).
-# Ordered by preference: gemm_config takes the first that fits a target. Each config's shared memory is
-# (num_stages - 1) * (BM*BK + BK*BN) * bytes; the compile gate checks that estimate and the register use.
-_DECODE_CONFIGS = [
-    GemmConfig(16, 128, 128, 1, num_warps=4, num_stages=4),  # bf16: 108 KB: sm_80, sm_90
-    GemmConfig(16, 64, 128, 1, num_warps=4, num_stages=4),  # bf16: 60 KB: every target from sm_80
-    GemmConfig(
-        16, 32, 256, 1, num_warps=4, num_stages=3
-    ),  # narrow N tiles: more programs for small N
-    GemmConfig(16, 64, 64, 1, num_warps=4, num_stages=4),
-    # FMA dots (fp32, sm_75): short K steps, so each thread's operand rows stay in registers
-    GemmConfig(16, 128, 32, 1, num_warps=4, num_stages=4),
-    GemmConfig(16, 64, 32, 1, num_warps=4, num_stages=4),
-]
-_PREFILL_CONFIGS = [
-    GemmConfig(128, 128, 64, 8, num_warps=8, num_stages=3),
-    GemmConfig(128, 256, 64, 8, num_warps=8, num_stages=3),
-    GemmConfig(128, 64, 64, 8, num_warps=4, num_stages=4),
-    GemmConfig(64, 128, 64, 8, num_warps=4, num_stages=4),
-    GemmConfig(64, 64, 32, 8, num_warps=4, num_stages=4),
-    # FMA dots (fp32, sm_75)
-    GemmConfig(64, 32, 32, 8, num_warps=4, num_stages=3),
-    GemmConfig(32, 64, 32, 8, num_warps=4, num_stages=3),
-    GemmConfig(128, 64, 16, 8, num_warps=8, num_stages=3),
-    GemmConfig(64, 64, 16, 8, num_warps=8, num_stages=3),
-]
-_FMA_CONFIGS = _DECODE_CONFIGS[-2:] + _PREFILL_CONFIGS[-4:]
-
-
-def _prune(configs: list, named_args: dict, **kwargs) -> list:
-    """The autotuner's early prune: drop the configs that do not fit this device (they would fail or spill)."""
-    a = {**named_args, **kwargs}["a_ptr"]
-    target = launch_target(a.device)
-    keep = [c for c in configs if _fits(_from_triton(c), a.dtype, target)]
-    return keep or configs[-1:]
-
-
-def _from_triton(c: "triton.Config") -> GemmConfig:
-    meta = c.kwargs
-    return GemmConfig(
-        meta["BLOCK_M"],
-        meta["BLOCK_N"],
-        meta["BLOCK_K"],
-        meta["GROUP_M"],
-        c.num_warps,
-        c.num_stages,
-    )
-
-
-if not INTERPRETER:
-    _TUNED = {
-        # Keyed on M_BUCKET, not M, so prefill steps of every length in a bucket reuse one tuning result; and on
-        # the dot precision (Triton adds the dtypes itself), so a TF32 tuning is never reused for IEEE fp32.
-        # The prune drops the configs that do not fit the device (targets.py, _fits).
-        "decode": triton.autotune(
-            [c.triton_config() for c in _DECODE_CONFIGS],
-            key=["N", "K", "FP32_DOTS", "INPUT_PRECISION"],
-            prune_configs_by={"early_config_prune": _prune},
-        )(_matmul_kernel),
-        "prefill": triton.autotune(
-            [c.triton_config() for c in _PREFILL_CONFIGS],
-            key=["M_BUCKET", "N", "K", "FP32_DOTS", "INPUT_PRECISION"],
-            prune_configs_by={"early_config_prune": _prune},
-        )(_matmul_kernel),
-    }
-
-
-def _check_inputs(
-    a: torch.Tensor, b: torch.Tensor, row_index: torch.Tensor | None, out_dtype
-) -> None:
-    check_dim("matmul", "a", a, 2)
-    check_dim("matmul", "b", b, 2)
-    check_dtype("matmul", "a", a, FLOAT_DTYPES)
-    check_dtype("matmul", "b", b, FLOAT_DTYPES)
-    if a.dtype != b.dtype:
-        raise KernelInputError(f"matmul: a is {a.dtype} but b is {b.dtype}; cast one so they match")
-    if a.shape[1] != b.shape[0]:
-        raise KernelInputError(
-            f"matmul: inner dimensions differ: a {list(a.shape)} @ b {list(b.shape)}"
-        )
-    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
-        raise KernelInputError(
-            f"matmul: out_dtype {out_dtype} is not one of float32, bfloat16, float16"
-        )
-    if row_index is None:
-        check_same_device("matmul", a=a, b=b)
-        return
-    check_same_device("matmul", a=a, b=b, row_index=row_index)
-    check_dim("matmul", "row_index", row_index, 1)
-    check_dtype("matmul", "row_index", row_index, INDEX_DTYPES)
-    if (
-        debug_checks() and row_index.numel()
-    ):  # a value check reads row_index on the host: a sync, on request only
-        lo, hi = torch.stack(list(torch.aminmax(row_index))).tolist()
-        if lo < 0 or hi >= a.shape[0]:
-            raise KernelInputError(
-                f"matmul: row_index spans [{lo}, {hi}] but a has {a.shape[0]} rows"
-            )
-
-
 def matmul(
     a: torch.Tensor,
     b: torch.Tensor,
     *,
     row_index: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    config: GemmConfig | None = None,
+    config: "GemmConfig | None" = None,
 ) -> torch.Tensor:
     """c = a @ b, or a[row_index] @ b; fp32 accumulation; returns a new contiguous [M, N] tensor.
 
@@ -385,8 +186,191 @@ def matmul(
         _matmul_kernel[grid](**args, **tiles)
         return c
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-    if m <= DECODE_MAX_M:
-        _TUNED["decode"][grid](**args)
-    else:
-        _TUNED["prefill"][grid](**args)
+    tuned_kernel()[grid](**args)  # prefill: a decode shape without a fixed config went above
     return c
+
+
+def _check_inputs(
+    a: torch.Tensor, b: torch.Tensor, row_index: torch.Tensor | None, out_dtype
+) -> None:
+    check_dim("matmul", "a", a, 2)
+    check_dim("matmul", "b", b, 2)
+    check_dtype("matmul", "a", a, FLOAT_DTYPES)
+    check_dtype("matmul", "b", b, FLOAT_DTYPES)
+    if a.dtype != b.dtype:
+        raise KernelInputError(f"matmul: a is {a.dtype} but b is {b.dtype}; cast one so they match")
+    if a.shape[1] != b.shape[0]:
+        raise KernelInputError(
+            f"matmul: inner dimensions differ: a {list(a.shape)} @ b {list(b.shape)}"
+        )
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise KernelInputError(
+            f"matmul: out_dtype {out_dtype} is not one of float32, bfloat16, float16"
+        )
+    if row_index is None:
+        check_same_device("matmul", a=a, b=b)
+        return
+    check_same_device("matmul", a=a, b=b, row_index=row_index)
+    check_dim("matmul", "row_index", row_index, 1)
+    check_dtype("matmul", "row_index", row_index, INDEX_DTYPES)
+    if (
+        debug_checks() and row_index.numel()
+    ):  # a value check reads row_index on the host: a sync, on request only
+        lo, hi = torch.stack(list(torch.aminmax(row_index))).tolist()
+        if lo < 0 or hi >= a.shape[0]:
+            raise KernelInputError(
+                f"matmul: row_index spans [{lo}, {hi}] but a has {a.shape[0]} rows"
+            )
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int  # rows of a (and of c) per tile; >= 16 for tl.dot
+    block_n: int  # columns of b (and of c) per tile; >= 16
+    block_k: int  # depth of one step along the reduction dimension; >= 16
+    group_m: int  # tile-rows per group in the grouped program ordering
+    num_warps: int = 4  # GPU only: warps per program
+    num_stages: int = 3  # GPU only: software-pipelining depth of the K loop
+
+    def __post_init__(self) -> None:
+        blocks = (self.block_m, self.block_n, self.block_k)
+        if any(b < 16 or b & (b - 1) for b in blocks) or self.group_m < 1:
+            raise KernelInputError(
+                f"matmul: blocks {blocks} must be powers of two >= 16 (tl.dot), group_m >= 1"
+            )
+
+    def triton_config(self) -> "triton.Config":
+        meta = {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "BLOCK_K": self.block_k,
+            "GROUP_M": self.group_m,
+        }
+        return triton.Config(meta, num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def shared_memory(self, dtype: torch.dtype) -> int:
+        """Bytes of shared memory: the pipeline keeps num_stages - 1 (a, b) tile pairs in flight."""
+        tiles = self.block_m * self.block_k + self.block_k * self.block_n
+        return max(self.num_stages - 1, 1) * tiles * dtype.itemsize
+
+
+def _fits(config: GemmConfig, dtype: torch.dtype, target: Target) -> bool:
+    """Whether a config is meant for this target and fits its shared memory.
+
+    FMA dots (fp32 IEEE, and every dot before sm_80) hold whole operand rows per thread and spill on
+    the tensor-core tiles: they get their own, smaller list. Registers are the compile gate's to
+    check.
+    """
+    if target.interpreter:
+        return True
+    if (config in _FMA_CONFIGS) != fma_dots(dtype, target):
+        return False
+    return config.shared_memory(dtype) <= target.shared_memory
+
+
+def gemm_configs(m: int, dtype: torch.dtype, target: Target) -> list[GemmConfig]:
+    """The configs the GPU autotuner tries for this shape class on this target (those that fit)."""
+
+    configs = _DECODE_CONFIGS if m <= DECODE_MAX_M else _PREFILL_CONFIGS
+    return [c for c in configs if _fits(c, dtype, target)]
+
+
+def gemm_config(
+    m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, target: Target = INTERPRETER_TARGET
+):
+    """One fixed config per shape class: decode (m <= 16, memory bound) or prefill (compute bound).
+
+    The interpreter always uses it; on a GPU the launcher autotunes instead, unless a config is
+    passed (a benchmark can pass `gemm_config(m, n, k, dtype, launch_target(device))`, the first
+    tuned candidate that fits that GPU, to compare a fixed choice with the tuned one).
+    """
+    if target.interpreter:
+        if m <= DECODE_MAX_M:
+            return GemmConfig(
+                block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4
+            )
+        return GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+    return gemm_configs(m, dtype, target)[0]
+
+
+def gemm_plan(
+    m: int, dtype: torch.dtype, target: Target, config: GemmConfig | None = None
+) -> LaunchPlan:
+    """The launch's tile configs: a fixed one (interpreter, or `config`), else the autotuner's
+    candidates."""
+    if config is not None or target.interpreter:
+        configs = [config or gemm_config(m, 0, 0, dtype, target)]
+    else:
+        configs = gemm_configs(m, dtype, target)
+    return LaunchPlan("matmul", {}, tuple(c.triton_config() for c in configs))
+
+
+# GPU tiles per shape class, by preference: gemm_config takes the first that fits a target, and the
+# prefill autotuner tries those that fit (decode shapes autotune in matmul_decode.py; these decode
+# tiles serve a fixed config passed in). Each config's shared memory is (num_stages - 1) *
+# (BM*BK + BK*BN) * bytes; the compile gate checks that estimate and the register use.
+
+_DECODE_CONFIGS = [
+    GemmConfig(16, 128, 128, 1, num_warps=4, num_stages=4),  # bf16: 108 KB: sm_80, sm_90
+    GemmConfig(16, 64, 128, 1, num_warps=4, num_stages=4),  # bf16: 60 KB: every target from sm_80
+    GemmConfig(
+        16, 32, 256, 1, num_warps=4, num_stages=3
+    ),  # narrow N tiles: more programs for small N
+    GemmConfig(16, 64, 64, 1, num_warps=4, num_stages=4),
+    # FMA dots (fp32, sm_75): short K steps, so each thread's operand rows stay in registers
+    GemmConfig(16, 128, 32, 1, num_warps=4, num_stages=4),
+    GemmConfig(16, 64, 32, 1, num_warps=4, num_stages=4),
+]
+
+
+_PREFILL_CONFIGS = [
+    GemmConfig(128, 128, 64, 8, num_warps=8, num_stages=3),
+    GemmConfig(128, 256, 64, 8, num_warps=8, num_stages=3),
+    GemmConfig(128, 64, 64, 8, num_warps=4, num_stages=4),
+    GemmConfig(64, 128, 64, 8, num_warps=4, num_stages=4),
+    GemmConfig(64, 64, 32, 8, num_warps=4, num_stages=4),
+    # FMA dots (fp32, sm_75)
+    GemmConfig(64, 32, 32, 8, num_warps=4, num_stages=3),
+    GemmConfig(32, 64, 32, 8, num_warps=4, num_stages=3),
+    GemmConfig(128, 64, 16, 8, num_warps=8, num_stages=3),
+    GemmConfig(64, 64, 16, 8, num_warps=8, num_stages=3),
+]
+
+
+_FMA_CONFIGS = _DECODE_CONFIGS[-2:] + _PREFILL_CONFIGS[-4:]
+
+
+def _prune(configs: list, named_args: dict, **kwargs) -> list:
+    """The autotuner's early prune: drop the configs that do not fit this device (they would fail or
+    spill)."""
+    a = {**named_args, **kwargs}["a_ptr"]
+    target = launch_target(a.device)
+    keep = [c for c in configs if _fits(_from_triton(c), a.dtype, target)]
+    return keep or configs[-1:]
+
+
+def _from_triton(c: "triton.Config") -> GemmConfig:
+    meta = c.kwargs
+    return GemmConfig(
+        meta["BLOCK_M"],
+        meta["BLOCK_N"],
+        meta["BLOCK_K"],
+        meta["GROUP_M"],
+        c.num_warps,
+        c.num_stages,
+    )
+
+
+@functools.cache
+def tuned_kernel():
+    """The prefill GEMM under `triton.autotune`, built on first use (autotuning needs a GPU driver).
+
+    Keyed on M_BUCKET, not M, so prefill steps of every length in a bucket reuse one tuning result;
+    and on the dot precision (Triton adds the dtypes itself), so a TF32 tuning is never reused for
+    IEEE fp32. The prune drops the configs that do not fit the device (`_fits`).
+    """
+    return triton.autotune(
+        [c.triton_config() for c in _PREFILL_CONFIGS],
+        key=["M_BUCKET", "N", "K", "FP32_DOTS", "INPUT_PRECISION"],
+        prune_configs_by={"early_config_prune": _prune},
+    )(_matmul_kernel)

@@ -2,69 +2,26 @@
 
     a [M, K] @ b [K, N] -> c [M, N]        M = running sequences (1..16), K x N = a weight matrix
 
-Why decode needs its own kernel. In decode every weight element is read once
-and used by only M rows, so the GEMM is a matrix-vector product: its time is
-the time to stream K x N weights from memory. A Llama-3-8B 4096 x 4096 bf16
-matrix is 33.5 MB; at ~4 TB/s (H200) that is ~8.5 us, but only if enough
-bytes are in flight at once. The tiled GEMM (`kernels/matmul.py`) gives each
-program one [16, BLOCK_N] tile of c and walks all of K: for N = 4096 and
-BLOCK_N = 64 that is 64 programs on a GPU with 132 SMs, each streaming 512 KB
-one BLOCK_K step after another. Half the SMs idle and the others cannot keep
-enough loads outstanding to cover DRAM latency.
+In decode every weight element is used by only M rows: the GEMM is a
+matrix-vector product, timed by how fast K x N weights stream from memory,
+which needs many loads in flight on every SM. One program per [16, BLOCK_N]
+tile of c (kernels/matmul.py) gives too few programs (N = 4096: 64 on 132
+SMs). Split-K cuts K into SPLIT_K ranges, one program per (tile of N, range):
 
-Split-K. Cut K into SPLIT_K ranges and give each (tile of N, range of K) its
-own program:
+    partial[s] = a[:, K_s] @ b[K_s, :]        c = partial[0] + ... + partial[SPLIT_K - 1]
 
-    programs = ceil(N / BLOCK_N) * SPLIT_K          (64 * 8 = 512 for o_proj: ~4 per SM)
-    bytes per program = (K / SPLIT_K) * BLOCK_N * element size
+in fp32, into a small buffer [SPLIT_K, M, N] that a second kernel sums in
+the fixed order 0, 1, ... (no atomics: the same inputs always give the same
+bits). The config depends on (N, K, dtype, layout), never on M, and rows do
+not see each other: a sequence's logits are the same bits alone or batched.
+With enough tiles of N, SPLIT_K = 1 and the program stores c itself.
 
-Each program computes a partial product over its K range, in fp32:
-
-    partial[s] = a[:, K_s] @ b[K_s, :]          c = partial[0] + partial[1] + ... + partial[SPLIT_K - 1]
-
-The same bytes are read in total, but by many more programs at once, so every
-SM has several programs' loads in flight. The price is a small fp32 buffer
-[SPLIT_K, M, N] (for M = 1, N = 4096, SPLIT_K = 8: 128 KB, against 33.5 MB of
-weights) and a second tiny kernel that sums it. When N alone gives enough
-programs (the FFN's gate/up, the LM head's 128k columns) SPLIT_K = 1: the
-program stores c directly and no second kernel runs.
-
-Deterministic by construction. The partials could be added with fp32
-`atomic_add` into a zeroed buffer, but atomics land in whatever order the
-programs finish, and fp32 addition is not associative: the low bits of c would
-change from run to run, and a greedy decode could pick a different token.
-Here every program writes its own slot, and the reduce kernel adds
-partial[0], partial[1], ... in that fixed order, so the same inputs always
-give the same bits. Batch invariance: the config is chosen per (N, K, dtype,
-layout), never per M, and each row's dot products do not see the other rows,
-so a sequence's logits are the same bits whether it decodes alone or with 15
-others (what keeps the engine modes' greedy tokens identical).
-
-The tile. `tl.dot` needs at least 16 rows, so M <= 16 rows are padded to one
-BLOCK_M = 16 tile (masked loads read zeros): the extra multiply-adds are free
-in a memory-bound kernel, and the dot's loads of b are the ones Triton
-pipelines through shared memory (num_stages tiles in flight per program). A
-multiply-and-sum without `tl.dot` would save the padding's arithmetic only.
-
-Choosing the config. Under the CPU interpreter (programs run one after
-another, so splitting only adds work) a fixed config with a small split keeps
-the split path exercised. On a GPU the first call for each (N, K, dtype,
-layout, precision) times a few candidates (tile shape, warps, stages, and
-SPLIT_K sized for ~2 or ~4 programs per SM) with `triton.testing.do_bench`,
-reduce kernel included, and keeps the fastest; its own small tuner rather than
-`@triton.autotune`, because the launcher must know SPLIT_K before the launch
-(to size the partial buffer and launch the reduce). Shared memory per program
-is (num_stages - 1) buffers of one [BLOCK_K, BLOCK_N] tile of b and one
-[16, BLOCK_K] tile of a (the pipeline keeps num_stages - 1 loads ahead of the
-dot; compiled for sm_80/89/90, `metadata.shared` matches this exactly).
-Candidates are cut to fit the GPU's opt-in limit less 8 KB (sm_89: 99 KB,
-sm_80: 163 KB, sm_90: 227 KB; 96 KB if torch does not say), so fp32 inputs
-and smaller GPUs get fewer stages.
-
-Dot precision follows `kernels/precision.py`, like `kernels/matmul.py`: 16-bit
-tiles take tensor-core dots with fp32 accumulation, fp32 tiles TF32 exactly
-when torch.matmul may use it; in the interpreter bf16 tiles are upcast to fp32
-before the dot (fp16 keeps its 16-bit dot) and bf16 stores are rounded by hand.
+The tile: `tl.dot` needs 16 rows, so M <= 16 rows are padded to one BLOCK_M =
+16 tile (masked loads read zeros; free in a memory-bound kernel). The
+interpreter uses one fixed config; a GPU times a few candidates once per shape
+class (`decode_config`; the tuner's story: benchmarks/README.md, "Kernel
+notes"). Dots follow precision.py, bf16 stores are rounded by hand in the
+interpreter.
 """
 
 from dataclasses import dataclass
@@ -89,47 +46,13 @@ PROGRAMS_PER_SM = (2, 4)  # GPU candidates aim at these many programs per SM
 REDUCE_BLOCK = 1024  # output elements per program of the reduce kernel
 
 
-@dataclass(frozen=True)
-class DecodeConfig:
-    block_n: int  # columns of b (and of c) per program; power of two >= 16
-    block_k: int  # depth of one step along K; power of two >= 16
-    split_k: int  # K ranges (programs per tile of N); 1 = no split, the program stores c itself
-    num_warps: int = 4  # GPU only: warps per program
-    num_stages: int = (
-        3  # GPU only: software-pipelining depth (num_stages - 1 tiles of b loading ahead)
-    )
-
-    def __post_init__(self) -> None:
-        blocks = (self.block_n, self.block_k)
-        if any(b < 16 or b & (b - 1) for b in blocks) or not 1 <= self.split_k <= MAX_SPLIT_K:
-            raise KernelInputError(
-                f"matmul_decode: blocks {blocks} must be powers of two >= 16 (tl.dot), "
-                f"split_k {self.split_k} in [1, {MAX_SPLIT_K}]"
-            )
-
-
-def _cdiv(x: int, y: int) -> int:
-    """Ceil division on the host (triton.cdiv is a constexpr_function in triton 3.9: ~100x slower to call)."""
-    return -(-x // y)
-
-
-def split_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
-    """(k_per_split, num_splits): each split walks k_per_split (a multiple of block_k) of K, the last one less.
-
-    Asking for split_k ranges can give fewer: K = 4096 in 128-deep steps is 32 steps; 9 ranges of 4 steps
-    would leave the 9th empty, so it becomes 8 ranges of 4 steps. No split is ever empty.
-    """
-    steps = _cdiv(k, block_k)
-    k_per_split = _cdiv(steps, min(split_k, steps)) * block_k
-    return k_per_split, _cdiv(k, k_per_split)
-
-
 @triton.jit
 def _decode_kernel(
     a_ptr,  # [M_in, K] input rows, any strides
     b_ptr,  # [K, N] weights, any strides (row-major, or a transposed view)
     out_ptr,  # [SPLIT_K, M, N] fp32 partials, or c [M, N] itself when there is one split
-    row_index_ptr,  # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
+    # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
+    row_index_ptr,
     M,  # rows of c (<= BLOCK_M)
     N,  # columns of b and c
     K,  # reduction length
@@ -143,7 +66,8 @@ def _decode_kernel(
     stride_on,  # elements between columns of out
     GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
     INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
-    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
+    FP32_DOTS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 tiles: "ieee" or "tf32"
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -218,8 +142,45 @@ def _split_k_sum_kernel(
     tl.store(c_ptr + offs, total.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+def matmul_decode(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    *,
+    row_index: torch.Tensor | None = None,
+    policy: DotPolicy | None = None,
+    config: "DecodeConfig | None" = None,
+) -> torch.Tensor:
+    """c = a @ b (or a[row_index] @ b) for M <= 16 rows, written into c [M, N] (contiguous); returns
+    c.
+
+    a and b are checked by `kernels.matmul.matmul`, which calls this for decode shapes: a [M_in, K]
+    and b [K, N] of one float dtype, any strides. policy: the dot precision (default:
+    `dot_policy(a.dtype)`, what matmul passes). config: a fixed config (default: `decode_config`).
+    """
+    m = c.shape[0]
+    if m > BLOCK_M:
+        raise KernelInputError(
+            f"matmul_decode: {m} rows; the decode kernel takes at most {BLOCK_M}"
+        )
+    if (
+        not c.is_contiguous() or c.dim() != 2 or c.shape[1] != b.shape[1]
+    ):  # cheap test first: this runs per call
+        check_contiguous("matmul_decode", "c", c)
+        check_shape("matmul_decode", "c", c, (None, b.shape[1]))
+    if m == 0 or c.shape[1] == 0:
+        return c
+    if a.shape[1] == 0:
+        return c.zero_()
+    policy = policy or dot_policy(a.dtype)
+    cfg = config or decode_config(a, b, c, row_index, policy)
+    _launch(a, b, c, row_index, cfg, policy)
+    return c
+
+
 def split_k_sum(partials: torch.Tensor, c: torch.Tensor) -> None:
-    """c = partials[0] + partials[1] + ... in fp32, in that order, cast to c's dtype; c written in place.
+    """c = partials[0] + partials[1] + ... in fp32, in that order, cast to c's dtype; c written in
+    place.
 
     partials [SPLIT_K, M, N] fp32 contiguous, c [M, N] contiguous.
     """
@@ -246,7 +207,7 @@ def _sum_partials(partials: torch.Tensor, c: torch.Tensor) -> None:
     )
 
 
-def _launch(a, b, c, row_index, cfg: DecodeConfig, policy: DotPolicy) -> None:
+def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy) -> None:
     """One decode GEMM with a given config: the split kernel, then (if split) the ordered reduce."""
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
@@ -285,10 +246,60 @@ def _launch(a, b, c, row_index, cfg: DecodeConfig, policy: DotPolicy) -> None:
         _sum_partials(out, c)
 
 
-# Under the interpreter: 256-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2 steps.
+def _time_ms(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy) -> float:
+    """GPU milliseconds of one decode GEMM with cfg, reduce included (do_bench flushes L2 between
+    runs)."""
+    return triton.testing.do_bench(
+        lambda: _launch(a, b, c, row_index, cfg, policy), warmup=5, rep=25
+    )
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # columns of b (and of c) per program; power of two >= 16
+    block_k: int  # depth of one step along K; power of two >= 16
+    split_k: int  # K ranges (programs per tile of N); 1 = no split, the program stores c itself
+    num_warps: int = 4  # GPU only: warps per program
+    num_stages: int = (
+        3  # GPU only: software-pipelining depth (num_stages - 1 tiles of b loading ahead)
+    )
+
+    def __post_init__(self) -> None:
+        blocks = (self.block_n, self.block_k)
+        if any(b < 16 or b & (b - 1) for b in blocks) or not 1 <= self.split_k <= MAX_SPLIT_K:
+            raise KernelInputError(
+                f"matmul_decode: blocks {blocks} must be powers of two >= 16 (tl.dot), "
+                f"split_k {self.split_k} in [1, {MAX_SPLIT_K}]"
+            )
+
+
+def _cdiv(x: int, y: int) -> int:
+    """Ceil division on the host (triton.cdiv is a constexpr_function in triton 3.9: ~100x slower to
+    call)."""
+    return -(-x // y)
+
+
+def split_plan(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(k_per_split, num_splits): each split walks k_per_split (a multiple of block_k) of K, the
+    last one less.
+
+    Asking for split_k ranges can give fewer: K = 4096 in 128-deep steps is 32 steps; 9 ranges of 4
+    steps would leave the 9th empty, so it becomes 8 ranges of 4 steps. No split is ever empty.
+    """
+    steps = _cdiv(k, block_k)
+    k_per_split = _cdiv(steps, min(split_k, steps)) * block_k
+    return k_per_split, _cdiv(k, k_per_split)
+
+
+# Under the interpreter: 256-wide tiles (few programs, each ~1 ms) and a split of 2 where K has 2
+# steps.
 INTERPRETER_CONFIG = DecodeConfig(block_n=256, block_k=64, split_k=2)
-# On a GPU: (block_n, block_k, num_warps, num_stages) tiles; each gets SPLIT_K for every PROGRAMS_PER_SM.
-GPU_TILES = [  # at most this many stages; bf16 shared memory (see shared_memory_bytes): 80, 108, 72, 50 KB
+
+
+# On a GPU: (block_n, block_k, num_warps, num_stages) tiles; each gets SPLIT_K for every
+# PROGRAMS_PER_SM.
+# at most this many stages; bf16 shared memory (see shared_memory_bytes): 80, 108, 72, 50 KB
+GPU_TILES = [
     (64, 128, 4, 5),
     (128, 128, 4, 4),  # 3 stages (72 KB) on sm_89
     (32, 256, 4, 4),
@@ -296,19 +307,21 @@ GPU_TILES = [  # at most this many stages; bf16 shared memory (see shared_memory
 ]
 
 
-# Before sm_80 (T4) dots run on FMA units, which keep each thread's operand rows in registers: the tiles above
-# spill there (compile gate), short K steps do not.
+# Before sm_80 (T4) dots run on FMA units, which keep each thread's operand rows in registers: the
+# tiles above spill there (compile gate), short K steps do not.
 FMA_TILES = [(128, 32, 4, 4), (64, 32, 4, 4)]
 
 
 def shared_memory_bytes(cfg: DecodeConfig, element_size: int) -> int:
-    """(num_stages - 1) buffers (at least 1) of a b tile [BLOCK_K, BLOCK_N] and an a tile [BLOCK_M, BLOCK_K]."""
+    """(num_stages - 1) buffers (at least 1) of a b tile [BLOCK_K, BLOCK_N] and an a tile [BLOCK_M,
+    BLOCK_K]."""
     buffers = max(1, cfg.num_stages - 1)
     return buffers * (cfg.block_k * cfg.block_n + BLOCK_M * cfg.block_k) * element_size
 
 
 def smem_budget(device: torch.device) -> int:
-    """Bytes of shared memory one program may use on this GPU: its opt-in limit less SMEM_HEADROOM."""
+    """Shared memory one program may use on this GPU, bytes: its opt-in limit less SMEM_HEADROOM."""
+
     optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
     return optin - SMEM_HEADROOM if optin else SMEM_BUDGET
 
@@ -316,10 +329,12 @@ def smem_budget(device: torch.device) -> int:
 def gpu_candidates(
     n: int, k: int, element_size: int, sms: int, budget: int = SMEM_BUDGET, fma: bool = False
 ) -> list[DecodeConfig]:
-    """The configs the GPU tuner times for one shape: each tile, split for ~2 and ~4 programs per SM.
+    """The configs the GPU tuner times for one shape: each tile, split for ~2 and ~4 programs per
+    SM.
 
-    Stages are cut until the estimate fits `budget` bytes (fp32 inputs get about half). A split never
-    exceeds MAX_SPLIT_K or the number of BLOCK_K steps, and shapes with enough tiles of N get 1.
+    Stages are cut until the estimate fits `budget` bytes (fp32 inputs get about half). A split
+    never exceeds MAX_SPLIT_K or the number of BLOCK_K steps, and shapes with enough tiles of N get
+    1.
     """
     found: dict[tuple, DecodeConfig] = {}
     for block_n, block_k, warps, stages in FMA_TILES if fma else GPU_TILES:
@@ -340,8 +355,8 @@ _TUNED: dict[tuple, DecodeConfig] = {}  # GPU: (N, K, dtype, b layout, precision
 def decode_config(a, b, c, row_index, policy: DotPolicy) -> DecodeConfig:
     """The config for this shape: fixed under the interpreter; timed once per shape class on a GPU.
 
-    The key leaves out M on purpose: every decode batch size uses the same split and tile, so a row's
-    result does not depend on how many other rows share the step.
+    The key leaves out M on purpose: every decode batch size uses the same split and tile, so a
+    row's result does not depend on how many other rows share the step.
     """
     if INTERPRETER or c.device.type != "cuda":
         return INTERPRETER_CONFIG
@@ -363,45 +378,3 @@ def decode_config(a, b, c, row_index, policy: DotPolicy) -> DecodeConfig:
 def tuned_configs() -> dict[tuple, DecodeConfig]:
     """What the GPU tuner chose so far: (N, K, dtype, b row-major, precision, gather) -> config."""
     return dict(_TUNED)
-
-
-def _time_ms(a, b, c, row_index, cfg: DecodeConfig, policy: DotPolicy) -> float:
-    """GPU milliseconds of one decode GEMM with cfg, reduce included (do_bench flushes L2 between runs)."""
-    return triton.testing.do_bench(
-        lambda: _launch(a, b, c, row_index, cfg, policy), warmup=5, rep=25
-    )
-
-
-def matmul_decode(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    *,
-    row_index: torch.Tensor | None = None,
-    policy: DotPolicy | None = None,
-    config: DecodeConfig | None = None,
-) -> torch.Tensor:
-    """c = a @ b (or a[row_index] @ b) for M <= 16 rows, written into c [M, N] (contiguous); returns c.
-
-    a and b are checked by `kernels.matmul.matmul`, which calls this for decode shapes: a [M_in, K] and
-    b [K, N] of one float dtype, any strides. policy: the dot precision (default: `dot_policy(a.dtype)`,
-    what matmul passes). config: a fixed config (default: `decode_config`).
-    """
-    m = c.shape[0]
-    if m > BLOCK_M:
-        raise KernelInputError(
-            f"matmul_decode: {m} rows; the decode kernel takes at most {BLOCK_M}"
-        )
-    if (
-        not c.is_contiguous() or c.dim() != 2 or c.shape[1] != b.shape[1]
-    ):  # cheap test first: this runs per call
-        check_contiguous("matmul_decode", "c", c)
-        check_shape("matmul_decode", "c", c, (None, b.shape[1]))
-    if m == 0 or c.shape[1] == 0:
-        return c
-    if a.shape[1] == 0:
-        return c.zero_()
-    policy = policy or dot_policy(a.dtype)
-    cfg = config or decode_config(a, b, c, row_index, policy)
-    _launch(a, b, c, row_index, cfg, policy)
-    return c

@@ -39,7 +39,8 @@ DEFAULT_16BIT_PRECISION = (
 
 @dataclass(frozen=True)
 class DotPolicy:
-    fp32_dots: bool  # the dots take fp32 tiles: fp32 inputs, or bf16 tiles upcast after the load (interpreter)
+    # the dots take fp32 tiles: fp32 inputs, or bf16 tiles upcast after the load (interpreter)
+    fp32_dots: bool
     input_precision: (
         str  # tl.dot's input_precision: "ieee" or "tf32" for fp32 tiles (16-bit tiles ignore it)
     )
@@ -51,7 +52,8 @@ def tf32_allowed() -> bool:
 
 
 def dot_policy(dtype: torch.dtype, interpreter: bool = INTERPRETER) -> DotPolicy:
-    """The dot precision for inputs of `dtype` (fp32, bf16 or fp16), on a GPU or in the interpreter."""
+    """The dot precision for inputs of `dtype` (fp32, bf16 or fp16), on a GPU or the interpreter."""
+
     if dtype == torch.float32:
         use_tf32 = (
             tf32_allowed() and not interpreter
@@ -64,9 +66,11 @@ def dot_policy(dtype: torch.dtype, interpreter: bool = INTERPRETER) -> DotPolicy
 
 @triton.jit
 def round_to_bf16(x):
-    """fp32 -> fp32 holding the nearest bf16 (ties to even), so a following truncating cast is exact.
+    """fp32 -> fp32 holding the nearest bf16 (ties to even), so a following truncating cast is
+    exact.
 
-    Only needed under the interpreter, whose fp32 -> bf16 cast drops the low bits instead of rounding.
+    Only needed under the interpreter, whose fp32 -> bf16 cast drops the low bits instead of
+    rounding.
     """
     bits = x.to(tl.uint32, bitcast=True)
     bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16

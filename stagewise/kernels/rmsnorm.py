@@ -6,24 +6,15 @@
     s = x + residual                      (if residual is given; s = x otherwise)
     out = weight * (s / sqrt(mean(s^2) + eps)).to(x.dtype)
 
-What it does: one program per row (token). It loads the whole row at once
-(BLOCK = next power of 2 >= hidden, masked), adds the residual row, writes
-that sum out as the new residual stream, accumulates the sum of squares in
-float32, takes `tl.rsqrt`, rounds the normalised row to the input dtype,
-multiplies by the weight and stores. The row never leaves registers between
-the add and the norm.
+One program per row (token) loads the whole row (BLOCK = next power of 2 >=
+hidden, masked), adds the residual row, writes that sum out as the new
+residual stream, sums the squares in float32, takes `tl.rsqrt`, and stores
+the normalised row times the weight: the row never leaves registers.
 
-Why it is memory-bound: per element the norm does ~4 FLOPs (square, add,
-scale, weight) against 2 * bytes of traffic (read x, write out), far below any
-machine's FLOP/byte ratio. Time is bytes / bandwidth, so the win is in moving
-fewer bytes:
-
-    separate add + norm: read x, read residual, write s   (3 passes)
-                         read s, write out                (2 passes)  = 5 row passes
-    fused kernel:        read x, read residual, write s, write out    = 4 row passes
-
-and one kernel launch instead of two. The weight row (hidden elements) is
-shared by all rows and stays in cache.
+Memory-bound: ~4 FLOPs per element against 2 * bytes of traffic, so the win
+is fewer bytes. Add then norm reads x and residual, writes s, reads s, writes
+out (5 row passes, 2 launches); fused, 4 row passes and 1 launch. The weight
+row is shared by every row and stays in cache.
 
 Rounding matches Hugging Face / the naive stage: `s` is rounded to the input
 dtype (it *is* the residual stream), the normalised row is cast to the input
@@ -44,7 +35,7 @@ from stagewise.kernels.checks import (
     check_same_device,
     check_shape,
 )
-from stagewise.kernels.targets import LaunchPlan, Target, checked_target, fixed_plan
+from stagewise.kernels.targets import LaunchPlan, checked_target, fixed_plan
 
 NAME = "rmsnorm"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -73,7 +64,8 @@ def _rmsnorm_kernel(
     )  # [BLOCK_SIZE], input dtype
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
-        # Add in fp32 and round once to the input dtype: exactly what `x + residual` does in PyTorch.
+        # Add in fp32 and round once to the input dtype: exactly what `x + residual` does
+        # in PyTorch.
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(residual_out_ptr + row * hidden + cols, x, mask=mask)  # the new residual stream
     xf = x.to(tl.float32)  # accumulate in fp32 whatever the input dtype (masked lanes are 0)
@@ -87,22 +79,6 @@ def _rmsnorm_kernel(
         tl.float32
     )  # exact in fp32 for 16-bit inputs: one rounding at the store
     tl.store(out_ptr + row * hidden + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def _num_warps(block_size: int) -> int:
-    """More warps for wider rows, so each thread holds a few vectors, not hundreds of registers."""
-    if block_size >= 8192:
-        return 16
-    if block_size >= 2048:
-        return 8
-    return 4
-
-
-def rmsnorm_plan(hidden: int, has_residual: bool, dtype: torch.dtype, target: Target) -> LaunchPlan:
-    """The whole row in one tile (BLOCK_SIZE = next power of 2 >= hidden), more warps for wider rows."""
-    block_size = triton.next_power_of_2(hidden)
-    constexprs = {"HAS_RESIDUAL": has_residual, "BLOCK_SIZE": block_size}
-    return fixed_plan(NAME, constexprs, num_warps=_num_warps(block_size))
 
 
 def rmsnorm(
@@ -145,7 +121,8 @@ def rmsnorm(
     if num_tokens == 0:
         return out, residual_out
 
-    plan = rmsnorm_plan(hidden, residual is not None, x.dtype, checked_target(NAME, x))
+    checked_target(NAME, x)  # the pre-Ampere policy (targets.py)
+    plan = rmsnorm_plan(hidden, residual is not None)
     _rmsnorm_kernel[(num_tokens,)](
         x_ptr=x,
         x_row_stride=x.stride(0),
@@ -159,3 +136,20 @@ def rmsnorm(
         **plan.launch_options(),
     )
     return out, residual_out
+
+
+def rmsnorm_plan(hidden: int, has_residual: bool) -> LaunchPlan:
+    """The whole row in one tile (BLOCK_SIZE = next power of 2 >= hidden), more warps for wider
+    rows."""
+    block_size = triton.next_power_of_2(hidden)
+    constexprs = {"HAS_RESIDUAL": has_residual, "BLOCK_SIZE": block_size}
+    return fixed_plan(NAME, constexprs, num_warps=_num_warps(block_size))
+
+
+def _num_warps(block_size: int) -> int:
+    """More warps for wider rows, so each thread holds a few vectors, not hundreds of registers."""
+    if block_size >= 8192:
+        return 16
+    if block_size >= 2048:
+        return 8
+    return 4

@@ -3,46 +3,25 @@
     positions [T], q [T, H, d], k [T, Hkv, d], cos_sin_cache [max_position, d] float32
         -> q, k rotated in place (the same tensor objects are returned)
 
-    for each head, with i in [0, d/2):  (x_i, x_{i+d/2}) <- (x_i cos - x_{i+d/2} sin,  x_{i+d/2} cos + x_i sin)
-    where cos, sin = cos_sin_cache[position, i], cos_sin_cache[position, d/2 + i]
+    per head, i in [0, d/2), cos, sin = cos_sin_cache[pos, i], cos_sin_cache[pos, d/2 + i]:
 
-What it does: program (i, b) rotates tokens [i * BLOCK_T, (i + 1) * BLOCK_T):
-a block of BLOCK_HQ heads of q and a block of BLOCK_HK heads of k of each, as
-[BLOCK_T, heads, d/2] tiles (first halves and second halves), in float32,
-storing back in the tensors' dtype. Each token's cos/sin row (d/2 + d/2
-floats) is gathered once and broadcast over all its heads of q *and* k. q and k
-may be strided views of the fused QKV output (token stride (H + 2*Hkv) * d, as
-`split_qkv` returns them): the kernel takes both strides, so nothing is copied.
+        (x_i, x_{i+d/2}) <- (x_i cos - x_{i+d/2} sin,  x_{i+d/2} cos + x_i sin)
 
-Why it is memory-bound: per element, ~3 FLOPs (two multiplies, one add) for
-2 * bytes of traffic (read, write back); the cos/sin row is read once per token
-and reused by all H + Hkv heads. Working in place moves the minimum:
-q and k are read once and written once, no new tensors are allocated, and no
-torch.cat of the two halves is needed as in the naive version (which also
-materialises x1, x2, x1*cos, x2*sin... as separate passes over memory).
+Tiling: program (i, b) rotates tokens [i * BLOCK_T, (i + 1) * BLOCK_T): a
+block of BLOCK_HQ heads of q and BLOCK_HK heads of k of each, as [BLOCK_T,
+heads, d/2] tiles of first and second halves, in float32, stored back in the
+tensors' dtype. Each token's cos/sin row is gathered once and broadcast over
+its heads of q *and* k. q and k may be strided views of the fused QKV output
+(token stride (H + 2*Hkv) * d, as `split_qkv` returns them): nothing is copied.
 
-How it keeps the memory busy (see `row_tiles`). The first version ran one
-program per token with a [32, d/2] tile for q *and* for k (24 of k's 32 rows
-masked off for Llama-3-8B), in this order: load the position, wait; load
-cos/sin, wait; load q, wait, store; load k, wait, store — four round trips in
-a row, and 56% of copy bandwidth on an H200. Now a program
+Memory-bound: ~3 FLOPs per element against 2 * bytes (read, write back), so a
+program issues its q and k loads first (they do not depend on the position),
+then the position and cos/sin, and stores last (row_tiles.py's rules; the
+measurements: benchmarks/README.md, "Kernel notes"). In place, q and k are
+read and written once, where the naive version materialises the halves.
 
-- issues the loads of q and k first: they do not depend on the position;
-  then the position and the cos/sin gather, whose (mostly L2) latency hides
-  under the q/k loads. Stores come last, so no load waits behind a store.
-- sizes its tiles per tensor: k gets a [BLOCK_T, BLOCK_HK, d/2] tile with
-  BLOCK_HK ~ Hkv / (head blocks), not q's head count, so no registers are
-  spent on masked rows (Llama-3-8B: q [1, 32, 64] and k [1, 8, 64], both halves:
-  10 KB of bf16 per program; with 4 warps each thread loads q in 16-byte
-  vectors, k's smaller tile in 8-byte ones; ptxas: 56 registers on sm_90, no spills).
-- takes several tokens when a token is small (SmolLM2: 4 tokens per program),
-  so every program has a few KB in flight. The last token tile is ragged.
-
-RoPE is not autotuned: it works in place, and the autotuner's repeated trial
-runs would each have to restore q and k first (a copy of both per trial).
-
-Partial rotary (rotary_dim < head_dim, as in some non-Llama models) is not
-supported: the launcher says so.
+RoPE is not autotuned: each trial run would first have to restore q and k.
+Partial rotary (rotary_dim < head_dim) is not supported: the launcher says so.
 """
 
 import torch
@@ -64,8 +43,10 @@ from stagewise.runtime import debug_checks
 NAME = "rope"
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 POSITION_DTYPES = (torch.int32, torch.int64)
-MAX_TILE = 2048  # elements of one token's q half-tile [BLOCK_HQ, d/2]: beyond it, heads split over programs
-TOKEN_TILE = 4096  # elements of a program's half-tiles of q and k together, [BLOCK_T, BLOCK_HQ + BLOCK_HK, d/2]
+# elements of one token's q half-tile [BLOCK_HQ, d/2]: beyond it, heads split over programs
+MAX_TILE = 2048
+# elements of a program's half-tiles of q and k together, [BLOCK_T, BLOCK_HQ + BLOCK_HK, d/2]
+TOKEN_TILE = 4096
 
 
 @triton.jit
@@ -80,7 +61,8 @@ def _load_halves(
     offs,  # [BLOCK_HALF] feature index i within the first half
     HALF: tl.constexpr,  # d / 2: distance between the two features of a pair
 ):
-    """-> (pointers to x_i, mask, x_i, x_{i+d/2}): [BLOCK_T, BLOCK_H, BLOCK_HALF] tiles, values in float32."""
+    """-> (pointers to x_i, mask, x_i, x_{i+d/2}): [BLOCK_T, BLOCK_H, BLOCK_HALF] tiles, values in
+    float32."""
     first = (
         x_ptr
         + rows[:, None, None] * token_stride
@@ -162,10 +144,12 @@ def _rope_kernel(
 def rope_tiles(
     num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> tuple[dict, TileConfig]:
-    """-> (head tiling constexprs, token tile): a fixed choice, on a GPU too (RoPE is in place: not autotuned).
+    """-> (head tiling constexprs, token tile): a fixed choice, on a GPU too (RoPE is in place: not
+    autotuned).
 
-    q heads: all of them when [H, d/2] fits MAX_TILE, else blocks (a second grid axis); k heads spread over
-    the same number of blocks. Tokens: BLOCK_T so a program's half-tiles hold about TOKEN_TILE elements.
+    q heads: all of them when [H, d/2] fits MAX_TILE, else blocks (a second grid axis); k heads
+    spread over the same number of blocks. Tokens: BLOCK_T so a program's half-tiles hold about
+    TOKEN_TILE elements.
     """
     half = head_dim // 2
     block_half = triton.next_power_of_2(half)
@@ -183,7 +167,8 @@ def rope_tiles(
 def rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [T], q [T, H, d], k [T, Hkv, d], cos_sin_cache [max_position, d] -> (q, k), rotated in place.
+    """positions [T], q [T, H, d], k [T, Hkv, d], cos_sin_cache [max_position, d] -> (q, k), rotated
+    in place.
 
     q and k may be strided along tokens and heads; their last dimension must be contiguous.
     Never reads positions on the host: the grid comes from shapes, so the launch queues without
@@ -227,7 +212,8 @@ def rope(
         lo, hi = torch.stack(list(torch.aminmax(positions))).tolist()
         if lo < 0 or hi >= max_position:
             raise KernelInputError(
-                f"{NAME}: positions must lie in [0, {max_position}) (rows of cos_sin_cache); got min {lo}, max {hi}"
+                f"{NAME}: positions must lie in [0, {max_position}) (rows of cos_sin_cache); "
+                f"got min {lo}, max {hi}"
             )
     positions = positions.contiguous()  # [T]
     checked_target(NAME, q)  # the pre-Ampere policy (targets.py)

@@ -65,7 +65,8 @@ class TileConfig:
 
 
 def tokens_per_program(num_tokens: int, elements_per_token: int, budget: int) -> int:
-    """The largest power of 2 `b` with b * elements_per_token <= budget (at least 1, at most T rounded up)."""
+    """The largest power of 2 `b` with b * elements_per_token <= budget (at least 1, at most T
+    rounded up)."""
     block_t = 1
     cap = min(triton.next_power_of_2(max(num_tokens, 1)), MAX_TOKENS_PER_PROGRAM)
     while block_t < cap and 2 * block_t * elements_per_token <= budget:
@@ -74,12 +75,14 @@ def tokens_per_program(num_tokens: int, elements_per_token: int, budget: int) ->
 
 
 def warps_for(tile_elements: int) -> int:
-    """4 warps for tiles up to 4K elements, 8 above: ~16-32 elements (2-4 16-byte vectors) per thread."""
+    """4 warps for tiles up to 4K elements, 8 above: ~16-32 elements (2-4 16-byte vectors) per
+    thread."""
     return 4 if tile_elements <= 4096 else 8
 
 
 def gpu_candidates(best: TileConfig) -> tuple[TileConfig, ...]:
-    """What the GPU autotuner tries: the rule-of-thumb tile, half and twice as many tokens, and other warps."""
+    """What the GPU autotuner tries: the rule-of-thumb tile, half and twice as many tokens, and
+    other warps."""
     tokens = sorted(
         {max(1, best.block_t // 2), best.block_t, min(MAX_TOKENS_PER_PROGRAM, 2 * best.block_t)}
     )
@@ -106,7 +109,8 @@ def autotuner(kernel, candidates: tuple[TileConfig, ...], key: tuple[str, ...]):
 def launch(kernel, candidates: tuple[TileConfig, ...], key: tuple[str, ...], grid, **args) -> None:
     """Launch `kernel` with one fixed tile, or (several candidates: GPU only) through its autotuner.
 
-    `grid` is a function of the meta-parameters (`meta["BLOCK_T"]`, ...), as Triton's launch accepts.
+    `grid` is a function of the meta-parameters (`meta["BLOCK_T"]`, ...), as Triton's launch
+    accepts.
     """
     if len(candidates) == 1:
         (tile,) = candidates

@@ -29,7 +29,8 @@ import triton
 
 from stagewise.errors import StagewiseError
 
-# Shared memory one block may opt in to, in bytes (CUDA programming guide, "compute capabilities" table).
+# Shared memory one block may opt in to, in bytes (CUDA programming guide, "compute capabilities"
+# table).
 SHARED_MEMORY_PER_BLOCK = {
     75: 65536,  # T4 (Turing): 64 KB
     80: 166912,  # A100: 163 KB
@@ -42,7 +43,8 @@ SHARED_MEMORY_PER_BLOCK = {
 }
 MIN_CAPABILITY = 80  # Triton's supported minimum
 BEST_EFFORT_CAPABILITY = 75  # sm_75 in float16: only kernels the compile gate proves
-# Kernels the compile gate compiles for sm_75 in float16 within 64 KB and without spilling (tests/test_compile_gate.py).
+# Kernels the compile gate compiles for sm_75 in float16 within 64 KB and without spilling
+# (tests/test_compile_gate.py).
 SM75_FP16 = frozenset(
     {
         "embedding",
@@ -76,18 +78,21 @@ INTERPRETER_TARGET = Target(interpreter=True)
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What a launcher decides from host values alone, before it launches (the compile gate compiles this)."""
+    """What a launcher decides from host values alone, before it launches (the compile gate compiles
+    this)."""
 
     kernel: str  # the kernel family ("matmul", "paged_attention", ...): error messages, SM75_FP16
     constexprs: dict  # meta-parameters the launcher fixes: block sizes, flags
-    configs: tuple  # triton.Config tile choices: one = a fixed launch; several = what the GPU autotuner tries
+    # triton.Config tile choices: one = a fixed launch; several = what the GPU autotuner tries
+    configs: tuple
 
     @property
     def autotuned(self) -> bool:
         return len(self.configs) > 1
 
     def launch_options(self) -> dict:
-        """Keyword arguments of a fixed launch: the constexprs, the config's tiles, num_warps and num_stages."""
+        """Keyword arguments of a fixed launch: the constexprs, the config's tiles, num_warps and
+        num_stages."""
         (config,) = self.configs
         return {
             **self.constexprs,
@@ -137,7 +142,8 @@ def _cuda_target(index: int) -> Target:
 
 
 def launch_target(device: torch.device) -> Target:
-    """The target a launch on `device` plans for: the interpreter for CPU tensors, else the CUDA device."""
+    """The target a launch on `device` plans for: the interpreter for CPU tensors, else the CUDA
+    device."""
     if device.type != "cuda":
         return INTERPRETER_TARGET
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -148,14 +154,16 @@ _warned: set[str] = set()
 
 
 def checked_target(kernel: str, t: torch.Tensor) -> Target:
-    """The target a launch on `t`'s device plans for, once the pre-Ampere policy allows `t`'s dtype there."""
+    """The target a launch on `t`'s device plans for, once the pre-Ampere policy allows `t`'s dtype
+    there."""
     target = launch_target(t.device)
     check_target(kernel, target, t.dtype)
     return target
 
 
 def check_target(kernel: str, target: Target, dtype: torch.dtype) -> None:
-    """The pre-Ampere policy: sm_75 runs the gate-proven kernels in float16, best effort; else a clear error."""
+    """The pre-Ampere policy: sm_75 runs the gate-proven kernels in float16, best effort; else a
+    clear error."""
     if target.interpreter or target.capability >= MIN_CAPABILITY:
         return
     where = f"compute capability {target.capability // 10}.{target.capability % 10}"
@@ -165,8 +173,9 @@ def check_target(kernel: str, target: Target, dtype: torch.dtype) -> None:
         )
     if dtype != torch.float16 or kernel not in SM75_FP16:
         raise StagewiseError(
-            f"{kernel}: on {where} the Triton kernels run in float16 only (no bfloat16 tensor cores, and Triton "
-            f"supports 8.0+); got {str(dtype).removeprefix('torch.')}: use dtype=torch.float16 or backend='naive'"
+            f"{kernel}: on {where} the Triton kernels run in float16 only (no bfloat16 tensor "
+            f"cores, and Triton supports 8.0+); got {str(dtype).removeprefix('torch.')}: "
+            "use dtype=torch.float16 or backend='naive'"
         )
     if "sm75" not in _warned:
         _warned.add("sm75")

@@ -48,7 +48,7 @@ def test_set_float32_matmul_precision_is_the_same_switch():
 def test_autotune_keys_hold_the_precision():
     from stagewise.kernels import flash_attention, matmul
 
-    tuners = [matmul._TUNED["decode"], matmul._TUNED["prefill"], flash_attention._tuned_flash_attention_kernel]
+    tuners = [matmul.tuned_kernel(), flash_attention.tuned_kernel()]
     for tuner in tuners:
         assert "INPUT_PRECISION" in tuner.keys and "FP32_DOTS" in tuner.keys, tuner.keys
 
