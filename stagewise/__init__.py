@@ -1,7 +1,7 @@
 """stagewise: LLM inference, stage by stage.
 
 from stagewise import LLM, SamplingParams
-llm = LLM()                                   # SmolLM2-135M-Instruct, naive PyTorch stages
+llm = LLM()                                   # SmolLM2-135M-Instruct, the torch tier (fast PyTorch)
 print(llm.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=0))[0].text)
 
 The names below load on first use, so `import stagewise` (and the command
