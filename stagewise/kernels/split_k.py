@@ -27,28 +27,6 @@ MAX_SPLITS = 16  # bounds the partial buffers and the reduce's work
 PROGRAMS_PER_SM = 2  # aim: about two programs per SM, so none idles while another finishes
 
 
-def num_sms(device: torch.device) -> int | None:
-    """The streaming multiprocessors of a CUDA device; None in the CPU interpreter."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def choose_num_splits(num_programs: int, max_seq_len: int, sms: int | None) -> int:
-    """How many programs share one (query tile, sequence, KV head)'s keys; 1 = no split.
-
-    Split only when the unsplit grid leaves SMs idle and the keys are long
-    enough that each split still gets MIN_KEYS_PER_SPLIT of them. On the CPU
-    interpreter (sms None) programs run one after another, so splitting only adds work.
-    """
-    if sms is None or num_programs >= sms:
-        return 1
-    by_occupancy = triton.cdiv(PROGRAMS_PER_SM * sms, num_programs)
-    by_length = max_seq_len // MIN_KEYS_PER_SPLIT
-    splits = min(MAX_SPLITS, by_occupancy, by_length)
-    return splits if splits >= 2 else 1
-
-
 @triton.jit
 def _split_k_reduce_kernel(
     acc_part_ptr,  # [T, H, NUM_SPLITS, d] fp32 unnormalised partial outputs
@@ -93,19 +71,6 @@ def _split_k_reduce_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
 
-def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
-    """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile.
-
-    (The dtype checks are the attention launcher's.)
-    """
-    constexprs = {
-        "NUM_SPLITS": num_splits,
-        "SPLITS_POW2": triton.next_power_of_2(num_splits),
-        "HEAD_DIM": head_dim,
-    }
-    return fixed_plan("split_k_reduce", constexprs, num_warps=4)
-
-
 def split_k_reduce(
     acc_part: torch.Tensor, m_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor
 ) -> None:
@@ -146,3 +111,38 @@ def partial_buffers(out: torch.Tensor, num_splits: int) -> tuple:
     acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, **f32)  # [T, H, S, d]
     m_part = torch.empty(num_tokens, num_heads, num_splits, **f32)  # [T, H, S]
     return acc, m_part, torch.empty_like(m_part), acc.stride(2), m_part.stride()[:2]
+
+
+def num_sms(device: torch.device) -> int | None:
+    """The streaming multiprocessors of a CUDA device; None in the CPU interpreter."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(num_programs: int, max_seq_len: int, sms: int | None) -> int:
+    """How many programs share one (query tile, sequence, KV head)'s keys; 1 = no split.
+
+    Split only when the unsplit grid leaves SMs idle and the keys are long
+    enough that each split still gets MIN_KEYS_PER_SPLIT of them. On the CPU
+    interpreter (sms None) programs run one after another, so splitting only adds work.
+    """
+    if sms is None or num_programs >= sms:
+        return 1
+    by_occupancy = triton.cdiv(PROGRAMS_PER_SM * sms, num_programs)
+    by_length = max_seq_len // MIN_KEYS_PER_SPLIT
+    splits = min(MAX_SPLITS, by_occupancy, by_length)
+    return splits if splits >= 2 else 1
+
+
+def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
+    """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile.
+
+    (The dtype checks are the attention launcher's.)
+    """
+    constexprs = {
+        "NUM_SPLITS": num_splits,
+        "SPLITS_POW2": triton.next_power_of_2(num_splits),
+        "HEAD_DIM": head_dim,
+    }
+    return fixed_plan("split_k_reduce", constexprs, num_warps=4)
