@@ -248,8 +248,10 @@ assert next_id == out.token_ids[0]  # the engine's first token
 # default `mode="paged"`) keeps every layer's K and V, so a decode step only
 # runs the one new token: O(d^2 + n d). Both must give **the same tokens**
 # (check), then we compare speed (measure). The three `LLM`s share the loaded
-# weights. Prefix caching is switched off for the paged engine here, so that
-# no engine reuses work from an earlier call.
+# weights and run the default tier, `backend="torch"` (the textbook stages,
+# with the faster PyTorch formulation where a stage has one). Prefix caching
+# is switched off for the paged engine here, so that no engine reuses work
+# from an earlier call.
 
 # %%
 num_new = 8 if QUICK else 24
@@ -272,6 +274,7 @@ timings = compare(
 )
 for name, t in timings.items():
     print(f"{name:22} {t.median_ms:8.0f} ms for {len(tokens[name])} tokens")
+print("tier:", engines["kv (contiguous cache)"].describe()["backend"])
 
 # %% [markdown]
 # Same tokens, and the cache wins as soon as a few tokens are generated; the

@@ -46,6 +46,7 @@ from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
+from stagewise.stages.base import stage_of
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
@@ -87,7 +88,8 @@ print(f"gather:       0 FLOP, reads {T * cfg.hidden_size * 4 / 1e3:.1f} kB ({T} 
 # `lm_head [hidden, vocab]` is the embedding table itself seen through a
 # transposed view (no second copy): the table is stored [vocab, hidden]
 # row-major, which is also the layout the CPU's BLAS streams fastest for a
-# decode GEMM (`stagewise/stages/gemm.py`). On a GPU it is a contiguous copy.
+# decode GEMM (the projections' torch tier, `stagewise/stages/gemm_torch.py`).
+# On a GPU it is a contiguous copy.
 
 # %%
 print("lm_head holds the embedding, transposed:", torch.equal(weights.lm_head, weights.embed.t()))
@@ -184,7 +186,7 @@ class RecordNorms(StageOps):
 
     def __call__(self, stage, layer=None, **kwargs):
         result = super().__call__(stage, layer, **kwargs)
-        if stage == "rmsnorm":
+        if stage_of(stage, STAGES).name == "rmsnorm":  # the model passes the module
             normed, residual = result
             self.calls.append((layer, residual.clone(), normed.clone()))
         return result

@@ -137,6 +137,7 @@ assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
 # %%
 prefill_tokens = 128 if QUICK else 512
 g = torch.Generator().manual_seed(0)
+# both sides are the naive tier's plain `x @ w` (the torch tier's CPU forms, stages/gemm_torch.py, aside)
 for label, num_tokens in [("decode, T=1", 1), (f"prefill, T={prefill_tokens}", prefill_tokens)]:
     xt = torch.randn(num_tokens, cfg.hidden_size, generator=g)
     timings = compare(

@@ -243,9 +243,12 @@ for name, t in timings.items():
 
 # %% [markdown]
 # (On a GPU the gap is the same in kind: a gather is pure bandwidth, while
-# `sin`/`cos` are multi-instruction special functions for every element. In
-# a real engine the angles are also shared by every layer; computing them per
-# layer would multiply the cost by the number of layers.)
+# `sin`/`cos` are multi-instruction special functions for every element. The
+# gathered rows are the same in every layer of a step: `rope.naive`, the
+# textbook, gathers them in each layer anyway; the torch tier
+# (`stagewise/stages/rope_torch.py`, the CPU default) rotates q and k as one
+# tensor instead, which measured as fast as gathering once per step, and its
+# docstring has the numbers.)
 #
 # ## Pictures
 #

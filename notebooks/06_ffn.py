@@ -54,6 +54,7 @@ from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
+from stagewise.stages.base import stage_of
 from stagewise.stages.ffn import silu_and_mul_naive
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
@@ -84,7 +85,7 @@ class RecordFFN(StageOps):
         self.layer, self.x = layer, None
 
     def __call__(self, stage, layer=None, **kwargs):
-        if stage == "ffn" and layer == self.layer:
+        if stage_of(stage, STAGES).name == "ffn" and layer == self.layer:  # module or name
             self.x = kwargs["x"].clone()
         return super().__call__(stage, layer, **kwargs)
 
@@ -165,7 +166,9 @@ assert torch.allclose(tri, ref, rtol=1e-4, atol=1e-4)
 # %% [markdown]
 # ## Measure: where the FFN's time goes
 #
-# The three pieces of the naive FFN, timed separately on the CPU, in a decode
+# The three pieces of the naive FFN (the textbook tier: plain `x @ w`; the
+# torch tier asks the BLAS for the same GEMMs in the form it measured fastest,
+# `stagewise/stages/gemm_torch.py`), timed separately on the CPU, in a decode
 # step (T = 1) and a prefill. Next to each, its FLOPs and the bytes it must
 # move at least (weights + activations, float32), and their ratio, the
 # **arithmetic intensity** (FLOPs per byte):

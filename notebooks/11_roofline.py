@@ -59,9 +59,8 @@ from stagewise.calc.plots import RooflinePoint, plot_kv_memory, plot_roofline, p
 from stagewise.calc.roofline import analyze, seeds_table
 from stagewise.calc.units import human, seconds, si
 from stagewise.config import PRESETS
-from stagewise.models.llama import LlamaModel
 from stagewise.models.registry import load_model
-from stagewise.stages.gemm import BUCKET_M, CPU_FORMS
+from stagewise.stages.gemm_torch import BUCKET_M, CALIBRATE_BYTES, CPU_FORMS
 
 # %matplotlib inline
 
@@ -294,7 +293,8 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # the bytes are the weights. Eight sequences decoding together read the same
 # weights as one, so the roofline says eight rows should cost about what one
 # row costs. Whether they do depends on how the BLAS library is asked for
-# the product. When `LLM` loaded the model above, `stagewise/stages/gemm.py`
+# the product. When `LLM` loaded the model above with the default tier,
+# `backend="torch"`, the projections' torch tier (`stagewise/stages/gemm_torch.py`)
 # timed three ways of asking for the same `x @ w` on these very weights, at a
 # few row counts M, and kept the fastest for each. Its docstring explains
 # the three forms: the plain call, a transposed tall-skinny product, and one
@@ -305,7 +305,7 @@ stream_ms = 1e3 * llm.model.weights.decode_bytes() / here.memory_bandwidth  # th
 print(f"reading the projection weights once at the probed bandwidth: {stream_ms:.1f} ms")
 if not CPU_FORMS.measured_ms:
     print(f"(no calibration in this process: it runs for a CPU model whose projection weights are "
-          f"{LlamaModel.CALIBRATE_BYTES / 2**20:.0f} MiB or more, with PyTorch projections)")
+          f"{CALIBRATE_BYTES / 2**20:.0f} MiB or more, with torch-tier projections)")
 for bucket, times in CPU_FORMS.measured_ms.items():
     forms = ", ".join(f"{form} {ms:.1f} ms ({ms / stream_ms:.1f}x)" for form, ms in times.items())
     print(f"M = {BUCKET_M[bucket]:2d} rows: {forms}  -> uses {CPU_FORMS.chosen[bucket]}")

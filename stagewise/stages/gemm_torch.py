@@ -36,10 +36,23 @@ float32, 2 threads, torch 2.13 / MKL (`python -m stagewise.bench.cpu_forms
     16                                46.8 ms  55.1 ms     49.9 ms
     32                                56.1 ms  64.1 ms     66.6 ms
 
-(the AMD machine was measured before the blocked form existed; on a shared
-machine the digits drift by up to 35 % within a day, the order does not). On
-the AMD machine the textbook `x @ w` takes 1.9x as long as the transposed
-form for one decode row: that is why the CPU default is this tier, not naive.
+(the AMD machine was first measured before the blocked form existed; on a
+shared machine the digits drift by up to 35 % within a day, the order does
+not). The same 2-core AMD EPYC (KVM guest, family 25) again, with all three
+forms, while other jobs shared its two cores (so every time is inflated,
+roughly 2x):
+
+    M     plain     transposed  blocked
+    1     75.3 ms   50.6 ms     47.2 ms
+    3    177.0 ms   66.9 ms     66.9 ms
+    8    135.4 ms   84.0 ms     78.3 ms
+    12   140.3 ms  121.5 ms     87.3 ms
+    16   149.2 ms  101.2 ms     89.1 ms
+    32   183.9 ms  150.3 ms    121.5 ms
+
+On the AMD machine the textbook `x @ w` takes 1.5x to 1.9x as long as the
+best form for one decode row: that is why the CPU default is this tier, not
+naive.
 On the Intel machine 8 rows take the plain product 2.4x as long as one row,
 and the same call split into 64-column blocks 1.6x (blocks of 16 to 128
 columns measure within 10 % of each other). The likely reason: for these M
