@@ -143,13 +143,14 @@ def test_triton_step_reads_only_the_sampled_ids(tiny, mode, monkeypatch):
     assert sampler_calls >= 3 and len(transfers) == sampler_calls  # exactly one per step that samples
 
 
-def test_naive_backend_paged_greedy_step_reads_only_the_sampled_ids(tiny, monkeypatch):
-    """The naive stages take the same host lengths, so they read nothing back either (paged: no padding).
+@pytest.mark.parametrize("tier", ["naive", "torch"])
+def test_pytorch_tiers_paged_greedy_step_reads_only_the_sampled_ids(tiny, monkeypatch, tier):
+    """The PyTorch tiers take the same host lengths, so they read nothing back either (paged: no padding).
 
     Greedy only: the naive draw is `torch.multinomial`, which checks the probabilities on the host.
     """
     monkeypatch.setenv(DEBUG_CHECKS_ENV, "0")
-    llm = LLM(tiny, backend="naive", mode="paged", engine_config=EngineConfig(max_num_batched_tokens=8))
+    llm = LLM(tiny, backend=tier, mode="paged", engine_config=EngineConfig(max_num_batched_tokens=8))
     greedy = [SamplingParams(max_tokens=3, temperature=0, repetition_penalty=1.2, ignore_eos=True)] * 2
     reads, sampler_calls = counted_run(llm, PROMPTS, greedy)
     others = [r for r in reads if not (r[0] == "tolist" and r[1].startswith(SAMPLER))]
