@@ -13,11 +13,12 @@
 # %% [markdown]
 # # 12 · The Triton kernels: what each one changes, and the proof it computes the same thing
 #
-# Every stage in `stagewise.stages` has two paths with the same signature: a
-# **naive** PyTorch reference, written to be read, and an **optimized** path
-# that launches a Triton kernel (`stagewise/kernels/`). The naive path is
-# correct by inspection; the kernel is fast by design; this notebook connects
-# the two.
+# Every stage in `stagewise.stages` has tiers with the same signature: a
+# **naive** PyTorch reference, the textbook formula written to be read, and a
+# **triton** tier that launches a Triton kernel (`stagewise/kernels/`); some
+# also have a **torch** tier, a faster PyTorch formulation for CPUs in its own
+# module beside the stage (`*_torch.py`). The naive path is correct by
+# inspection; the kernel is fast by design; this notebook connects the two.
 #
 # The optimizations fall into a few families, all about moving fewer bytes
 # between memory and the compute units (notebook 11: most of inference is
@@ -745,17 +746,18 @@ plt.show()
 # Llama forward built from naive stages vs from Triton stages
 # (`backend="triton"`; the prefill runs FlashAttention), and greedy tokens from
 # the paged engine (paged attention, KV store through the slot mapping),
-# requests batched together.
+# requests batched together, for all three tiers (`backend="torch"`, the
+# default, included).
 
 # %%
 small = EngineConfig(max_model_len=128)
 engines = {
     b: LLM("tiny", backend=b, mode="paged", device=str(DEVICE), dtype=torch.float32, engine_config=small)
-    for b in ("naive", "triton")
+    for b in ("naive", "torch", "triton")
 }
 ids = engines["naive"].tokenizer.encode("the cat sat on the mat and then ran far away")
 batch = ForwardBatch.from_sequences([ids, ids[:9]], [0, 0], DEVICE)
-logits = {b: e.model.forward(batch, NoKVCache(batch.cu_seqlens_q)) for b, e in engines.items()}  # [2, vocab]
+logits = {b: engines[b].model.forward(batch, NoKVCache(batch.cu_seqlens_q)) for b in ("naive", "triton")}
 diff = float((logits["naive"] - logits["triton"]).abs().max())
 scale = float(logits["naive"].abs().max())
 print(f"prefill logits [2, {config.vocab_size}]: max |naive - triton| = {diff:.1e} (largest logit {scale:.1f})")
@@ -764,8 +766,8 @@ assert diff <= 1e-4 * scale
 prompts = ["the cat sat on the mat", "hello there", "a dog ran quickly away from the market"]
 params = SamplingParams(max_tokens=4 if QUICK else 8, temperature=0, ignore_eos=True)
 tokens = {b: [o.token_ids for o in e.generate(prompts, params)] for b, e in engines.items()}
-assert tokens["naive"] == tokens["triton"]
-print("paged engine, 3 requests: naive and Triton backends generate the same tokens")
+assert tokens["naive"] == tokens["torch"] == tokens["triton"]
+print("paged engine, 3 requests: the naive, torch and triton tiers generate the same tokens")
 
 # %% [markdown]
 # ## 5. Measure: naive vs Triton speed
