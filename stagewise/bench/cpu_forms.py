@@ -2,13 +2,13 @@
 
     python -m stagewise.bench.cpu_forms [--threads 2] [--only gemm|attention] [--json cpu_forms.json]
 
-- paged decode attention: the reference loop (`paged_attention.one_by_one`, one gather and one
-  textbook attention per sequence) against the batched form (`paged_attention.naive`: one padded
+- paged decode attention: the textbook loop (`paged_attention.naive`, one gather and one
+  textbook attention per sequence) against the torch tier's batched form (`paged_attention_torch`: one padded
   gather and one fused `scaled_dot_product_attention` per group), for D decoding sequences of about
   L keys, SmolLM2-135M's heads (9 query heads, 3 KV heads, head_dim 64), float32, blocks shuffled;
-- the projection GEMM forms of `stages/gemm.py`, streaming SmolLM2-135M-sized weights: what
+- the projection GEMM forms of `stages/gemm_torch.py`, streaming SmolLM2-135M-sized weights: what
   `calibrate` measures (one M per bucket), and every form at M = 1, 3, 8, 12, 16, 32 (the table in
-  the docstring of `stages/gemm.py`).
+  the docstring of `stages/gemm_torch.py`).
 
 Variants alternate and each keeps its fastest of several rounds (the least disturbed by other work).
 """
@@ -24,7 +24,9 @@ from stagewise.bench.machine import machine_info
 from stagewise.bench.timing import compare
 from stagewise.errors import StagewiseError
 from stagewise.files import check_writable, write_text_atomic
-from stagewise.stages import gemm, paged_attention
+from stagewise.stages import gemm_torch as gemm
+from stagewise.stages import paged_attention, paged_attention_torch
+from stagewise.stages.attention_metadata import AttentionMetadata
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
@@ -38,17 +40,12 @@ def decode_inputs(num_seqs: int, length: int, seed: int = 0) -> dict:
     pool = max(4096, num_seqs * per_seq)
     table = torch.randperm(pool, generator=gen)[: num_seqs * per_seq].view(num_seqs, per_seq).to(torch.int32)
     shape = (pool, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    cu = list(range(num_seqs + 1))
     return {
         "q": torch.randn(num_seqs, HEADS, HEAD_DIM, generator=gen),
         "k_cache": torch.randn(shape, generator=gen),
         "v_cache": torch.randn(shape, generator=gen),
-        "block_table": table,
-        "seq_lens": torch.tensor(lens, dtype=torch.int32),
-        "cu_seqlens_q": torch.tensor(cu, dtype=torch.int32),
+        "metadata": AttentionMetadata.build([1] * num_seqs, lens, "cpu", block_table=table),
         "scale": HEAD_DIM**-0.5,
-        "cu_seqlens_q_host": cu,
-        "seq_lens_host": lens,
     }
 
 
@@ -59,8 +56,8 @@ def decode_attention_forms(batch_sizes=(1, 2, 4, 8, 16, 32), lengths=(64, 256, 1
             inputs = decode_inputs(num_seqs, length)
             timings = compare(
                 {
-                    "one_by_one": lambda i=inputs: paged_attention.one_by_one(**i),
-                    "batched": lambda i=inputs: paged_attention.naive(**i),
+                    "one_by_one": lambda i=inputs: paged_attention.naive(**i),
+                    "batched": lambda i=inputs: paged_attention_torch.paged_attention_torch(**i),
                 },
                 repeats=repeats,
             )
