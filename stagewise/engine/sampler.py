@@ -10,6 +10,7 @@ import torch
 
 from stagewise.engine.request import Request
 from stagewise.models.ops import StageOps
+from stagewise.stages import sampling as sampling_stage
 from stagewise.stages.sampling import SamplingTensors
 
 
@@ -35,7 +36,7 @@ def sample_next_tokens(ops: StageOps, logits: torch.Tensor, requests: list[Reque
         seeds=[r.seed for r in requests],
         device=logits.device,
     )
-    tokens = ops("sampling", logits=logits, sampling=sampling)  # [B, vocab] -> [B]
+    tokens = ops(sampling_stage, logits=logits, sampling=sampling)  # [B, vocab] -> [B]
     return (
         tokens.tolist()
     )  # the step's one device -> host read: the engine needs the ids (EOS, stop strings)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stagewise.parallel.shard import ShardPlan
+from stagewise.stages import embedding
 from stagewise.trace.hooks import active_tracer
 
 
@@ -41,7 +42,7 @@ class TensorParallelGroup:
         """Vocabulary-parallel lookup: ids [T], this rank's table [V/N, hidden] -> [T, hidden] on every rank."""
         local = ids - self.plan.vocab.start  # [T]: ids of this rank's slice become rows 0..V/N-1
         outside = (local < 0) | (local >= len(self.plan.vocab))  # [T] bool: ids another rank holds
-        rows = ops("embedding", ids=local.masked_fill(outside, 0), weight=weight)  # [T] -> [T, hidden]
+        rows = ops(embedding, ids=local.masked_fill(outside, 0), weight=weight)  # [T] -> [T, hidden]
         rows = rows.masked_fill(outside.unsqueeze(1), 0.0)  # another rank's ids contribute zero rows
         return self.all_reduce(rows)  # the sum over ranks: each token's one real row
 
