@@ -37,4 +37,4 @@ compile-gate: install
 # The interpreter kernel tests and the compile gate under triton 3.6 (the GPU machine's) in .venv-triton36
 test-triton36:
 	./scripts/venv_triton36.sh
-	.venv-triton36/bin/python -m pytest -q -x tests/kernels tests/test_compile_gate.py
+	.venv-triton36/bin/python -m pytest -q -x tests/kernels tests/devtools/test_compile_gate.py

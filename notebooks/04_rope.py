@@ -195,7 +195,7 @@ print("after unpermute_rows (our loader):", unpermute_rows(gguf_order[:, None], 
 # the scores are identical either way — as long as the weights and the RoPE
 # convention match. A mismatch (llama.cpp's rows with rotate-half RoPE) would
 # pair the wrong features and silently produce a worse model: the GGUF tests
-# (`tests/test_loaders.py`) compare against Hugging Face to catch exactly that.
+# (`tests/models/test_loaders.py`) compare against Hugging Face to catch exactly that.
 
 # %%
 perm = torch.from_numpy(np.stack([np.arange(d // 2), np.arange(d // 2) + d // 2], axis=1).reshape(-1))

@@ -162,7 +162,12 @@ def section_bench(dry_run: bool, ctx: dict) -> dict:
 
 def section_tests(dry_run: bool, ctx: dict) -> dict:
     # the GPU-only claims first (no sync in a step, graphs replay), then every kernel test
-    files = ["tests/test_host_sync.py", "tests/test_cuda_graphs.py", "tests/test_triton_model.py", "tests/kernels"]
+    files = [
+        "tests/engine/test_host_sync.py",
+        "tests/engine/test_cuda_graphs.py",
+        "tests/models/test_triton_model.py",
+        "tests/kernels",
+    ]
     if dry_run:
         cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *files]
     else:

@@ -1,1 +1,4 @@
-"""The engine: requests, the scheduler, runners for each mode, metrics and the `LLM` API (KV caches: `kv/`)."""
+"""The engine: requests, the scheduler, runners for each mode, metrics and the `LLM` API.
+
+The KV caches it runs over are the `kv/` package.
+"""

@@ -6,8 +6,9 @@ Metrics follow the seeds' definitions (chapter 4):
     TBT        = time between consecutive output tokens      (each decode step)
     TPS        = 1 / mean(TBT)                               (how fast the text streams out)
     latency    = last token time - arrival time  ==  TTFT + (n - 1) * mean(TBT)
-    throughput = output tokens / latency                     (one request: TTFT included, so below TPS;
-                                                              a run: all output tokens / its wall time)
+    throughput = output tokens / latency                     (one request: TTFT included,
+                                                              so below TPS; a run: all
+                                                              output tokens / its wall time)
 """
 
 import statistics
@@ -29,10 +30,10 @@ class RequestMetrics:
     tbt_p50: float  # median of tbt
     tbt_p99: float  # 99th percentile of tbt
     latency: float  # finish_time - arrival_time
-    tokens_per_s: (
-        float  # output tokens / latency: the request's throughput, TTFT included (not TPS)
-    )
-    tps: float  # 1 / mean(TBT), the seeds' TPS: tokens per second once decoding runs (0 with a single token)
+    # output tokens / latency: the request's throughput, TTFT included (not TPS)
+    tokens_per_s: float
+    # 1 / mean(TBT), the seeds' TPS: tokens per second once decoding runs (0 with a single token)
+    tps: float
 
     @staticmethod
     def of(req: Request) -> "RequestMetrics":

@@ -40,8 +40,9 @@ class TextStream:
         return self._settle(final=True)
 
     def _find_stop(self, text: str) -> tuple[int, str] | None:
-        """The earliest stop string in the text. When two complete on the same token ("x" + "ab" with stop
-        ("b", "a")), the earlier one in the text wins ("a": text "x"); vLLM tries them in list order ("b": "xa")."""
+        """The earliest stop string in the text. When two complete on the same token ("x" + "ab"
+        with stop ("b", "a")), the earlier one in the text wins ("a": text "x"); vLLM tries them in
+        list order ("b": "xa")."""
         best = None
         start = max(0, self.emitted - max((len(s) for s in self.stop), default=0))
         for s in self.stop:

@@ -30,7 +30,8 @@ def end_step(sampled: list[tuple[Request, int]]) -> None:
 
 
 def request_info(req: Request, num_scheduled: int, phase: str, **extra) -> dict:
-    """One scheduled request as the tracer shows it: num_computed_tokens -> +num_scheduled of num_tokens."""
+    """One scheduled request as the tracer shows it: num_computed_tokens -> +num_scheduled of
+    num_tokens."""
     return {
         "request_id": req.request_id,
         "num_computed_tokens": req.num_computed_tokens,

@@ -11,7 +11,7 @@ the calculator, the engine) on the same seeded inputs and prints one line:
 PASS, FAIL with the worst mismatch, "not yet" while the stub is a stub, or
 ERROR with the exception. It never raises, so an unsolved exercise never stops
 the notebook. `notebooks/solutions/` holds solved versions, and
-`tests/test_notebook_exercises.py` runs every check on them (and on wrong
+`tests/exercises/test_notebook_exercises.py` runs every check on them (and on wrong
 answers, which must fail).
 """
 

@@ -44,7 +44,7 @@ SHARED_MEMORY_PER_BLOCK = {
 MIN_CAPABILITY = 80  # Triton's supported minimum
 BEST_EFFORT_CAPABILITY = 75  # sm_75 in float16: only kernels the compile gate proves
 # Kernels the compile gate compiles for sm_75 in float16 within 64 KB and without spilling
-# (tests/test_compile_gate.py).
+# (tests/devtools/test_compile_gate.py).
 SM75_FP16 = frozenset(
     {
         "embedding",

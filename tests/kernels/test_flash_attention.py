@@ -18,6 +18,7 @@ from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.flash_attention import flash_attention
 from stagewise.stages import STAGES
 from stagewise.stages.attention import naive
+from stagewise.stages.attention_metadata import AttentionMetadata
 from tests.helpers import assert_close
 from tests.kernels.interpreter_loads import count_loaded_bytes
 
@@ -56,9 +57,14 @@ def packed_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, dtype, seed=
 
 
 def reference(inputs: dict) -> torch.Tensor:
-    """The naive stage in fp32 on the same (possibly bf16-rounded) inputs."""
-    floats = {n: t.float() if n in ("q", "k", "v") else t for n, t in inputs.items()}
-    return naive(**floats)
+    """The naive stage in fp32 on the same (possibly bf16-rounded) inputs, lengths as metadata."""
+    cu_q, cu_k = inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()
+    used = inputs.get("seqused_k")
+    seq_lens = used.tolist() if used is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
+    q_lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    meta = AttentionMetadata.build(q_lens, seq_lens, DEVICE, k_starts=cu_k)
+    q, k, v = (inputs[n].float() for n in ("q", "k", "v"))
+    return naive(q, k, v, meta, inputs["scale"])
 
 
 def test_online_softmax_tile_by_tile_equals_full_softmax():

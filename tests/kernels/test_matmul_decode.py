@@ -101,7 +101,9 @@ def test_matmul_dispatches_decode_shapes(m, dtype):
 def test_only_decode_shapes_without_a_fixed_config_take_the_split_kernel(monkeypatch):
     calls = []
     real = decode.matmul_decode
-    monkeypatch.setattr(matmul_module, "matmul_decode", lambda *args, **kw: calls.append(args[2].shape) or real(*args, **kw))
+    monkeypatch.setattr(
+        matmul_module, "matmul_decode", lambda *args, **kw: calls.append(args[2].shape) or real(*args, **kw)
+    )
     a, b = _operands(17, 40, 24, torch.float32)
     matmul_module.matmul(a[:16], b)
     matmul_module.matmul(a, b)  # 17 rows: the tiled GEMM

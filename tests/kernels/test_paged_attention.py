@@ -18,6 +18,7 @@ from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.paged_attention import paged_attention
 from stagewise.kernels.split_k import choose_num_splits
 from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.paged_attention import naive
 from tests.helpers import assert_close
 from tests.kernels.interpreter_loads import count_loaded_bytes
@@ -65,9 +66,12 @@ def paged_batch(seq_lens, q_lens, block_size, num_heads, num_kv_heads, head_dim,
 
 
 def reference(inputs: dict) -> torch.Tensor:
-    """The naive stage in fp32 on the same (possibly bf16-rounded) inputs."""
-    floats = {n: t.float() if n in ("q", "k_cache", "v_cache") else t for n, t in inputs.items()}
-    return naive(**floats)
+    """The naive stage in fp32 on the same (possibly bf16-rounded) inputs, lengths as metadata."""
+    cu_q = inputs["cu_seqlens_q"].tolist()
+    q_lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    meta = AttentionMetadata.build(q_lens, inputs["seq_lens"].tolist(), DEVICE, block_table=inputs["block_table"])
+    q, k_cache, v_cache = (inputs[n].float() for n in ("q", "k_cache", "v_cache"))
+    return naive(q, k_cache, v_cache, meta, inputs["scale"])
 
 
 def test_worked_example_uniform_attention_across_two_blocks():

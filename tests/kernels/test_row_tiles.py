@@ -16,6 +16,7 @@ import stagewise.kernels.embedding as embedding_kernel
 import stagewise.kernels.kv_store as kv_store_kernel
 import stagewise.kernels.row_tiles as row_tiles
 from stagewise.kernels.row_tiles import TileConfig, gpu_candidates, token_bucket, tokens_per_program, warps_for
+from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.embedding import naive as embedding_naive
 from stagewise.stages.ffn import silu_and_mul_naive
 from stagewise.stages.kv_store import naive as kv_store_naive
@@ -78,7 +79,7 @@ def test_kv_store_through_the_autotuner(monkeypatch):
     ours = [torch.zeros(10, 2, 16, device=DEVICE) for _ in range(2)]
     ref = [c.clone() for c in ours]
     kv_store_kernel.kv_store(k, v, *ours, slots)
-    kv_store_naive(k, v, *ref, slots)
+    kv_store_naive(k, v, *ref, AttentionMetadata.build([7], [7], DEVICE, slot_mapping=slots.tolist()))
     assert len(used) == 1 and _keys_are_arguments(used[0])
     assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
 

@@ -72,14 +72,14 @@ def test_report_reads_xdist_lines():
     from stagewise.devtools.device_check import test_report
 
     stdout = "\n".join([
-        "[gw1] [  3%] PASSED tests/test_host_sync.py::test_counter_sees_every_kind_of_read[item]",
-        "[gw0] [  6%] FAILED tests/test_cuda_graphs.py::test_graph_path_gives_the_eager_tokens[triton]",
+        "[gw1] [  3%] PASSED tests/engine/test_host_sync.py::test_counter_sees_every_kind_of_read[item]",
+        "[gw0] [  6%] FAILED tests/engine/test_cuda_graphs.py::test_graph_path_gives_the_eager_tokens[triton]",
         "[gw2] [  9%] SKIPPED tests/kernels/test_precision.py::test_tf32 ",
-        "[gw3] [ 12%] ERROR tests/test_triton_model.py::test_per_stage_override",
+        "[gw3] [ 12%] ERROR tests/models/test_triton_model.py::test_per_stage_override",
     ])  # fmt: skip
     report = test_report(stdout)
     assert report["counts"] == {"PASSED": 1, "FAILED": 1, "ERROR": 1, "SKIPPED": 1}
     assert report["failures"] == [
-        "FAILED tests/test_cuda_graphs.py::test_graph_path_gives_the_eager_tokens[triton]",
-        "ERROR tests/test_triton_model.py::test_per_stage_override",
+        "FAILED tests/engine/test_cuda_graphs.py::test_graph_path_gives_the_eager_tokens[triton]",
+        "ERROR tests/models/test_triton_model.py::test_per_stage_override",
     ]

@@ -253,7 +253,7 @@ def gguf_tokenizer_writer(model_file, add_space_prefix: bool = True):
 def test_gguf_sentencepiece_vocab_and_rope_freqs(tmp_path, model_dir, sp):
     """A GGUF with a "llama" vocabulary and llama.cpp's rope_freqs: same ids as sentencepiece,
     logits as transformers' LlamaForCausalLM with the same weights and llama3 RoPE scaling."""
-    from tests.test_rope_scaling import LLAMA3, llama_cpp_rope_freqs
+    from tests.stages.test_rope_scaling import LLAMA3, llama_cpp_rope_freqs
 
     model = round_embedding_to_q8_0(hf_tiny_model(seed=7, rope_scaling=dict(LLAMA3), vocab_size=VOCAB))
     path = write_gguf(
@@ -344,7 +344,7 @@ def test_save_hf_dir_round_trip(tok, tmp_path):
 @pytest.mark.oracle
 def test_hf_checkpoint_with_only_tokenizer_model(tmp_path, model_dir, sp):
     """A Llama 2 style Hugging Face directory: safetensors + config.json + tokenizer.model only."""
-    from tests.test_loaders import hf_logits
+    from tests.models.test_loaders import hf_logits
 
     model = hf_tiny_model(seed=9, vocab_size=VOCAB)
     model.save_pretrained(tmp_path, safe_serialization=True)
@@ -354,7 +354,7 @@ def test_hf_checkpoint_with_only_tokenizer_model(tmp_path, model_dir, sp):
     from stagewise.models.forward_batch import ForwardBatch, NoKVCache
     from stagewise.models.llama import LlamaModel
     from stagewise.models.ops import StageOps
-    from tests.test_loaders import PROMPTS
+    from tests.models.test_loaders import PROMPTS
 
     batch = ForwardBatch.from_sequences(PROMPTS, [0] * len(PROMPTS), "cpu")
     batch.last_token_index = torch.arange(batch.num_tokens)

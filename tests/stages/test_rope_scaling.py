@@ -19,7 +19,7 @@ from stagewise.models.registry import load_model
 from stagewise.stages.rope import build_cos_sin_cache, inverse_frequencies
 from tests.checkpoints import hf_tiny_model, write_gguf, write_hf_dir
 from tests.helpers import assert_close
-from tests.test_loaders import all_logits
+from tests.models.test_loaders import all_logits
 
 # Small numbers so that the tiny model (head_dim 16, theta 1e4) has pairs in all three llama3 regions:
 # wavelengths 6.3 (< 64/4: kept), 19.9 and 62.8 (blended), 199 and up (> 64/1: divided by factor).
@@ -109,7 +109,7 @@ def hf_logits_of(model, prompts) -> torch.Tensor:
 @pytest.mark.oracle
 @pytest.mark.parametrize("rope", [LLAMA3, LINEAR], ids=["llama3", "linear"])
 def test_hf_dir_with_rope_scaling_matches_transformers(tmp_path, rope, monkeypatch):
-    import tests.test_loaders as tl
+    import tests.models.test_loaders as tl
 
     monkeypatch.setattr(tl, "PROMPTS", LONG_PROMPTS)
     model = hf_tiny_model(seed=5, rope_scaling=dict(rope))
@@ -124,7 +124,7 @@ def test_hf_dir_with_rope_scaling_matches_transformers(tmp_path, rope, monkeypat
 @pytest.mark.oracle
 def test_gguf_rope_freqs_matches_transformers_llama3(tmp_path, monkeypatch):
     """A GGUF carrying llama.cpp's `rope_freqs.weight` gives transformers' llama3 logits."""
-    import tests.test_loaders as tl
+    import tests.models.test_loaders as tl
 
     monkeypatch.setattr(tl, "PROMPTS", LONG_PROMPTS)
     model = tl.round_embedding_to_q8_0(hf_tiny_model(seed=6, rope_scaling=dict(LLAMA3)))

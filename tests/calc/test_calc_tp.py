@@ -8,7 +8,7 @@ from stagewise.calc.hardware import HARDWARE
 from stagewise.calc.tensor_parallel import INTERCONNECTS, Interconnect, analyze_tp, ring_all_reduce_time
 from stagewise.config import PRESETS
 from stagewise.errors import StagewiseError
-from tests.test_calc import run_calc
+from tests.calc.test_calc import run_calc
 
 L405 = PRESETS["llama-3-405b"]
 

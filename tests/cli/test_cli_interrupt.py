@@ -51,7 +51,7 @@ def interrupt_when_busy(args: list[str], cwd: Path) -> subprocess.CompletedProce
     proc = subprocess.Popen(
         [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
         cwd=cwd,
-        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

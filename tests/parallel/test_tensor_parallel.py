@@ -242,13 +242,13 @@ def test_ctrl_c_shuts_every_rank_down(tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.test_cli_interrupt import ENV, cpu_seconds
+    from tests.cli.test_cli_interrupt import ENV, cpu_seconds
 
     args = ["generate", "hi", "--model", "tiny", "--tp", "2", "--mode", "naive", "--max-tokens", "1000", "--ignore-eos"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "stagewise.cli", *args],
         cwd=tmp_path,
-        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -296,12 +296,12 @@ def test_torchrun_on_one_machine(tmp_path, tiny):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists() and shutil.which("torchrun") is None:
         pytest.skip("no torchrun next to this Python")
-    from tests.test_cli_interrupt import ENV
+    from tests.cli.test_cli_interrupt import ENV
 
     expected = LLM(tiny).generate("hi there", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0].text
     cmd = [str(torchrun if torchrun.exists() else shutil.which("torchrun")), "--nproc-per-node", "2"]
     cmd += ["-m", "stagewise.cli", "generate", "hi there", "--model", "tiny", "--tp", "2", "--max-tokens", "5"]
-    env = {**ENV, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     res = subprocess.run(cmd + ["--ignore-eos"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout == expected + "\n"

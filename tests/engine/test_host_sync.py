@@ -101,7 +101,7 @@ def test_counter_sees_every_kind_of_read(kind):
     with HostReadCounter() as counter:
         PLANTED[kind](t)
     assert counter.reads, f"{kind}: not seen"
-    assert all(where.startswith("tests/test_host_sync.py:") for _, where in counter.reads), counter.reads
+    assert all(where.startswith("tests/engine/test_host_sync.py:") for _, where in counter.reads), counter.reads
     assert torch.Tensor.item is item  # the methods are restored afterwards
 
 
@@ -115,7 +115,7 @@ def test_counter_sees_a_read_planted_in_a_stage(tiny):
 
     llm.ops._fns["rope"] = rope_with_a_read
     reads, _ = counted_run(llm, ["Hi"], [SamplingParams(max_tokens=1, temperature=0)])
-    planted = [r for r in reads if r[1].startswith("tests/test_host_sync.py:")]
+    planted = [r for r in reads if r[1].startswith("tests/engine/test_host_sync.py:")]
     assert len(planted) == tiny.config.num_layers, reads  # one per layer
 
 

@@ -18,7 +18,7 @@ import torch
 from stagewise.exercises import CHECKS, result
 from tests.test_notebooks import EXPECTED
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CHECK_CALL = re.compile(r"""^check\(\s*["'](\d\d\.\w+)["']""", re.M)
 
 
