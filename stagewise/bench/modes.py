@@ -202,7 +202,10 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
 
 
 def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths: list[int], llms, progress) -> dict:
-    warm = BenchRequest(prompt, settings.prompt_tokens, settings.warmup_tokens).params()
+    # The warm-up never asks for more tokens than the longest measured run: the engine's max_model_len is sized
+    # for the measured runs, so `--output-lengths 2` with a 4-token warm-up would not fit it.
+    warm_tokens = min(settings.warmup_tokens, max(lengths))
+    warm = BenchRequest(prompt, settings.prompt_tokens, warm_tokens).params()
     for llm in llms.values():
         stream_timed(llm, [prompt], [warm])
     hf = None
@@ -212,7 +215,7 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
         hf = HFBaseline(settings.model, loaded.device, loaded.dtype)
         prompt_ids = loaded.tokenizer.encode(prompt)
         pad_id = loaded.tokenizer.pad_id if loaded.tokenizer.pad_id is not None else 0
-        hf.run([prompt_ids], [settings.warmup_tokens], 1, pad_id)
+        hf.run([prompt_ids], [warm_tokens], 1, pad_id)
     systems = [*llms, *settings.compare]
 
     total = sum(lengths) * len(systems) * settings.repeats
@@ -345,7 +348,7 @@ def modes_table(result: dict):
             f"weight streaming: {stream['decode_bytes'] / 1e6:.0f} MB per token at {stream['read_GBps']:.1f} GB/s "
             f"(plain read of {stream['probe_buffer_MiB']:.0f} MiB) = {stream['ms']:.2f} ms per token"
         )
-    if result.get("overhead"):
+    if any((result.get("overhead") or {}).values()):  # empty when runs are too short for a traced decode step
         parts.append(overhead_table(result["overhead"]))
     return Group(*parts)
 

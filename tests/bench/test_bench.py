@@ -138,6 +138,15 @@ def test_bench_modes_end_to_end(tmp_path):
     assert "attention" in result["overhead"]["kv"]["stages_ms"]
 
 
+def test_bench_modes_runs_the_shortest_output_length(tmp_path):
+    """2 tokens pass the check (one time between tokens); the 4-token warm-up once overflowed an engine sized for 2."""
+    args = ["--modes", "kv", "--prompt-tokens", "4", "--output-lengths", "2", "--repeats", "1"]
+    result = run_cli("modes", "--model", "tiny", "--out", str(tmp_path), *args)
+    data = load_result(tmp_path, "modes")
+    assert data["summary"]["kv"]["2"]["tbt_ms"] > 0
+    assert "decode step, traced" not in result.output  # too short for a traced decode step: no empty table
+
+
 def test_modes_guard_refuses_different_outputs(monkeypatch):
     real = modes.stream_timed
 
