@@ -28,14 +28,18 @@ from stagewise.models.weights import LayerWeights, LlamaWeights
 
 
 def open_gguf(path: str | Path):
-    """Open a GGUF file with clear errors for a missing, truncated or corrupt file."""
-    import gguf
+    """Open a GGUF file with clear errors for a missing, truncated or corrupt file.
+
+    The metadata (with the tokenizer's ~100 000 strings) is parsed by `gguf_metadata.py` in well
+    under a second; the tensors are memory-mapped by the `gguf` package and read when used.
+    """
+    from stagewise.models.gguf_metadata import GGUFMetadataReader
 
     path = Path(path)
     if not path.is_file():
         raise StagewiseError(f"model file not found: {path}")
     try:
-        return gguf.GGUFReader(path)
+        return GGUFMetadataReader(path)
     except Exception as exc:  # the reader raises ValueError, IndexError, struct errors, ...
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StagewiseError(

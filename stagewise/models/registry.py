@@ -68,7 +68,7 @@ def _load_files(
     from stagewise.models.hf_loader import config_from_hf, load_hf_dir
 
     def from_gguf(path: Path):
-        reader = open_gguf(path)  # parsed once (~2 s), shared by the weights and the tokenizer
+        reader = open_gguf(path)  # parsed once, shared by the weights and the tokenizer
         config = config_from_gguf(
             reader, str(path)
         )  # the architecture first: a clear error if not Llama
