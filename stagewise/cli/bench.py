@@ -9,7 +9,7 @@ minute (a smoke test, not a measurement) and writes to
 Every option is checked before the run starts: sizes >= 1 (0 is an error, not
 "the default"), the output folder writable, and an existing result file is
 replaced only when it was made with the same settings (or with `--overwrite`).
-The JSON and the PNG are written to temporary files and renamed into place.
+The JSON and the PNG are written to temporary files and renamed into place together.
 """
 
 import json
@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from stagewise.errors import StagewiseError
-from stagewise.files import check_writable, check_writable_folder
+from stagewise.files import atomic_paths, check_writable, check_writable_folder
 
 bench_app = typer.Typer(
     add_completion=False,
@@ -142,15 +142,22 @@ def progress_bar(console: Console) -> Progress:
 
 
 def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str) -> None:
-    """Print the table and notes, then write the JSON and the PNG (each atomically)."""
+    """Print the table and notes, then write the JSON and the PNG: both land together, or neither does.
+
+    Both go to temporary files first and are renamed into place only when both are complete, so a
+    failed plot, a full disk or Ctrl-C while the PNG saves leaves the old pair, never a new JSON beside
+    an old PNG.
+    """
     from stagewise.bench.machine import write_result_json
 
     console.print(table)
     for note in result.get("notes") or []:
         console.print(f"[bold red]note:[/] {note}")
-    json_path = write_result_json(result, out_dir / f"{name}.json")
-    png_path = out_dir / f"{name}.png"
-    plot(result, png_path)
+    json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_paths(json_path, png_path) as (json_tmp, png_tmp):
+        write_result_json(result, json_tmp)
+        plot(result, png_tmp)
     console.print(f"wrote {json_path} and {png_path}")
 
 

@@ -144,6 +144,25 @@ def test_interrupt_while_the_png_is_written(tmp_path, monkeypatch, capsys):
     )
     assert (code, err.strip()) == (130, "interrupted")
     assert (tmp_path / "modes.png").read_text() == OLD
+    assert (tmp_path / "modes.json").read_text() == OLD  # the pair lands together or not at all
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failed_plot_keeps_the_old_json_and_png(tmp_path):
+    """The JSON is complete when the plot fails: it must not be renamed over the old one alone."""
+    from rich.console import Console
+
+    from stagewise.cli.bench import finish
+
+    def failing_plot(result, path):
+        path.write_bytes(b"\x89PNG half")  # a real partial write into the temporary file...
+        raise OSError(28, "No space left on device")  # ...then the disk is full
+
+    for name in ("soak.json", "soak.png"):
+        (tmp_path / name).write_text(OLD)
+    with pytest.raises(OSError, match="No space"):
+        finish(Console(quiet=True), {"benchmark": "soak", "summary": {}}, "table", failing_plot, tmp_path, "soak")
+    assert [(tmp_path / n).read_text() for n in ("soak.json", "soak.png")] == [OLD, OLD]
     assert leftovers(tmp_path) == []
 
 
