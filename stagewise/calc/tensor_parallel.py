@@ -53,6 +53,16 @@ INTERCONNECTS: dict[str, Interconnect] = {
 }
 
 
+# The link each hardware preset ships with: an A100 SXM board has NVLink 3, the H100/H200 SXM boards NVLink 4.
+# A probed machine's link is unknown: PCIe 4.0 is the modest guess (say --interconnect when you know better).
+DEFAULT_INTERCONNECT = {"h100": "nvlink4", "h200": "nvlink4", "h100-seeds": "nvlink4", "a100": "nvlink3"}
+
+
+def default_interconnect(hardware: str) -> str:
+    """'a100' -> 'nvlink3', 'h100' -> 'nvlink4'; anything else (the probe) -> 'pcie4'."""
+    return DEFAULT_INTERCONNECT.get(hardware.strip().lower(), "pcie4")
+
+
 def get_interconnect(name: str) -> Interconnect:
     key = name.strip().lower()
     if key not in INTERCONNECTS:

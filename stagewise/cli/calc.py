@@ -16,52 +16,50 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stagewise.calc.roofline import Analysis, Quantity, analyze, load_hardware, load_model_config, seeds_table
 from stagewise.calc.seeds import seeds_worked_examples
 from stagewise.calc.units import human, seconds, si
 from stagewise.errors import StagewiseError
 from stagewise.files import check_writable, check_writable_folder, write_text_atomic
+from stagewise.trace.fit import Col, FitTable
 
 
-def _quantity_table(title: str, rows: list[tuple[str, Quantity]], explain: bool) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
+def _quantity_table(title: str, rows: list[tuple[str, Quantity]], explain: bool) -> FitTable:
+    cols = [Col("quantity", wrap=True, min_width=24), Col("value", "right")]
     if explain:
-        table.add_column("formula", overflow="fold")
-    for label, q in rows:
-        table.add_row(label, human(q), *([q.formula] if explain else []))
-    return table
+        cols.append(Col("formula", wrap=True, min_width=20))
+    return FitTable(title, cols, [[label, human(q), *([q.formula] if explain else [])] for label, q in rows])
 
 
-def _steps_table(a: Analysis, explain: bool) -> Table:
+def _steps_table(a: Analysis, explain: bool) -> FitTable:
+    """Prefill, decode and a naive step side by side; at 80 columns, split in two tables sharing `step`."""
     hw, n, b = a.hardware, a.context, a.batch
-    table = Table(
-        title=f"One step at the speed of light on {hw.name} ({a.dtype}), N={n:,}, B={b}", title_justify="left"
-    )
-    for col in ("step", "FLOPs", "bytes moved", "FLOP/B", "ridge", "compute", "memory", "time", "verdict"):
-        table.add_column(col, justify="left" if col in ("step", "verdict") else "right")
+    title = f"One step at the speed of light on {hw.name} ({a.dtype}), N={n:,}, B={b}"
+    names = ("step", "FLOPs", "bytes moved", "FLOP/B", "ridge", "compute", "memory", "time", "verdict")
+    cols = [Col(c, "left" if c in ("step", "verdict") else "right") for c in names]
     if explain:
-        table.add_column("FLOPs = / bytes =", overflow="fold")
+        cols.append(Col("FLOPs = / bytes =", wrap=True, min_width=30))
+    rows = []
     for step in (a.prefill, a.decode, a.naive):
-        table.add_row(
-            step.name,
-            si(step.flops.value, "FLOP"),
-            si(step.bytes.value, "B"),
-            f"{step.intensity.value:,.4g}",
-            f"{step.ridge.value:,.4g}",
-            seconds(step.compute_time.value),
-            seconds(step.memory_time.value),
-            seconds(step.time.value),
-            step.bound,
-            *([f"{step.flops.formula}\n{step.bytes.formula}"] if explain else []),
+        rows.append(
+            [
+                step.name,
+                si(step.flops.value, "FLOP"),
+                si(step.bytes.value, "B"),
+                f"{step.intensity.value:,.4g}",
+                f"{step.ridge.value:,.4g}",
+                seconds(step.compute_time.value),
+                seconds(step.memory_time.value),
+                seconds(step.time.value),
+                step.bound,
+                *([f"{step.flops.formula}\n{step.bytes.formula}"] if explain else []),
+            ]
         )
-    return table
+    return FitTable(title, cols, rows)
 
 
-def _print_analysis(console: Console, a: Analysis, explain: bool) -> None:
+def _print_analysis(console: Console, a: Analysis, explain: bool, tp: int = 1) -> None:
     cfg, hw, cap = a.model, a.hardware, a.capacity
     shape = (
         f"L={cfg.num_layers} hidden={cfg.hidden_size} inter={cfg.intermediate_size} H={cfg.num_heads} "
@@ -91,7 +89,11 @@ def _print_analysis(console: Console, a: Analysis, explain: bool) -> None:
     ]
     console.print(_quantity_table("The model, per token", rows, explain))
     console.print(_steps_table(a, explain))
-    fits = "" if cap.free_for_kv.value > 0 else " (the weights alone do not fit: try --tp, --devices or fp8)"
+    fits = ""
+    if cap.free_for_kv.value <= 0:  # with --tp the per-device table below answers it
+        fits = " (the weights alone do not fit on one device: " + (
+            f"see the --tp {tp} table below)" if tp > 1 else "try --tp, --devices or fp8)"
+        )
     rows = [
         (f"TTFT, {a.batch} prompt(s) of {a.context:,} tokens", a.prefill.time),
         ("time per output token (decode)", a.decode.time),
@@ -134,17 +136,19 @@ def _print_tp(console: Console, t, hw, context: int, explain: bool) -> None:
 
 
 def _print_seeds(console: Console, explain: bool) -> None:
-    table = Table(title="The seeds' worked numbers (Llama 3 405B, fp16, 1 PFLOP/s, 3.3 TB/s)", title_justify="left")
-    for col in ("ch", "quantity", "unit", "seed", "ours", "diff", "exact (real 405B)", "where the seeds simplify"):
-        table.add_column(col, overflow="fold", justify="right" if col in ("seed", "ours", "diff") else "left")
+    title = "The seeds' worked numbers (Llama 3 405B, fp16, 1 PFLOP/s, 3.3 TB/s)"
+    cols = [Col("ch"), Col("quantity", wrap=True, min_width=16), Col("unit")]
+    cols += [Col(c, "right") for c in ("seed", "ours", "diff")]
+    cols += [Col("exact (real 405B)", "right"), Col("where the seeds simplify", wrap=True, min_width=30)]
     if explain:
-        table.add_column("our formula", overflow="fold")
+        cols.append(Col("our formula", wrap=True, min_width=30))
+    rows = []
     for r in seeds_worked_examples():
         ok = "" if abs(r.rel_diff) <= r.tolerance else " !"
         exact = "same" if r.exact is None else f"{r.exact:,.5g}"
         cells = [r.chapter, r.quantity, r.unit, f"{r.seed:,.5g}", f"{r.ours:,.5g}", f"{r.rel_diff:+.2%}{ok}", exact]
-        table.add_row(*cells, r.note, *([r.formula] if explain else []))
-    console.print(table)
+        rows.append([*cells, r.note, *([r.formula] if explain else [])])
+    console.print(FitTable(title, cols, rows, keys=2))
 
 
 def calc(
@@ -157,7 +161,9 @@ def calc(
     tp: int = typer.Option(
         1, "--tp", "--tensor-parallel-size", help="split the model over N devices: per-device memory, all-reduce cost"
     ),
-    interconnect: str = typer.Option("nvlink4", help="link between the --tp devices: nvlink4, nvlink3, pcie5, pcie4"),
+    interconnect: str | None = typer.Option(
+        None, help="link between the --tp devices: nvlink4, nvlink3, pcie5, pcie4 (default: the hardware's own)"
+    ),
     explain: bool = typer.Option(False, "--explain", help="show the formula next to each number"),
     seeds: bool = typer.Option(False, "--seeds", help="print the seeds' worked examples next to ours"),
     plot: str | None = typer.Option(None, help="write roofline.png and kv_memory.png into this directory"),
@@ -173,13 +179,13 @@ def calc(
         check_writable_folder(folder, "--plot")
     if json_out is not None:
         check_writable(json_out, "--json-out")
-    from stagewise.calc.tensor_parallel import analyze_tp, get_interconnect
+    from stagewise.calc.tensor_parallel import analyze_tp, default_interconnect, get_interconnect
 
     if tp < 1:
         raise StagewiseError(f"--tp must be >= 1, got {tp}")
     if tp > 1 and devices > 1:
         raise StagewiseError("give --tp (N devices with all-reduces) or --devices (N ideal devices as one), not both")
-    link = get_interconnect(interconnect)
+    link = get_interconnect(interconnect if interconnect is not None else default_interconnect(hardware))
     config = load_model_config(model)
     hw = load_hardware(hardware).scaled(devices)
     result = analyze(config, hw, context=context, batch=batch, dtype=dtype)
@@ -187,7 +193,7 @@ def calc(
     if tp > 1:
         tp_result = analyze_tp(config, hw, tp, result.dtype, result.dtype_bytes, context, batch, link)
     console = Console()
-    _print_analysis(console, result, explain)
+    _print_analysis(console, result, explain, tp)
     if tp_result is not None:
         _print_tp(console, tp_result, hw, context, explain)
     if seeds:
