@@ -20,6 +20,15 @@ a collective timeout (a stuck rank), Ctrl-C — shuts every rank down, because
 the ranks' collectives are out of step from then on, and rank 0 raises one
 `TensorParallelError` naming the rank and the reason. The LLM then refuses
 further steps with a clear message; make a new one.
+
+Ctrl-C may come twice, and the second one may land anywhere, in the middle of
+the cleanup too. So the cleanup is written to be interrupted: the model is
+marked closed before anything else, an interrupt does not wait for the
+workers' reasons (they have none: rank 0 stopped them), the killing of the
+workers runs to its end whatever lands meanwhile, and a step that was left
+half-done without that (the interrupt came before the cleanup began) is
+noticed by the next call, which then ends the ranks instead of joining
+collectives nobody else is in.
 """
 
 import weakref
@@ -63,6 +72,7 @@ _RUNNING: dict[tuple, "TensorParallelModel"] = {}
 
 def tensor_parallel_model(loaded: LoadedModel, ops, pcfg: ParallelConfig) -> "TensorParallelModel":
     """A running TensorParallelModel for these weights, N and backends (started, or shared), one user more."""
+    launch.exit_if_reimported()  # a worker re-running an unguarded script: leave before starting ranks again
     key = (id(loaded.weights), pcfg, tuple(sorted(ops.backends.items())))
     model = _RUNNING.get(key)
     if model is None or model._closed is not None:
@@ -105,6 +115,8 @@ class TensorParallelModel:
 
     def forward(self, batch, kv) -> torch.Tensor:
         """The runners' one call: the same forward on every rank; -> logits [B, vocab] on rank 0."""
+        if self._closed is None and self.ranks.in_step:  # the last step never finished, nor cleaned up
+            self._fail(KeyboardInterrupt())
         if self._closed is not None:
             raise TensorParallelError(self._closed)
         tracer = active_tracer()
@@ -112,6 +124,7 @@ class TensorParallelModel:
         if tracer is not None:
             index = tracer.steps[-1].index if tracer.steps else 0
             trace = TraceRequest(timing=tracer.timing, t0=tracer._t0, index=index)
+        self.ranks.in_step = True
         try:
             box = [step_message(batch, kv, trace)]
             dist.broadcast_object_list(box, src=0, group=self.group.control_group)  # -> every worker's loop
@@ -124,15 +137,20 @@ class TensorParallelModel:
         except BaseException as exc:
             self._fail(exc)
             raise
+        self.ranks.in_step = False
         return logits
 
     def _fail(self, exc: BaseException) -> None:
         """Shut every rank down and say which rank failed and why (KeyboardInterrupt stays itself)."""
-        reasons = self.ranks.reasons()  # what the workers reported before exiting, if anything
-        self._stop()
         if isinstance(exc, KeyboardInterrupt):
             self._closed = "the tensor-parallel ranks were shut down by an interrupted step; create a new LLM"
+            _to_the_end(self._stop)  # no reasons to wait for: the workers are fine, rank 0 stops them
             return
+        self._closed = "the tensor-parallel run failed earlier; create a new LLM"  # first: in case of Ctrl-C
+        try:
+            reasons = self.ranks.reasons()  # what the workers reported before exiting, if anything
+        finally:
+            _to_the_end(self._stop)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if not reasons and "timed out" in first.lower():
             waited = f"timeout_s={self.pcfg.timeout_s:g} s"
@@ -162,20 +180,42 @@ class TensorParallelModel:
         if self._closed is None:
             self._closed = "this LLM was shut down"
             self._finalizer.detach()
-            _shutdown(self.ranks)
+            try:
+                _shutdown(self.ranks)
+            except KeyboardInterrupt:  # Ctrl-C while the workers leave: end them now, then stop
+                _to_the_end(self.ranks.stop)
+                raise
 
     def describe(self) -> dict:
         return {"tensor_parallel_size": self.world_size, "tp_backend": self.backend}
 
 
 def _shutdown(ranks) -> None:
-    """The orderly end: Shutdown to every worker, then join (and kill any that does not leave)."""
+    """The orderly end: Shutdown to every worker, then join (and kill any that does not leave).
+
+    Not after a step left half-done: the workers wait in its collectives and would never read Shutdown."""
     try:
-        if ranks.control_group is not None:
+        if ranks.control_group is not None and not ranks.in_step:
             dist.broadcast_object_list([Shutdown()], src=0, group=ranks.control_group)
     except Exception:  # noqa: BLE001 - a broken group: stop() kills what is left
         pass
-    ranks.stop(orderly=True)
+    ranks.stop(orderly=not ranks.in_step)
+
+
+def _to_the_end(cleanup) -> None:
+    """Run `cleanup` (idempotent) to its end even if Ctrl-C lands meanwhile; then raise that interrupt.
+
+    A KeyboardInterrupt can surface between any two bytecodes, so the cleanup simply starts again
+    (every step of it may run twice); an interrupt that came during the cleanup is raised after it."""
+    interrupt = None
+    while True:
+        try:
+            cleanup()
+            break
+        except KeyboardInterrupt as exc:
+            interrupt = exc
+    if interrupt is not None:
+        raise interrupt
 
 
 def serve_torchrun_worker(loaded: LoadedModel, ops, pcfg: ParallelConfig, rank: int) -> None:

@@ -12,9 +12,28 @@ Many machines: torchrun starts one process per rank on every node and sets
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the same script runs
 everywhere, `init_process_group(init_method="env://")` joins them, and
 `LLM(...)` on a rank other than 0 serves rank 0 until it is done (README).
+
+Who may talk to the ranks. The store is a key-value server with no
+authentication, and the control group carries pickled Python objects: a
+process that joins either can run code in every rank. So on one machine
+everything listens on the loopback address only: the store's socket is bound
+to 127.0.0.1 here and handed to the store already listening (torch's own
+server would bind every interface, whatever host name it is given), and gloo's
+connections between the ranks use the loopback interface too. Processes of
+other users on the same machine can still reach loopback; across machines
+(torchrun) the store and gloo listen on the network, so run multi-node jobs
+only on a network where every host is trusted (a private cluster network,
+not one shared with strangers), as with any torch.distributed job.
+
+Spawning re-imports the main module in every worker. A script whose top
+level builds the LLM without an `if __name__ == "__main__":` guard would start
+tensor parallelism again inside each worker; the worker notices (it is still
+importing) and leaves at once with `REIMPORTED_EXIT`, and rank 0 says what
+to add.
 """
 
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,6 +50,12 @@ from stagewise.stages import gemm
 
 HOST = "127.0.0.1"  # the spawned ranks all live on this machine
 JOIN_S = 10.0  # how long an orderly shutdown waits for a worker before killing it
+WORKER_NAME = "stagewise-tp-rank"  # + the rank: the worker processes' names (multiprocessing)
+REIMPORTED_EXIT = 87  # a worker's exit status when it found itself re-running an unguarded script's top level
+MAIN_GUARD_HINT = (
+    "tensor parallelism spawns its workers, and each worker re-imports your script: put the script's "
+    'top-level code (at least everything that builds the LLM) under `if __name__ == "__main__":`'
+)
 
 
 def torchrun_rank() -> int | None:
@@ -49,6 +74,7 @@ class Ranks:
     store: object = None  # the TCPStore every rank met at (spawned ranks)
     control_group: object = None  # set once the groups exist
     world_size: int = 1
+    in_step: bool = False  # rank 0 is inside a step: the workers wait in its collectives, not for Shutdown
 
     def reasons(self, wait_s: float = 2.0) -> list[str]:
         """What failed workers reported ("rank 1: RuntimeError: ..."), or how they ended."""
@@ -108,9 +134,7 @@ def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
             f"NCCL puts one rank per GPU: tensor_parallel_size={n} needs {n} GPUs, this machine has "
             f"{torch.cuda.device_count()}"
         )
-    ranks.store = dist.TCPStore(
-        HOST, 0, n, is_master=True, timeout=timedelta(seconds=pcfg.start_timeout_s), wait_for_workers=False
-    )  # port 0: the OS picks a free one
+    ranks.store = loopback_store(n, timedelta(seconds=pcfg.start_timeout_s))
     ctx = mp.get_context("spawn")
     try:
         for plan in plans[1:]:
@@ -135,7 +159,7 @@ def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
                 os.getpid(),
                 gemm.CPU_FORMS,
             )
-            proc = ctx.Process(target=worker_main, args=(args,), name=f"stagewise-tp-rank{plan.rank}", daemon=True)
+            proc = ctx.Process(target=worker_main, args=(args,), name=f"{WORKER_NAME}{plan.rank}", daemon=True)
             proc.start()
             writer.close()  # the worker holds the write end now
             ranks.processes[plan.rank], ranks.errors[plan.rank] = proc, reader
@@ -143,6 +167,43 @@ def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
         ranks.stop()
         raise
     return ranks
+
+
+def loopback_store(world_size: int, timeout: timedelta):
+    """Rank 0's TCPStore, listening on 127.0.0.1 only, on a port the OS picks.
+
+    torch's store server binds every interface for any host name it is given, so the socket is made here:
+    bound to loopback, listening, then handed over by file descriptor. `detach()` gives the descriptor to
+    the store, which closes it when it is destroyed; a Python socket object left holding it would close it
+    when garbage-collected, under the store's server thread (clients then time out, or the thread aborts).
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((HOST, 0))  # port 0: the OS picks a free one
+        listener.listen(world_size + 16)
+        port = listener.getsockname()[1]
+        fd = listener.detach()
+    except BaseException:
+        listener.close()
+        raise
+    try:
+        return dist.TCPStore(
+            HOST, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def exit_if_reimported() -> None:
+    """In a worker that is still importing the user's script (spawn re-runs `__main__`): leave at once.
+
+    Reaching `LLM(..., tensor_parallel_size=N)` there means the script builds it at import time, with no
+    `__name__` guard; rank 0 turns this exit status into `MAIN_GUARD_HINT`.
+    """
+    me = mp.current_process()
+    if getattr(me, "_inheriting", False) and me.name.startswith(WORKER_NAME):  # set by spawn while preparing
+        os._exit(REIMPORTED_EXIT)
 
 
 def _shared(weights):
@@ -161,6 +222,8 @@ def join_as_rank0(ranks: Ranks, pcfg: ParallelConfig, backend: str):
     for rank in ranks.processes:
         while not ranks.store.check([f"ready/{rank}"]):
             dead = [r for r, p in ranks.processes.items() if not p.is_alive()]
+            if any(ranks.processes[r].exitcode == REIMPORTED_EXIT for r in dead):
+                raise StagewiseError(MAIN_GUARD_HINT)
             if dead:
                 why = "; ".join(ranks.reasons()) or f"rank {dead[0]} exited"
                 raise StagewiseError(f"a tensor-parallel worker failed to start ({why})")

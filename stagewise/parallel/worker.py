@@ -13,13 +13,18 @@ Started by `parallel/launch.py` with torch.multiprocessing (one machine), or
 by torchrun on every node (`LLM(...)` on a rank other than 0 calls `serve`).
 A worker never outlives rank 0: it ignores Ctrl-C (rank 0 shuts it down),
 its collectives time out, and a watchdog ends it if its parent disappears.
+It leaves quietly: after rank 0 is gone the command has ended, and a worker
+that printed its broken collective's traceback then would write into the
+user's terminal, over whatever they do next.
 """
 
 import os
 import signal
+import socket
 import threading
 import time
 import traceback
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -43,11 +48,35 @@ FAULT_ENV = "STAGEWISE_TP_FAULT"  # tests: "RANK:STEP:raise|exit|hang" makes tha
 
 
 def join_group(rank: int, pcfg: ParallelConfig, backend: str, store=None):
-    """init_process_group (data group) + a gloo control group; returns the control group."""
+    """init_process_group (data group) + a gloo control group; returns the control group.
+
+    With `store` (rank 0's loopback store: every rank on this machine) gloo listens on loopback too."""
     where = {"store": store} if store is not None else {"init_method": "env://"}  # torchrun sets MASTER_ADDR, ...
     timeout = timedelta(seconds=pcfg.timeout_s)
-    dist.init_process_group(backend, rank=rank, world_size=pcfg.tensor_parallel_size, timeout=timeout, **where)
-    return dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    with gloo_on_loopback() if store is not None else nullcontext():
+        dist.init_process_group(backend, rank=rank, world_size=pcfg.tensor_parallel_size, timeout=timeout, **where)
+        return dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+
+
+@contextmanager
+def gloo_on_loopback():
+    """Make the gloo groups created inside listen on the loopback interface (all ranks are on this machine).
+
+    gloo binds the address this machine's host name resolves to, which may be a network address; its
+    `GLOO_SOCKET_IFNAME` picks the interface instead. Read when a group is created, restored after.
+    """
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+    old = os.environ.get("GLOO_SOCKET_IFNAME")
+    if lo is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = lo
+    try:
+        yield
+    finally:
+        if lo is not None:
+            if old is None:
+                os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            else:
+                os.environ["GLOO_SOCKET_IFNAME"] = old
 
 
 def build_model(config: ModelConfig, plan: ShardPlan, shard: LlamaWeights, device, dtype, backends, group):
@@ -138,9 +167,21 @@ def worker_main(args: WorkerArgs) -> None:
         serve(model, group)
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - whatever it is, rank 0 must hear why, then this process ends
+        _leave(args, exc)
+
+
+def _leave(args: WorkerArgs, exc: BaseException) -> None:
+    """Tell rank 0 why this worker fails, in one line, then end the process (never a traceback).
+
+    When rank 0 is gone (killed: every collective then fails with "connection closed") nobody is left to
+    tell, and the command has ended: the worker exits without a word, as its watchdog would."""
+    if os.getppid() == args.parent_pid:
         lines = traceback.format_exception_only(type(exc), exc)
-        args.errors.send(lines[-1].strip() if lines else type(exc).__name__)
-        os._exit(1)  # no cleanup that could wait on a broken group
+        try:
+            args.errors.send(lines[-1].strip() if lines else type(exc).__name__)
+        except OSError:  # BrokenPipeError: rank 0 died a moment ago
+            pass
+    os._exit(1)  # no cleanup that could wait on a broken group
 
 
 def _watch_parent(parent_pid: int) -> None:
