@@ -1,0 +1,239 @@
+"""Fused dequantize-GEMM: `c = a @ w` with w read as 4- or 8-bit group codes plus float16 scales.
+
+    a [M, K] @ w [K, N] -> c [M, N]       w stored out-major: codes [N, K/2] uint8 (4-bit, two
+                                          per byte) or [N, K] int8, scales (and mins) [N, K/G]
+
+Every program loads a [BLOCK_K, BLOCK_N] tile of *codes* (a quarter of the
+bytes of float16 weights for 4 bits), the scale of each code's group, expands
+the tile in registers by the block formula
+
+    w[k, n] = d[n, k // G] * (q[n, k] - OFFSET) + m[n, k // G]
+
+and feeds it to `tl.dot`, accumulating in fp32. Only packed bytes leave
+memory: that is the whole point for decode, where a step's time is the time
+to stream the weights (4-bit: ~0.6 bytes per weight instead of 2).
+
+The 4-bit nibble order is GGUF's (byte i of a group holds value i in its low
+nibble and value i + G/2 in its high one), so code k sits in byte
+(k // G) * G/2 + k % (G/2), shifted by 4 when k % G >= G/2.
+
+Decode (M <= 16): one BLOCK_M = 16 tile of rows and split-K as in
+`kernels/matmul_decode.py` (programs per (tile of N, range of K), fp32
+partials summed in a fixed order by its reduce kernel); prefill: tiles of M
+too and no split. BLOCK_K is a multiple of G, so a step never cuts a group.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from stagewise.kernels import INTERPRETER
+from stagewise.kernels.checks import KernelInputError
+from stagewise.kernels.matmul_decode import split_k_sum, split_plan
+from stagewise.kernels.precision import dot_policy, round_to_bf16
+from stagewise.kernels.split_k import num_sms
+
+DECODE_MAX_M = 16  # M up to this runs the split-K decode launch (one 16-row tile)
+GROUP_SIZE = 32  # values per group (the packed format's G)
+
+
+@triton.jit
+def _dequant_matmul_kernel(
+    a_ptr,  # [M, K] activations, any strides
+    codes_ptr,  # [N, K/2] uint8 (BITS = 4) or [N, K] int8 (BITS = 8), rows contiguous
+    scales_ptr,  # [N, K/G] float16: d per group
+    mins_ptr,  # [N, K/G] float16: m per group (HAS_MINS), else any pointer
+    out_ptr,  # c [M, N], or [SPLIT_K, M, N] fp32 partials when K is split
+    M,  # rows of a and c
+    N,  # output features
+    K,  # input features (a multiple of GROUP)
+    K_PER_SPLIT,  # depth of K each split walks, a multiple of BLOCK_K
+    stride_am,  # elements between rows of a
+    stride_ak,  # elements between columns of a
+    stride_codes,  # bytes between rows of codes
+    stride_scales,  # elements between rows of scales and mins
+    stride_os,  # elements between consecutive splits' partials (0: out is c)
+    stride_om,  # elements between rows of out
+    stride_on,  # elements between columns of out
+    BITS: tl.constexpr,  # 4 or 8
+    OFFSET: tl.constexpr,  # subtracted from every code (q4_0: 8)
+    HAS_MINS: tl.constexpr,  # True: + m per group (q4_1)
+    GROUP: tl.constexpr,  # values per group
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
+    FP32_DOTS: tl.constexpr,  # dot in fp32 (fp32 activations, or bf16 in the interpreter)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 tiles
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # a multiple of GROUP
+):
+    tile_m = tl.program_id(0)  # which BLOCK_M rows of c
+    tile_n = tl.program_id(1)  # which BLOCK_N columns of c
+    split = tl.program_id(2)  # which range of K
+    k_start = split * K_PER_SPLIT
+    k_stop = tl.minimum(K, k_start + K_PER_SPLIT)
+
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_w = offs_n.to(tl.int64)  # storage rows of codes / scales: one per output feature
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
+    for k0 in range(k_start, k_stop, BLOCK_K):
+        ks = k0 + offs_k  # [BLOCK_K] positions along K
+        mask_k = ks < k_stop
+        a = tl.load(
+            a_ptr + offs_m[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak,
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_K]
+        tile_mask = mask_k[:, None] & mask_n[None, :]  # [BLOCK_K, BLOCK_N]
+        if BITS == 4:
+            j = ks % GROUP  # position inside the group
+            byte = (ks // GROUP) * (GROUP // 2) + j % (GROUP // 2)  # [BLOCK_K] byte in the row
+            shift = (j // (GROUP // 2)) * 4  # 0: low nibble, 4: high nibble
+            raw = tl.load(
+                codes_ptr + rows_w[None, :] * stride_codes + byte[:, None], mask=tile_mask, other=0
+            )  # [BLOCK_K, BLOCK_N] uint8, each byte read for its two codes
+            q = (raw.to(tl.int32) >> shift[:, None]) & 0xF
+        else:
+            q = tl.load(
+                codes_ptr + rows_w[None, :] * stride_codes + ks[:, None], mask=tile_mask, other=0
+            ).to(tl.int32)  # [BLOCK_K, BLOCK_N] signed codes
+        groups = rows_w[None, :] * stride_scales + (ks // GROUP)[:, None]  # [BLOCK_K, BLOCK_N]
+        d = tl.load(scales_ptr + groups, mask=tile_mask, other=0.0).to(tl.float32)
+        w = d * (q - OFFSET).to(tl.float32)  # [BLOCK_K, BLOCK_N] the weights, fp32
+        if HAS_MINS:
+            w += tl.load(mins_ptr + groups, mask=tile_mask, other=0.0).to(tl.float32)
+        if FP32_DOTS:
+            a = a.to(tl.float32)
+        else:
+            w = w.to(a.dtype)  # 16-bit tensor-core dot (W4A16): the expanded tile in a's dtype
+        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+
+    if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
+        acc = round_to_bf16(acc)
+    out_ptrs = (
+        out_ptr
+        + split.to(tl.int64) * stride_os
+        + offs_m[:, None].to(tl.int64) * stride_om
+        + offs_n[None, :] * stride_on
+    )
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@dataclass(frozen=True)
+class DequantConfig:
+    block_m: int  # rows of c per program (16 for decode: tl.dot's minimum)
+    block_n: int  # output features per program
+    block_k: int  # depth of one step along K: a multiple of GROUP_SIZE
+    split_k: int  # K ranges per tile (1: the program stores c itself)
+    num_warps: int = 4  # GPU only
+    num_stages: int = 3  # GPU only
+
+
+# Under the interpreter: few, small programs (tests use tiny shapes); split in two where K allows.
+INTERPRETER_DECODE = DequantConfig(block_m=16, block_n=32, block_k=32, split_k=2)
+INTERPRETER_PREFILL = DequantConfig(block_m=32, block_n=32, block_k=32, split_k=1)
+GPU_PREFILL = DequantConfig(
+    block_m=64, block_n=64, block_k=64, split_k=1, num_warps=4, num_stages=3
+)
+GPU_DECODE_TILE = (64, 128, 4, 4)  # (block_n, block_k, num_warps, num_stages) of the decode tile
+PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
+
+
+def dequant_config(m: int, n: int, k: int, sms: int | None) -> DequantConfig:
+    """The launch for this shape: decode (M <= 16) splits K to fill the GPU, prefill tiles M."""
+    if m > DECODE_MAX_M:
+        return INTERPRETER_PREFILL if sms is None else GPU_PREFILL
+    if sms is None:
+        return INTERPRETER_DECODE
+    block_n, block_k, warps, stages = GPU_DECODE_TILE
+    wanted = max(1, min(16, -(-PROGRAMS_PER_SM * sms // -(-n // block_n))))
+    _, splits = split_plan(k, block_k, wanted)
+    return DequantConfig(16, block_n, block_k, splits, warps, stages)
+
+
+def dequant_matmul(
+    a: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None,
+    *,
+    bits: int,
+    offset: int,
+    group_size: int = GROUP_SIZE,
+    config: DequantConfig | None = None,
+) -> torch.Tensor:
+    """a [M, K] float @ packed w [K, N] -> c [M, N] in a's dtype (see the module docstring)."""
+    _check(a, codes, scales, mins, bits, group_size)
+    m, k = a.shape
+    n = codes.shape[0]
+    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    if m == 0 or n == 0:
+        return c
+    cfg = config or dequant_config(m, n, k, num_sms(a.device))
+    if cfg.block_k % group_size:
+        raise KernelInputError(f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}")
+    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    out = c if splits == 1 else torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
+    policy = dot_policy(a.dtype)
+    grid = (-(-m // cfg.block_m), -(-n // cfg.block_n), splits)
+    _dequant_matmul_kernel[grid](
+        a_ptr=a,
+        codes_ptr=codes,
+        scales_ptr=scales,
+        mins_ptr=scales if mins is None else mins,
+        out_ptr=out,
+        M=m,
+        N=n,
+        K=k,
+        K_PER_SPLIT=k_per_split,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_codes=codes.stride(0),
+        stride_scales=scales.stride(0),
+        stride_os=out.stride(0) if splits > 1 else 0,
+        stride_om=out.stride(-2),
+        stride_on=out.stride(-1),
+        BITS=bits,
+        OFFSET=offset,
+        HAS_MINS=mins is not None,
+        GROUP=group_size,
+        INTERPRETED=INTERPRETER,
+        FP32_DOTS=policy.fp32_dots,
+        INPUT_PRECISION=policy.input_precision,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        split_k_sum(out, c)  # fixed order 0, 1, ...: the same bits every run
+    return c
+
+
+def _check(a, codes, scales, mins, bits: int, group_size: int) -> None:
+    """Shapes and dtypes of one call, each wrong one a one-line KernelInputError."""
+    if a.dim() != 2 or a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise KernelInputError(f"dequant_matmul: a must be 2-D float, got {a.dtype} {a.shape}")
+    code_dtype = torch.uint8 if bits == 4 else torch.int8
+    per_byte = 2 if bits == 4 else 1
+    k = a.shape[1]
+    if bits not in (4, 8) or codes.dtype != code_dtype or codes.dim() != 2:
+        raise KernelInputError(f"dequant_matmul: {bits}-bit codes must be 2-D {code_dtype}")
+    if codes.shape[1] * per_byte != k or k % group_size:
+        raise KernelInputError(
+            f"dequant_matmul: codes {tuple(codes.shape)} do not hold K = {k} "
+            f"in groups of {group_size}"
+        )
+    groups = (codes.shape[0], k // group_size)
+    for name, t in (("scales", scales), ("mins", mins)):
+        if t is not None and (t.dtype != torch.float16 or tuple(t.shape) != groups):
+            raise KernelInputError(f"dequant_matmul: {name} must be float16 {list(groups)}")
+    for name, t in (("codes", codes), ("scales", scales), ("mins", mins)):
+        if t is not None and (t.stride(-1) != 1 or t.device != a.device):
+            raise KernelInputError(f"dequant_matmul: {name} rows must be contiguous, on a's device")

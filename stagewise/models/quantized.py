@@ -1,0 +1,117 @@
+"""GGUF's quantized blocks -> `PackedWeight`, and the `quantization=` choice of a load.
+
+A GGUF tensor of type Q4_0, Q4_1 or Q8_0 is a run of fixed-size blocks, one
+per 32 consecutive weights of a row (llama.cpp's `block_q4_0` etc.):
+
+    Q4_0   18 bytes: d (float16) | 16 bytes of codes (two per byte)
+    Q4_1   20 bytes: d (float16) | m (float16) | 16 bytes of codes
+    Q8_0   34 bytes: d (float16) | 32 signed codes (int8)
+
+`packed_from_blocks` separates them, without changing a bit: the codes of all
+blocks of a row side by side in one tensor, d (and m) in another, so a kernel
+reads each with plain strides (`stages/packed_weight.py` draws the layout).
+Every other type (F32, F16, the K-quants, ...) is dequantized at load as
+before; a K-quant, which would be worth keeping, gets a one-line notice.
+"""
+
+import sys
+
+import numpy as np
+import torch
+
+from stagewise.errors import StagewiseError
+from stagewise.stages.packed_weight import GROUP_SIZE, PackedWeight
+
+QUANTIZATION = ("auto", "none")  # LLM(quantization=...): keep the file's types, or dequantize all
+KEPT = {"Q4_0": ("q4_0", 18), "Q4_1": ("q4_1", 20), "Q8_0": ("q8_0", 34)}  # name -> kind, bytes
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")  # super-blocks of 256 values
+
+
+def check_quantization(quantization: str) -> str:
+    if quantization not in QUANTIZATION:
+        raise StagewiseError(
+            f"unknown quantization '{quantization}'; use one of {', '.join(QUANTIZATION)}"
+        )
+    return quantization
+
+
+def kept_kind(type_name: str, quantization: str) -> str | None:
+    """The packed kind a GGUF tensor type is kept as under `quantization`, or None (dequantize)."""
+    if quantization == "none" or type_name not in KEPT:
+        return None
+    return KEPT[type_name][0]
+
+
+def packed_from_blocks(
+    data: np.ndarray, type_name: str, shape: tuple[int, int], name: str
+) -> PackedWeight:
+    """A GGUF tensor's raw blocks (uint8) of an [out, in] matrix -> PackedWeight [in, out].
+
+    Refuses, with one line, data whose size does not match the shape (a truncated or corrupt file).
+    """
+    kind, block_bytes = KEPT[type_name]
+    out_f, in_f = shape
+    if in_f % GROUP_SIZE:
+        raise StagewiseError(f"{name}: {type_name} rows of {in_f} values are not whole blocks")
+    blocks_per_row = in_f // GROUP_SIZE
+    raw = np.asarray(data, dtype=np.uint8).reshape(-1)
+    expected = out_f * blocks_per_row * block_bytes
+    if raw.size != expected:
+        raise StagewiseError(
+            f"{name}: {type_name} data holds {raw.size} bytes, a [{out_f}, {in_f}] matrix needs "
+            f"{expected} (truncated or corrupt?)"
+        )
+    blocks = raw.reshape(out_f, blocks_per_row, block_bytes)  # [N, K/32, bytes per block]
+
+    def f16(start: int) -> torch.Tensor:  # [N, K/32] float16 from two bytes of every block
+        return torch.from_numpy(
+            np.ascontiguousarray(blocks[:, :, start : start + 2]).view(np.float16)[..., 0]
+        )
+
+    start = 4 if kind == "q4_1" else 2  # where the codes begin in a block
+    codes = np.ascontiguousarray(blocks[:, :, start:]).reshape(out_f, -1)  # [N, K/2] or [N, K]
+    codes = torch.from_numpy(codes.view(np.int8) if kind == "q8_0" else codes)
+    scales, mins = f16(0), f16(2) if kind == "q4_1" else None
+    for part, t in (("scales", scales), ("mins", mins)):
+        if t is not None and not torch.isfinite(t).all():
+            raise StagewiseError(f"{name}: {type_name} {part} hold NaN or infinite values")
+    return PackedWeight(kind, codes, scales, mins)
+
+
+def notice_dequantized(types: set[str], path) -> None:
+    """One line for K-quant tensors expanded to floats (kept-packed K-quants are a later step)."""
+    k_quants = sorted(t for t in types if t in K_QUANTS)
+    if k_quants:
+        print(
+            f"stagewise: {path}: {', '.join(k_quants)} tensors are dequantized at load "
+            "(stagewise keeps Q4_0, Q4_1 and Q8_0 packed)",
+            file=sys.stderr,
+        )
+
+
+def weight_formats(weights) -> str:
+    """What the weights are kept as, e.g. "q4_1 x 120, q8_0 x 1, float32 x 61" (distinct ones)."""
+    from stagewise.stages.packed_weight import is_packed
+
+    seen: dict[int, str] = {}
+    for t in [weights.embed, weights.lm_head, weights.final_norm]:
+        seen.setdefault(id(t), t.kind if is_packed(t) else str(t.dtype).removeprefix("torch."))
+    for lw in weights.layers:
+        for t in vars(lw).values():
+            seen.setdefault(id(t), t.kind if is_packed(t) else str(t.dtype).removeprefix("torch."))
+    counts: dict[str, int] = {}
+    for kind in seen.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{k} x {n}" for k, n in counts.items())
+
+
+def prepare_for(weights, tiers: dict[str, str]) -> None:
+    """Build the torch tier's forms of every packed weight at load (not on the first token), when
+    the projections run that tier on the CPU (`tiers`: stage -> tier, `StageOps.backends`)."""
+    from stagewise.stages import dequant_gemm_torch
+
+    if tiers.get("qkv_proj") != "torch" and tiers.get("lm_head") != "torch":
+        return
+    for w in weights.packed():
+        if w.device.type == "cpu":
+            dequant_gemm_torch.prepare(w)

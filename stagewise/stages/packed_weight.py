@@ -1,0 +1,197 @@
+"""`PackedWeight`: a projection kept as small integers and a few scales, for the model's life.
+
+Decode reads every weight once per token, so a step takes about the time to
+stream the weights from memory (the seeds' arithmetic: ~2 FLOPs per weight,
+far below the ridge point). Four bits per weight instead of 32 is 8x fewer
+bytes to stream. A GGUF file already holds them that way; this record keeps
+them so, instead of expanding them to float32 at load.
+
+The weights are cut into *groups* of G = 32 consecutive numbers along the
+input axis K, and each group shares a scale d (and, for some formats, a
+minimum m). Each number is stored as an integer code q:
+
+    kind    bits  one weight                 per group         bytes per weight
+    q4_0    4     w = d * (q - 8)            d (float16)       (16 + 2) / 32 = 0.5625
+    q4_1    4     w = d * q + m              d, m (float16)    (16 + 4) / 32 = 0.625
+    q8_0    8     w = d * q   (q signed)     d (float16)       (32 + 2) / 32 = 1.0625
+
+These are llama.cpp's block formats, kept with their exact values: the codes
+and the float16 scales are the file's own bits, only moved apart (codes in one
+tensor, scales in another) so a kernel can read each with plain strides.
+
+A `PackedWeight` stands for a [K, N] = [in, out] matrix (the shape the stages
+write `x @ w` with), stored "out-major" like the files: one row per output
+feature n, holding that row's K codes.
+
+    codes   4-bit: [N, K/2] uint8, two codes per byte in GGUF's block order: byte i
+            of a 16-byte group holds value i in its low nibble and value i + 16 in
+            its high nibble.   8-bit: [N, K] int8.
+    scales  [N, K/G] float16: d of every group
+    mins    [N, K/G] float16: m of every group (q4_1), else None
+
+A tied embedding table [vocab, hidden] is the LM head's storage read by rows
+(row n = token n), so one `PackedWeight` serves both. `prepared` caches the
+forms other tiers build from the codes (e.g. the torch tier's int4pack), once.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+GROUP_SIZE = 32  # values per group (llama.cpp's QK4_0 = QK4_1 = QK8_0 = 32)
+KINDS = {  # kind -> (bits, offset subtracted from q, has a minimum)
+    "q4_0": (4, 8, False),
+    "q4_1": (4, 0, True),
+    "q8_0": (8, 0, False),
+}
+
+
+class PackedWeightError(ValueError):
+    """A packed weight whose parts do not fit together (shapes, dtypes, group boundaries)."""
+
+
+@dataclass(eq=False)
+class PackedWeight:
+    kind: str  # "q4_0", "q4_1" or "q8_0" (the table above)
+    codes: torch.Tensor  # [N, K/2] uint8 (4-bit) or [N, K] int8 (8-bit): the integer codes
+    scales: torch.Tensor  # [N, K/G] float16: one scale d per group
+    mins: torch.Tensor | None = None  # [N, K/G] float16 (q4_1's m), else None
+    group_size: int = GROUP_SIZE  # G: values per group along K
+    # tier -> what it built from the codes once (its own layout); not part of the weight's value
+    prepared: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise PackedWeightError(f"unknown packed kind '{self.kind}'; known: {', '.join(KINDS)}")
+        bits, _, has_mins = KINDS[self.kind]
+        code_dtype = torch.uint8 if bits == 4 else torch.int8
+        n, k = self.shape[1], self.shape[0]
+        groups = k // self.group_size if self.group_size else 0
+        if self.codes.dim() != 2 or self.codes.dtype != code_dtype:
+            raise PackedWeightError(
+                f"{self.kind}: codes must be 2-D {code_dtype}, got {self.codes.dtype} "
+                f"{tuple(self.codes.shape)}"
+            )
+        if self.group_size <= 0 or k % self.group_size:
+            raise PackedWeightError(
+                f"{self.kind}: K = {k} is not a whole number of groups of {self.group_size}"
+            )
+        for name, t in (("scales", self.scales), ("mins", self.mins)):
+            if t is None:
+                continue
+            if t.dtype != torch.float16 or tuple(t.shape) != (n, groups):
+                raise PackedWeightError(
+                    f"{self.kind}: {name} must be float16 [{n}, {groups}], got {t.dtype} "
+                    f"{tuple(t.shape)}"
+                )
+        if has_mins != (self.mins is not None):
+            raise PackedWeightError(f"{self.kind}: mins {'missing' if has_mins else 'unexpected'}")
+
+    # ---- what the weight is ----
+
+    @property
+    def bits(self) -> int:
+        return KINDS[self.kind][0]
+
+    @property
+    def offset(self) -> int:
+        """Subtracted from every code before the scale (q4_0: 8, so codes 0..15 mean -8..7)."""
+        return KINDS[self.kind][1]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The matrix this stands for, [K, N] = [in, out] (storage is [N, ...], out-major)."""
+        per_byte = 2 if KINDS[self.kind][0] == 4 else 1
+        return (self.codes.shape[1] * per_byte, self.codes.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    @property
+    def dtype(self) -> str:
+        """The format's name where a tensor would say its dtype (the tracer prints it)."""
+        return self.kind
+
+    def dim(self) -> int:
+        return 2
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: codes, scales, mins (not the `prepared` forms)."""
+        parts = [self.codes, self.scales] + ([self.mins] if self.mins is not None else [])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def prepared_bytes(self) -> int:
+        """Bytes of the forms other tiers built from the codes (tensors in `prepared`)."""
+        total = 0
+        for value in self.prepared.values():
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+    def row_bytes(self) -> int:
+        """Bytes of one storage row (one output feature; one token of an embedding table)."""
+        return self.nbytes // self.codes.shape[0]
+
+    def __repr__(self) -> str:
+        k, n = self.shape
+        return f"PackedWeight({self.kind}, [K={k}, N={n}], group {self.group_size}, {self.device})"
+
+    # ---- moving and cutting (all exact: whole rows, whole groups) ----
+
+    def _with(self, fn) -> "PackedWeight":
+        mins = None if self.mins is None else fn(self.mins, "mins")
+        return PackedWeight(
+            self.kind, fn(self.codes, "codes"), fn(self.scales, "scales"), mins, self.group_size
+        )
+
+    def to(self, device: torch.device | str) -> "PackedWeight":
+        """The same codes and scales on `device` (a packed weight has no float dtype to cast)."""
+        if torch.device(device) == self.device:
+            return self
+        return self._with(lambda t, _: t.to(device))
+
+    def out_features(self, index: torch.Tensor | slice) -> "PackedWeight":
+        """Some output features (storage rows): a head permutation, a tensor-parallel shard."""
+        return self._with(lambda t, _: t[index].contiguous())
+
+    def in_features(self, start: int, stop: int) -> "PackedWeight":
+        """Input features [start, stop) (a row-parallel shard), both on group boundaries."""
+        g = self.group_size
+        if start % g or stop % g:
+            raise PackedWeightError(
+                f"{self.kind}: input range [{start}, {stop}) does not fall on groups of {g}; "
+                "a packed weight is cut only between groups"
+            )
+        per_byte = 2 if self.bits == 4 else 1
+
+        def cut(t: torch.Tensor, name: str) -> torch.Tensor:
+            if name == "codes":
+                return t[:, start // per_byte : stop // per_byte].contiguous()
+            return t[:, start // g : stop // g].contiguous()
+
+        return self._with(cut)
+
+
+def cat_out_features(parts: list[PackedWeight]) -> PackedWeight:
+    """[K, N1], [K, N2], ... of one kind -> [K, N1 + N2 + ...] (W_q | W_k | W_v, gate | up)."""
+    first = parts[0]
+    if any(p.kind != first.kind or p.shape[0] != first.shape[0] for p in parts):
+        kinds = ", ".join(f"{p.kind} K={p.shape[0]}" for p in parts)
+        raise PackedWeightError(
+            f"cannot concatenate packed weights of different kinds or K: {kinds}"
+        )
+    mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+    return PackedWeight(
+        first.kind,
+        torch.cat([p.codes for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        mins,
+        first.group_size,
+    )
+
+
+def is_packed(w) -> bool:
+    return isinstance(w, PackedWeight)
