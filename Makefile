@@ -3,6 +3,8 @@
 #   make test      install everything, then run the whole test suite
 #   make check     install everything, then ruff: lint and format, as CI checks them
 #   make notebook  install everything, add JupyterLab and a "stagewise" kernel, open notebooks/
+# "install everything" runs scripts/install.sh, which returns at once when pyproject.toml and the script are
+# unchanged since its last complete run (a stamp in .venv; STAGEWISE_REINSTALL=1 forces a reinstall)
 PROMPT ?= The capital of France is
 
 .PHONY: install trace test check notebook lint compile-gate test-triton36

@@ -10,7 +10,8 @@ explains why it is unavailable instead of failing on an import.
 Also here, because kernels, stages and the engine all need them: the switch
 for launchers' value checks (`debug_checks`, a host read each, so off by
 default) and `to_device`, the host -> device copy that does not make the host
-wait.
+wait; and `load_phase`, which names each slow step of loading a model (reading a file's
+metadata, dequantizing, calibrating) for whoever shows progress (the CLI's status line).
 
 A third mode, "compile", is for the compile gate (`stagewise.devtools.compile_gate`):
 `STAGEWISE_TRITON=compile` keeps the kernels real `@triton.jit` functions on a
@@ -23,6 +24,9 @@ import importlib.util
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -101,3 +105,32 @@ def to_device(values: list, dtype: torch.dtype, device) -> torch.Tensor:
     if torch.device(device).type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
+
+
+# Listeners of load phases: fn(text, None) when a phase starts, fn(text, seconds) when it ends.
+_phase_listeners: list[Callable[[str, float | None], None]] = []
+
+
+@contextmanager
+def load_phase(text: str) -> Iterator[None]:
+    """One slow step of loading a model, e.g. "reading the GGUF metadata", told to the listeners.
+
+    The layers that do the work (models, stages, engine) only say what they are doing; a front end
+    (`listen_to_load_phases`) decides how to show it. With no listener this costs nothing.
+    """
+    for listener in list(_phase_listeners):
+        listener(text, None)
+    start = time.perf_counter()
+    yield  # a phase that raises is not reported as done
+    for listener in list(_phase_listeners):
+        listener(text, time.perf_counter() - start)
+
+
+@contextmanager
+def listen_to_load_phases(listener: Callable[[str, float | None], None]) -> Iterator[None]:
+    """Call `listener` for every `load_phase` inside the block."""
+    _phase_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _phase_listeners.remove(listener)

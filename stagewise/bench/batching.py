@@ -37,6 +37,7 @@ from stagewise.bench.plots import (
     plot_throughput,
     save_figure,
 )
+from stagewise.bench.progress import row
 from stagewise.bench.timing import StreamedRequest, alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, Workload, mixed_workload
 from stagewise.config import EngineConfig
@@ -228,11 +229,13 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
     )
     systems = list(SYSTEMS) + list(settings.compare)
     warm = Workload("warmup", 0, tuple(BenchRequest(r.prompt, r.prompt_tokens, 2) for r in workload.requests[:2]))
-    for name in systems:  # untimed: allocator, threads, caches; a throwaway engine, so no prefix is cached
-        if name == "transformers":
-            _run_transformers(hf, loaded, settings, warm, lambda n=1: None)
-        else:
-            _run_stagewise(name, loaded, settings, ecfg, warm, lambda n=1: None)
+    with row(progress, "warm-up (untimed)", total=len(systems)) as bar:
+        for name in systems:  # untimed: allocator, threads, caches; a throwaway engine, no prefix cached
+            if name == "transformers":
+                _run_transformers(hf, loaded, settings, warm, lambda n=1: None)
+            else:
+                _run_stagewise(name, loaded, settings, ecfg, warm, lambda n=1: None)
+            bar.advance()
 
     total = len(workload.requests) * len(systems) * settings.repeats
     task = progress.add_task("batching", total=total) if progress is not None else None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.bench.device_timer import GB, copies_for, rel_error, time_calls, time_kernels
+from stagewise.bench.progress import row
 from stagewise.config import PRESETS, ModelConfig
 
 
@@ -397,33 +398,47 @@ def sampling_cases(cfg: ModelConfig, sizes: Sizes, device) -> list[dict]:
     ]  # fmt: skip
 
 
-def run_kernel_cases(sizes: Sizes, device: torch.device, dtype: torch.dtype, copy_gbs: float, log=print) -> list:
-    """Every case for every model of `sizes`; a case that fails is recorded with its error, not fatal."""
+def run_kernel_cases(
+    sizes: Sizes, device: torch.device, dtype: torch.dtype, copy_gbs: float, log=print, progress=None
+) -> list:
+    """Every case for every model of `sizes`; a case that fails is recorded with its error, not fatal.
+
+    `progress`: a rich Progress to show a row per model on (`bench/progress.py`), or None."""
     rows = []
     plan = [(name, True) for name in sizes.models] + [(name, False) for name in sizes.attention_models]
-    for name, every_case in plan:
-        cfg = PRESETS[name]
-        cases = [
-            ("flash", lambda cfg=cfg: flash_cases(cfg, sizes, dtype, device)),
-            ("paged", lambda cfg=cfg: paged_decode_cases(cfg, sizes, dtype, device, copy_gbs)),
-            ("flash decode", lambda cfg=cfg: flash_decode_cases(cfg, sizes, dtype, device, copy_gbs)),
+    with row(progress, "kernel cases", total=len(plan)) as bar:
+        for name, every_case in plan:
+            bar.update(f"kernel cases: {name}")
+            rows += _model_cases(name, every_case, sizes, device, dtype, copy_gbs, log)
+            bar.advance()
+    return rows
+
+
+def _model_cases(name: str, every_case: bool, sizes, device, dtype, copy_gbs: float, log) -> list:
+    """The cases of one model's shapes (all of them, or only attention's)."""
+    rows = []
+    cfg = PRESETS[name]
+    cases = [
+        ("flash", lambda cfg=cfg: flash_cases(cfg, sizes, dtype, device)),
+        ("paged", lambda cfg=cfg: paged_decode_cases(cfg, sizes, dtype, device, copy_gbs)),
+        ("flash decode", lambda cfg=cfg: flash_decode_cases(cfg, sizes, dtype, device, copy_gbs)),
+    ]
+    if every_case:
+        cases += [
+            ("gemm", lambda cfg=cfg: gemm_cases(cfg, sizes, dtype, device)),
+            ("rows", lambda cfg=cfg: row_kernel_cases(cfg, sizes, dtype, device, copy_gbs)),
+            ("sampling", lambda cfg=cfg: sampling_cases(cfg, sizes, device)),
         ]
-        if every_case:
-            cases += [
-                ("gemm", lambda cfg=cfg: gemm_cases(cfg, sizes, dtype, device)),
-                ("rows", lambda cfg=cfg: row_kernel_cases(cfg, sizes, dtype, device, copy_gbs)),
-                ("sampling", lambda cfg=cfg: sampling_cases(cfg, sizes, device)),
-            ]
-        for label, case in cases:
-            try:
-                got = case()
-            except Exception as err:  # record and go on: one broken kernel must not hide the others
-                got = [{"kernel": label, "shape": name, "error": f"{type(err).__name__}: {err}"[:400]}]
-            for row in got:
-                log(summary_line(row))
-            rows += got
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    for label, case in cases:
+        try:
+            got = case()
+        except Exception as err:  # record and go on: one broken kernel must not hide the others
+            got = [{"kernel": label, "shape": name, "error": f"{type(err).__name__}: {err}"[:400]}]
+        for line in got:
+            log(summary_line(line))
+        rows += got
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 

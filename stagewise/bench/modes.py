@@ -38,6 +38,7 @@ import torch
 from stagewise.bench.decode_overhead import stage_breakdown, weight_streaming
 from stagewise.bench.machine import machine_info
 from stagewise.bench.plots import plot_throughput, plot_time_per_token, save_figure
+from stagewise.bench.progress import row
 from stagewise.bench.timing import alternating, stream_timed
 from stagewise.bench.workloads import BenchRequest, single_prompt
 from stagewise.config import PRESETS, EngineConfig
@@ -206,16 +207,19 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
     # for the measured runs, so `--output-lengths 2` with a 4-token warm-up would not fit it.
     warm_tokens = min(settings.warmup_tokens, max(lengths))
     warm = BenchRequest(prompt, settings.prompt_tokens, warm_tokens).params()
-    for llm in llms.values():
-        stream_timed(llm, [prompt], [warm])
-    hf = None
-    if "transformers" in settings.compare:
-        from stagewise.bench.hf_baseline import HFBaseline
+    with row(progress, "warm-up (untimed)", total=len(llms) + len(settings.compare)) as bar:
+        for llm in llms.values():
+            stream_timed(llm, [prompt], [warm])
+            bar.advance()
+        hf = None
+        if "transformers" in settings.compare:
+            from stagewise.bench.hf_baseline import HFBaseline
 
-        hf = HFBaseline(settings.model, loaded.device, loaded.dtype)
-        prompt_ids = loaded.tokenizer.encode(prompt)
-        pad_id = loaded.tokenizer.pad_id if loaded.tokenizer.pad_id is not None else 0
-        hf.run([prompt_ids], [warm_tokens], 1, pad_id)
+            bar.update("loading transformers' model")
+            hf = HFBaseline(settings.model, loaded.device, loaded.dtype)
+            prompt_ids = loaded.tokenizer.encode(prompt)
+            pad_id = loaded.tokenizer.pad_id if loaded.tokenizer.pad_id is not None else 0
+            hf.run([prompt_ids], [warm_tokens], 1, pad_id)
     systems = [*llms, *settings.compare]
 
     total = sum(lengths) * len(systems) * settings.repeats
@@ -253,7 +257,11 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
     cached = [name for name, (mode, tp) in engine_systems(settings).items() if mode != "naive" and tp == 1]
     streaming = weight_streaming(llms[cached[0]]) if cached else None
     short = BenchRequest(prompt, settings.prompt_tokens, min(64, max(lengths))).params()
-    overhead = {m: stage_breakdown(llms[m], prompt, short) for m in cached}
+    with row(progress, "per-stage breakdown (a traced run per mode)", total=len(cached)) as bar:
+        overhead = {}
+        for m in cached:
+            overhead[m] = stage_breakdown(llms[m], prompt, short)
+            bar.advance()
     result = {
         "benchmark": "modes",
         "machine": machine_info(),

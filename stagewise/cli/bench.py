@@ -19,8 +19,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from stagewise.bench.progress import bench_display
 from stagewise.errors import StagewiseError
 from stagewise.files import atomic_paths, check_writable, check_writable_folder
 
@@ -129,18 +129,6 @@ def check_result_files(out_dir: Path, name: str, settings: dict, overwrite: bool
     raise StagewiseError(f"{json_path} holds a result with {why}; pass --overwrite to replace it, or --out elsewhere")
 
 
-def progress_bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    )
-
-
 def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str) -> None:
     """Print the table and notes, then write the JSON and the PNG: both land together, or neither does.
 
@@ -208,7 +196,7 @@ def modes(
     )
     check_settings(settings)
     check_result_files(out_dir, "modes", settings_dict(settings), overwrite)
-    with progress_bar(console) as progress:
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_modes(settings, progress=progress)
     finish(console, result, modes_table(result), plot_modes, out_dir, "modes")
 
@@ -268,7 +256,7 @@ def batching(
     )
     check_settings(settings)
     check_result_files(out_dir, "batching", asdict(settings), overwrite)
-    with progress_bar(console) as progress:
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_batching(settings, progress=progress)
     finish(console, result, batching_table(result), plot_batching, out_dir, "batching")
 
@@ -307,7 +295,7 @@ def stages(
         stages=split_names(only, "--stages") if only is not None else (),
     )
     check_result_files(out_dir, "stages", asdict(resolve(settings)), overwrite)
-    with progress_bar(console) as progress:
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_stages(settings, progress=progress)
     finish(console, result, stages_table(result), plot_stages, out_dir, "stages")
 
@@ -340,7 +328,7 @@ def soak(
 
     refuse_weightless(model, None)
     check_result_files(out_dir, "soak", asdict(settings), overwrite)
-    with progress_bar(console) as progress:
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_soak(settings, progress=progress)
     finish(console, result, soak_table(result), plot_soak, out_dir, "soak")
     if not result["ok"]:
