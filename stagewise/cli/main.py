@@ -10,7 +10,6 @@ import sys
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stagewise.cli.command import run_command
 from stagewise.errors import StagewiseError
@@ -126,14 +125,19 @@ def _stream_to_stdout(llm, prompts: list[str], params, chat: bool, stats: bool) 
 @app.command()
 def stages():
     """List the pipeline stages with their shapes and what their optimized path is."""
-    from stagewise.stages import STAGES
+    Console().print(stages_table())
 
-    table = Table(title="stagewise stages, in pipeline order")
-    for col in ("stage", "shapes", "what it computes", "optimized path"):
-        table.add_column(col)
-    for stage in STAGES.values():
-        table.add_row(stage.name, stage.shapes, stage.summary, stage.optimized_kind)
-    Console().print(table)
+
+def stages_table():
+    """The registry as a table. Every cell is a `Text`, not markup (Rich would read `[num_tokens]` as a style
+    tag and drop it); at a narrow terminal the text wraps, never cut (`stagewise.trace.fit`)."""
+    from stagewise.stages import STAGES
+    from stagewise.trace.fit import Col, FitTable
+
+    cols = [Col("stage"), Col("shapes", wrap=True, min_width=16), Col("what it computes", wrap=True, min_width=16)]
+    cols.append(Col("optimized path", wrap=True, min_width=14))
+    rows = [[s.name, s.shapes, s.summary, s.optimized_kind] for s in STAGES.values()]
+    return FitTable("stagewise stages, in pipeline order", cols, rows)
 
 
 def _register_commands() -> None:

@@ -4,6 +4,10 @@ trace "The capital of France is"
 trace "Hi" "A longer prompt here" --max-tokens 4 --layers all
 trace "Hello" --model llama-3-405b          (shape only, meta device: instant, no memory)
 trace "Hello" --format json --out trace.json
+trace "Hello" --no-timing --format json     (no measured time anywhere: two runs give the same bytes)
+
+The tree keeps one line per stage at projector width: below COMPACT_BELOW columns it prints compact stage
+lines (bare sizes, the step's metadata tensors only under `batch`); `--full` or `--compact` choose.
 """
 
 import io
@@ -18,6 +22,7 @@ from stagewise.files import check_writable, write_text_atomic
 FORMATS = ("tree", "table", "json", "chrome", "markdown")
 MIN_WIDTH = 40  # narrower than this, the tree's lines are unreadable
 DEFAULT_FILE_WIDTH = 160  # width of a tree or table written with --out
+COMPACT_BELOW = 140  # a terminal narrower than this gets the compact tree (axis names do not fit one line)
 
 
 def trace(
@@ -46,7 +51,12 @@ def trace(
     ),
     device: str | None = typer.Option(None, help="cpu, cuda or meta (shape only: no memory, no values)"),
     width: int | None = typer.Option(None, help=f"terminal width, >= {MIN_WIDTH} (default: auto)"),
-    timing: bool = typer.Option(True, "--timing/--no-timing", help="show wall time per stage"),
+    timing: bool = typer.Option(
+        True, "--timing/--no-timing", help="measure wall times (--no-timing: none in any format, reproducible)"
+    ),
+    compact: bool | None = typer.Option(
+        None, "--compact/--full", help=f"tree: one short line per stage (default below {COMPACT_BELOW} columns)"
+    ),
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", "--tp", help="split the model over N ranks; the trace shows every rank"
     ),
@@ -55,6 +65,7 @@ def trace(
     from stagewise.engine.llm import LLM
     from stagewise.sampling_params import SamplingParams
     from stagewise.stages import STAGES
+    from stagewise.trace.export import drop_times, mark_shape_only
     from stagewise.trace.select import check_ranges, parse_ranges
     from stagewise.trace.tracer import COLLECTIVES, Tracer
 
@@ -89,20 +100,30 @@ def trace(
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     with llm, Tracer(timing=timing) as tracer:
         llm.generate(prompts, params, chat=chat)
+    decode = llm.tokenizer.decode
+    if llm.weightless:  # shape only: placeholder ids (never decoded) and no times, which would measure nothing
+        mark_shape_only(tracer)
+        decode, timing = None, False
+    if not timing:
+        drop_times(tracer)
     step_sel = None if step_ranges is None else check_ranges(step_ranges, len(tracer.steps), "steps", "this run")
     ran = {rec.stage for step in tracer.steps for rec in step.stages}
     for name in dict.fromkeys(stage):  # a filter that matches nothing would print an empty trace without a word
         if name not in ran:
             why = " (collectives run only with --tp > 1)" if name in COLLECTIVES and tensor_parallel_size == 1 else ""
             print(f"note: no {name} call in this run (mode {llm.mode}){why}", file=sys.stderr)
-    text = render(tracer, fmt, layer_sel, step_sel, set(stage), timing, llm.tokenizer.decode, width, to_file=bool(out))
+    text = render(
+        tracer, fmt, layer_sel, step_sel, set(stage), timing, decode, width, to_file=bool(out), compact=compact
+    )
     if out:
         write_text_atomic(out, text)
     else:
         sys.stdout.write(text)
 
 
-def render(tracer, fmt: str, layers, steps, stages: set, timing: bool, decode, width, to_file: bool) -> str:
+def render(
+    tracer, fmt: str, layers, steps, stages: set, timing: bool, decode, width, to_file: bool, compact=None
+) -> str:
     """The whole output as text, before anything is written (so an interrupted run writes nothing)."""
     import json
 
@@ -117,10 +138,6 @@ def render(tracer, fmt: str, layers, steps, stages: set, timing: bool, decode, w
         return json.dumps(doc, indent=1) + "\n"
     if fmt == "markdown":
         return render_markdown(tracer, layers, steps, stages)
-    if fmt == "table":
-        view = render_table(tracer, layers, steps, stages)
-    else:
-        view = render_tree(tracer, layers=layers, steps=steps, stages=stages, with_time=timing, decode=decode)
     buffer = io.StringIO()
     if to_file:
         console = Console(file=buffer, width=width or DEFAULT_FILE_WIDTH, no_color=True)
@@ -128,6 +145,13 @@ def render(tracer, fmt: str, layers, steps, stages: set, timing: bool, decode, w
         terminal = Console(width=width)
         console = Console(
             file=buffer, width=terminal.width, force_terminal=terminal.is_terminal, color_system=terminal.color_system
+        )
+    if fmt == "table":
+        view = render_table(tracer, layers, steps, stages)
+    else:
+        short = console.width < COMPACT_BELOW if compact is None else compact
+        view = render_tree(
+            tracer, layers=layers, steps=steps, stages=stages, with_time=timing, decode=decode, compact=short
         )
     console.print(view)
     return buffer.getvalue()

@@ -16,6 +16,12 @@ JSON (`to_json`, schema `TRACE_SCHEMA`, version 1) — what notebooks and tests 
             (kind "collective": stage is all_reduce or gather, backend gloo or nccl, scalars {bytes, world_size})
     tensor = {name, shape: [int], dtype, axes: [str] | null}
 
+Untimed (`trace --no-timing`, and always for a shape-only model): `drop_times` removes every measured time,
+so two runs give the same bytes in every format: `start_us` counts the stage calls (0, 1, 2, ...) instead of
+microseconds, a stage's `dur_us` is null, a step's `dur_us` is the number of stage calls it made, and the
+summary keeps its counts without TTFT, TBT, TPS and tokens/s. A shape-only trace's `text` is empty and its
+summary says that the sampled ids are placeholders.
+
 Chrome trace (`to_chrome`): the Trace Event Format that Perfetto and
 chrome://tracing open — one complete event ("X", `ts`/`dur` in microseconds)
 per engine step and per stage call (stages nested inside their step), counter
@@ -105,6 +111,31 @@ TRACE_SCHEMA = {
 }
 
 
+TIMING_KEYS = ("ttft_ms", "tbt_ms", "tps", "output_tokens_per_s")  # the run summary's measured times
+SHAPE_ONLY_NOTE = "shape only (meta device): no values; the sampled ids are placeholders, not a model's output"
+
+
+def drop_times(tracer: Tracer) -> None:
+    """Replace every measured time by the order of the calls (in place): an untimed trace is reproducible."""
+    calls = 0
+    for rec in tracer.prelude:
+        rec.start_us, rec.dur_us, calls = float(calls), None, calls + 1
+    for step in tracer.steps:
+        step.start_us = float(calls)
+        for rec in step.stages:
+            rec.start_us, rec.dur_us, calls = float(calls), None, calls + 1
+        step.dur_us = float(len(step.stages))
+    tracer.summary = {k: v for k, v in tracer.summary.items() if k not in TIMING_KEYS}
+
+
+def mark_shape_only(tracer: Tracer) -> None:
+    """A meta-device trace: no decoded text (there is none), a note that the sampled ids are placeholders."""
+    for step in tracer.steps:
+        step.text = {}
+    tracer.model = {**tracer.model, "shape_only": True}
+    tracer.summary = {**tracer.summary, "note": SHAPE_ONLY_NOTE}
+
+
 def to_json(tracer: Tracer) -> dict:
     return {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION, **tracer.to_dict()}
 
@@ -131,7 +162,7 @@ def _stage_event(rec) -> dict:
         "cat": rec.kind,
         "ph": "X",
         "ts": rec.start_us,
-        "dur": rec.dur_us or 0.0,
+        "dur": 1.0 if rec.dur_us is None else rec.dur_us,  # untimed: one call = one tick
         "pid": rec.rank + 1,
         "tid": 3 if rec.kind == "collective" else 2,
         "args": _shape_args(rec),

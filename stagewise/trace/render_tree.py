@@ -3,6 +3,17 @@
 By default the first layer of each expanded step is shown in full and the
 others are summarised ("x29 more layers, same shapes"); the caller picks
 which layers and steps to expand and can filter by stage.
+
+`compact=True` keeps each stage on one line at 100 columns: bare sizes
+(`[5,576]` instead of `[num_tokens=5, hidden=576]`), the step's metadata
+tensors left out of the stage lines (the step's `batch` node lists them with
+their values), K and V of the same shape on one entry (`k/v_cache`), and
+`-> same` when every output has the shape of the input it replaces.
+
+A shape-only model (meta device) has no values: its sampled ids are
+placeholders, so they are shown as such and never decoded into text.
+Every string that is data (names, shapes, prompts) reaches Rich as `Text`
+or escaped, never as markup: `[num_tokens]` would otherwise vanish.
 """
 
 from rich.console import Group
@@ -13,6 +24,17 @@ from rich.tree import Tree
 from stagewise.trace.tracer import StageRecord, StepRecord, Tracer
 
 MAX_LIST = 12  # longest id / position list printed in full
+# tensors of the step's metadata: the `batch` node shows them with their values, compact stage lines leave them out
+STEP_METADATA = {"positions", "slot_mapping", "cu_seqlens_q", "cu_seqlens_k", "seq_lens", "block_table"}
+STEP_METADATA |= {"last_token_index"}
+# the run summary's timing keys, each with what it means (the tree prints them on their own line)
+TIMING_LABELS = {
+    "ttft_ms": "TTFT (time to first token) ms",
+    "tbt_ms": "TBT (time between tokens) ms",
+    "tps": "TPS (1/TBT, one stream's decode speed)",
+    "output_tokens_per_s": "output tokens/s (all requests' output tokens / run time)",
+}
+PLACEHOLDER = "placeholder id: shape only, not a model's output"
 
 
 def short_list(values, limit: int = MAX_LIST) -> str:
@@ -24,22 +46,66 @@ def short_list(values, limit: int = MAX_LIST) -> str:
     return f"[{head}, ... {tail}] ({len(values)} values)"
 
 
-def stage_line(rec: StageRecord, with_time: bool) -> Text:
+def _bare(t) -> str:
+    """'[5,576]': the sizes alone (the compact label)."""
+    return "[" + ",".join(str(n) for n in t.shape) + "]"
+
+
+def _kv_pairs(tensors) -> list[tuple[str, str]]:
+    """(name, label) with K and V of the same shape merged: k_cache, v_cache -> k/v_cache."""
+    out: list[tuple[str, str]] = []
+    for t in tensors:
+        label = _bare(t)
+        if out and t.name.startswith("v") and out[-1] == ("k" + t.name[1:], label):
+            out[-1] = ("k/" + t.name, label)
+        else:
+            out.append((t.name, label))
+    return out
+
+
+def _same_shapes(rec: StageRecord) -> bool:
+    """Every output has the shape of the input it replaces (`q_out` of `q`, `out` of the first input)."""
+    shapes = {t.name: t.shape for t in rec.inputs}
+    first = rec.inputs[0].shape if rec.inputs else None
+    for t in rec.outputs:
+        source = shapes.get(t.name.removesuffix("_out")) if t.name != "out" else first
+        if source is None or source != t.shape:
+            return False
+    return bool(rec.outputs)
+
+
+def _tensor_lists(rec: StageRecord, compact: bool) -> tuple[str, str]:
+    inputs = [t for t in rec.inputs if not t.name.startswith("sampling.")]
+    if not compact:
+        ins = ", ".join(f"{t.name} {t.label()}" for t in inputs)
+        return ins, ", ".join(f"{t.name} {t.label()}" for t in rec.outputs)
+    ins = ", ".join(f"{n} {label}" for n, label in _kv_pairs(t for t in inputs if t.name not in STEP_METADATA))
+    if _same_shapes(rec):
+        return ins, "same"
+    return ins, ", ".join(f"{n} {label}" for n, label in _kv_pairs(rec.outputs))
+
+
+def stage_line(rec: StageRecord, with_time: bool, compact: bool = False) -> Text:
     if rec.kind == "collective":
         return collective_line(rec, with_time)
     line = Text()
-    line.append(f"{rec.stage:<10}", style="bold cyan")
-    line.append(f" {rec.backend:<6}", style="dim")
-    ins = ", ".join(f"{t.name} {t.label()}" for t in rec.inputs if not t.name.startswith("sampling."))
-    outs = ", ".join(f"{t.name} {t.label()}" for t in rec.outputs)
+    line.append(f"{rec.stage:<9}" if compact else f"{rec.stage:<10}", style="bold cyan")
+    line.append(f" {rec.backend:<5}" if compact else f" {rec.backend:<6}", style="dim")
+    ins, outs = _tensor_lists(rec, compact)
     if "text" in rec.scalars:  # tokenize: show the text it reads
         ins = f"text {rec.scalars['text']!r}" + (f", {ins}" if ins else "")
     line.append(f" {ins}")
     line.append(" -> ", style="bold")
     line.append(outs or "(in place)", style="green")
     if with_time and rec.dur_us is not None:
-        line.append(f"  {rec.dur_us / 1000:.2f} ms", style="dim")
+        line.append(f"{' ' if compact else '  '}{rec.dur_us / 1000:.2f} ms", style="dim")
     return line
+
+
+COMPACT_LEGEND = (
+    "compact lines (--full for axis names): bare sizes, '-> same' = outputs shaped like the inputs they "
+    "replace, k/v = K and V of one shape; the step's metadata tensors are listed under its batch"
+)
 
 
 def collective_line(rec: StageRecord, with_time: bool) -> Text:
@@ -65,8 +131,8 @@ def scheduler_lines(info: dict) -> list[str]:
     if "kv_blocks_in_use" in info:
         used, total = info.pop("kv_blocks_in_use"), info.pop("kv_blocks_total", "?")
         moves = [f"+{info.pop('blocks_allocated', 0)} allocated"]
-        moves.append(f"-{info.pop('blocks_freed_by_preemption', 0)} freed by preemption")
-        moves.append(f"-{info.pop('blocks_freed_by_finished_last_step', 0)} freed by requests finished last step")
+        moves.append(f"-{info.pop('blocks_freed_by_preemption', 0)} preempted")
+        moves.append(f"-{info.pop('blocks_freed_by_finished_last_step', 0)} of finished requests")
         lines.append(f"KV blocks in use {used} of {total} ({', '.join(moves)})")
     lines += [f"{k}: {v}" for k, v in info.items()]
     return lines
@@ -74,14 +140,21 @@ def scheduler_lines(info: dict) -> list[str]:
 
 def model_header(model: dict) -> Text:
     m = model
+    e = {k: escape(str(v)) for k, v in m.items()}  # a model's name may be a file name with brackets
     return Text.from_markup(
-        f"[bold]{m.get('name')}[/]: {m.get('num_layers')} layers, hidden {m.get('hidden_size')}, "
-        f"{m.get('num_heads')} heads, {m.get('num_kv_heads')} KV heads (GQA group {m.get('group_size')}), "
-        f"head_dim {m.get('head_dim')}, inter {m.get('intermediate_size')}, vocab {m.get('vocab_size')} "
-        f"· RoPE {m.get('rope', 'plain')} "
-        f"· mode [bold]{m.get('mode')}[/] · backend [bold]{m.get('backend')}[/] · {m.get('dtype')} on {m.get('device')}"
+        f"[bold]{e.get('name')}[/]: {e.get('num_layers')} layers, hidden {e.get('hidden_size')}, "
+        f"{e.get('num_heads')} heads, {e.get('num_kv_heads')} KV heads (GQA group {e.get('group_size')}), "
+        f"head_dim {e.get('head_dim')}, inter {e.get('intermediate_size')}, vocab {e.get('vocab_size')} "
+        f"· RoPE {e.get('rope', 'plain')} "
+        f"· mode [bold]{e.get('mode')}[/] · backend [bold]{e.get('backend')}[/] · {e.get('dtype')} on {e.get('device')}"
         + (f" · [bold]tensor parallel x{m['tensor_parallel_size']}[/]" if m.get("tensor_parallel_size", 1) > 1 else "")
+        + (" · [bold]shape only[/] (no values)" if is_shape_only(m) else "")
     )
+
+
+def is_shape_only(model: dict) -> bool:
+    """A model on the meta device: shapes without values (its sampled ids are placeholders)."""
+    return bool(model.get("shape_only")) or model.get("device") == "meta"
 
 
 def _count(n: int, noun: str) -> str:
@@ -92,12 +165,12 @@ def _step_title(step: StepRecord, with_time: bool = True) -> Text:
     phases = sorted({r["phase"] for r in step.requests if r["num_scheduled"]})
     return Text.from_markup(
         f"[bold magenta]step {step.index}[/] · {_count(step.num_tokens, 'token')} from "
-        f"{_count(len(step.requests), 'request')} · {', '.join(phases)}"
+        f"{_count(len(step.requests), 'request')} · {escape(', '.join(phases))}"
         + (f" · {step.dur_us / 1000:.1f} ms" if with_time else "")
     )
 
 
-def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, decode=None) -> None:
+def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, decode=None, compact=False) -> None:
     node = tree.add(_step_title(step, with_time))
     sched = node.add("[bold]scheduler[/]")
     for r in step.requests:
@@ -118,7 +191,7 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
     meta = node.add("[bold]batch[/]")
     for key, value in step.batch.items():
         if isinstance(value, list) and value and isinstance(value[0], list):
-            rows = meta.add(f"{key}")
+            rows = meta.add(Text(str(key)))
             for i, row in enumerate(value):
                 rows.add(escape(f"row {i}: {short_list(row)}"))
         else:
@@ -127,20 +200,22 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
     shown = set(range(num_layers)) if layers == "all" else {i for i in layers if i < num_layers}
     ranks = sorted({rec.rank for rec in step.stages})
     if len(ranks) <= 1:
-        _add_records(node, step.stages, shown, num_layers, stages, with_time)
+        _add_records(node, step.stages, shown, num_layers, stages, with_time, compact)
     else:  # tensor parallelism: each rank's shards and collectives, layer by layer
         for rank in ranks:
             role = "schedules, samples" if rank == 0 else "worker"
             sub = node.add(f"[bold blue]rank {rank}[/] [dim]({role})[/]")
             records = [rec for rec in step.stages if rec.rank == rank]
-            _add_records(sub, records, shown, num_layers, stages, with_time)
+            _add_records(sub, records, shown, num_layers, stages, with_time, compact)
     for rid, tok in step.sampled.items():
-        piece = repr(decode([tok])) if decode else ""
-        text = escape(f"sampled token {tok} {piece} · text so far: {step.text.get(rid, '')!r}")
+        if decode is None:  # shape only: the id is a placeholder, there is no text to decode
+            text = escape(f"sampled id {tok} ({PLACEHOLDER})")
+        else:
+            text = escape(f"sampled token {tok} {decode([tok])!r} · text so far: {step.text.get(rid, '')!r}")
         node.add(f"[bold green]{escape(rid)}[/] {text}")
 
 
-def _add_records(node: Tree, records, shown: set, num_layers: int, stages, with_time: bool) -> None:
+def _add_records(node: Tree, records, shown: set, num_layers: int, stages, with_time: bool, compact=False) -> None:
     """Stage and collective lines under `node`: the shown layers in full, the others summarised once."""
     layer_nodes: dict[int, Tree] = {}
     summarised = False
@@ -148,7 +223,7 @@ def _add_records(node: Tree, records, shown: set, num_layers: int, stages, with_
         if stages and rec.stage not in stages:
             continue
         if rec.layer is None:
-            label = stage_line(rec, with_time)
+            label = stage_line(rec, with_time, compact)
             if rec.stage == "rmsnorm":
                 label = Text("final ") + label
             node.add(label)
@@ -156,7 +231,7 @@ def _add_records(node: Tree, records, shown: set, num_layers: int, stages, with_
         if rec.layer in shown:
             if rec.layer not in layer_nodes:
                 layer_nodes[rec.layer] = node.add(f"[bold yellow]layer {rec.layer}[/]")
-            layer_nodes[rec.layer].add(stage_line(rec, with_time))
+            layer_nodes[rec.layer].add(stage_line(rec, with_time, compact))
         elif not summarised and num_layers - len(shown) > 0:
             hidden = num_layers - len(shown)
             node.add(f"[dim]x{hidden} more layers, same shapes (--layers all to expand)[/]")
@@ -170,19 +245,35 @@ def render_tree(
     stages=None,
     with_time: bool = True,
     decode=None,
+    compact: bool = False,
 ) -> Group:
-    """layers: "first", "all" or a list of indices; steps: None (all) or a list of indices."""
+    """layers: "first", "all" or a list of indices; steps: None (all) or a list of indices.
+
+    decode: ids -> text (the tokenizer's), or None for a shape-only model (placeholder ids, never decoded).
+    """
+    if is_shape_only(tracer.model):
+        decode, with_time = None, False
     layer_sel = [0] if layers == "first" else layers
-    tree = Tree(model_header(tracer.model))
+    header = model_header(tracer.model)
+    if compact:
+        header = Text.assemble(header, "\n", Text(COMPACT_LEGEND, style="dim"))
+    tree = Tree(header)
     for rec in tracer.prelude:
         if not stages or rec.stage in stages:
-            tree.add(Text("before step 0: ") + stage_line(rec, with_time))
+            tree.add(Text("before step 0: ") + stage_line(rec, with_time, compact))
     for step in tracer.steps:
         if steps is None or step.index in steps:
-            _add_step(tree, step, layer_sel, stages, with_time, decode)
+            _add_step(tree, step, layer_sel, stages, with_time, decode, compact)
         else:
             tree.add(f"[dim]step {step.index} · {step.num_tokens} tokens (not expanded)[/]")
-    parts = [tree]
-    if tracer.summary:
-        parts.append(Text("summary: " + " · ".join(f"{k} {v}" for k, v in tracer.summary.items()), style="bold"))
-    return Group(*parts)
+    return Group(tree, *summary_lines(tracer.summary, with_time))
+
+
+def summary_lines(summary: dict, with_time: bool) -> list[Text]:
+    """The run's counts on one line; its times on another, each named for what it measures."""
+    counts = {k: v for k, v in summary.items() if k not in TIMING_LABELS}
+    lines = [Text("summary: " + " · ".join(f"{k} {v}" for k, v in counts.items()), style="bold")] if counts else []
+    times = [f"{label} {summary[k]}" for k, label in TIMING_LABELS.items() if summary.get(k) is not None]
+    if with_time and times:
+        lines.append(Text("timing: " + " · ".join(times), style="bold"))
+    return lines

@@ -1,0 +1,88 @@
+"""What the trace and the stages table print: every registry shape and every traced shape survives Rich
+(brackets are data, not markup), one line per stage at 100 columns, and an untimed or shape-only trace is
+the same bytes in every format, run after run, with no decoded text for placeholder ids."""
+
+import io
+
+import pytest
+from rich.console import Console
+
+from stagewise import LLM, SamplingParams
+from stagewise.cli.main import stages_table
+from stagewise.cli.trace import FORMATS, render
+from stagewise.config import EngineConfig
+from stagewise.stages import STAGES
+from stagewise.trace.export import drop_times, mark_shape_only
+from stagewise.trace.render_tree import render_tree
+from stagewise.trace.tracer import Tracer
+
+
+def printed(renderable, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, no_color=True)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def test_stages_table_keeps_every_registry_shape():
+    wide = printed(stages_table(), 300)
+    for stage in STAGES.values():
+        assert stage.shapes in wide, stage.shapes  # [num_tokens], [num_slots, Hkv, d], [num_seqs, vocab] ...
+        assert stage.summary in wide
+    narrow = printed(stages_table(), 80)
+    assert "…" not in narrow and max(map(len, narrow.splitlines())) <= 80
+    words = narrow.split()
+    for stage in STAGES.values():
+        for word in stage.shapes.split():
+            assert word in words, word
+
+
+def trace_of(llm, timing: bool = True, prompts=("Hello there", "A second prompt")) -> Tracer:
+    with Tracer(timing=timing) as tracer:
+        llm.generate(list(prompts), SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    if llm.weightless:
+        mark_shape_only(tracer)
+    if not timing or llm.weightless:
+        drop_times(tracer)
+    return tracer
+
+
+def test_tree_keeps_every_traced_shape_and_compact_stays_on_one_line(tiny):
+    tracer = trace_of(LLM(tiny))
+    full = printed(render_tree(tracer, layers="all", decode=None), 400)
+    tensors = [t for step in tracer.steps for rec in step.stages for t in rec.inputs + rec.outputs]
+    labels = {t.label() for t in tensors if not t.name.startswith("sampling.")}  # sampling's knobs are not shown
+    for label in labels:
+        assert label in full, label  # [num_tokens=2, hidden=96] ... never eaten as markup
+    compact = printed(render_tree(tracer, layers="all", decode=str, compact=True), 100)
+    lines = compact.splitlines()
+    assert max(map(len, lines)) <= 100
+    records = sum(len(step.stages) for step in tracer.steps) + len(tracer.prelude)
+    arrows = [line for line in lines if " -> " in line and " ms" in line]
+    assert len(arrows) == records - sum(1 for s in tracer.steps for r in s.stages if r.stage == "tokenize")
+
+
+def renders(tracer, decode) -> dict[str, str]:
+    out = {}
+    for fmt in FORMATS:
+        out[fmt] = render(tracer, fmt, "first", None, set(), False, decode, 100, to_file=True)
+    return out
+
+
+def test_no_timing_is_byte_identical_in_every_format(tiny):
+    ecfg = EngineConfig(num_kv_blocks=64)
+    first, second = (renders(trace_of(LLM(tiny, engine_config=ecfg), timing=False), str) for _ in range(2))
+    for fmt in FORMATS:
+        assert first[fmt] == second[fmt], fmt
+    assert " ms" not in first["tree"] and "ttft" not in first["json"] and "TTFT" not in first["tree"]
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b"])
+def test_shape_only_trace_has_no_text_and_no_time(preset):
+    ecfg = EngineConfig(num_kv_blocks=64)  # a fixed pool, as `trace` has (the default follows free memory)
+    first, second = (renders(trace_of(LLM(preset, engine_config=ecfg), timing=True), None) for _ in range(2))
+    for fmt in FORMATS:
+        assert first[fmt] == second[fmt], fmt
+    tree = first["tree"]
+    assert "placeholder id: shape only, not a model's output" in tree
+    assert "text so far" not in tree and "endoftext" not in tree and " ms" not in tree
+    assert "ttft_ms" not in first["json"] and "placeholders" in first["json"]
