@@ -6,8 +6,6 @@ unexpected exception prints one line and exits with 1 (`--debug` shows its
 traceback). `stagewise.cli.command.run_command` does this for every entry point.
 """
 
-import sys
-
 import typer
 from rich.console import Console
 
@@ -69,7 +67,7 @@ def generate(
     ),
     device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 on CPU)"),
-    stats: bool = typer.Option(False, "--stats", help="print TTFT, TBT and tokens/s per request"),
+    stats: bool = typer.Option(False, "--stats", help="per request: TTFT, TBT, TPS (1/TBT), latency, tokens/s"),
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", "--tp", help="split the model over N ranks (processes; gloo on CPU, NCCL on GPUs)"
     ),
@@ -104,22 +102,12 @@ def generate(
 
 
 def _stream_to_stdout(llm, prompts: list[str], params, chat: bool, stats: bool) -> None:
-    texts = [""] * len(prompts)
-    outputs_done = []
-    for event in llm.stream(prompts, params, chat=chat):
-        texts[event.index] += event.text
-        if len(prompts) == 1:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        if event.finished:
-            outputs_done.append(event)
-    if len(prompts) == 1:
-        sys.stdout.write("\n")
-    else:
-        for i, (prompt, text) in enumerate(zip(prompts, texts)):
-            print(f"[{i}] {prompt!r}\n{text}\n")
+    """The text as it is produced (several prompts: one after another), then `--stats` on stderr."""
+    from stagewise.cli.streaming import print_stats, stream_texts
+
+    clocks = stream_texts(llm.stream(prompts, params, chat=chat), prompts)
     if stats:
-        print(f"{llm.last_stats}", file=sys.stderr)
+        print_stats(clocks)
 
 
 @app.command()

@@ -96,7 +96,8 @@ class FitTable:
         for n, group in enumerate(groups):
             title = self.title if n == 0 or self.title is None else f"{self.title} (continued)"
             last = n == len(groups) - 1
-            table = Table(title=title, title_justify="left", caption=self.caption if last else None)
+            caption = self.caption if last else None
+            table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
             widths = self.widths(group, width)
             for i in group:
                 col = self.cols[i]

@@ -1,0 +1,102 @@
+"""`generate`'s output: text as it is produced, one request after another, and `--stats` per request.
+
+With several prompts the engine batches them, so their tokens arrive interleaved. Printing them
+interleaved mid-line would be unreadable; waiting for the end would print nothing for a long time.
+`stream_texts` does what a reader wants: request 0 streams live under its header; the others'
+text is kept until their turn comes (already finished ones then print at once, the running one
+streams on).
+
+`--stats` times each request as this command sees it, from the moment the prompts are submitted:
+
+    TTFT      time to the first output token (the prefill, plus any wait for a seat)
+    TBT       mean time between two output tokens (one decode step, shared by the batch)
+    TPS       1 / TBT: the decode speed of this one stream
+    latency   submission to the last token
+    tokens/s  output tokens / latency (TTFT included, so below TPS)
+"""
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.text import Text
+
+from stagewise.trace.fit import Col, FitTable
+
+
+@dataclass
+class RequestClock:
+    """Arrival times (perf_counter seconds) of one request's output tokens."""
+
+    start: float  # when the prompts were submitted
+    times: list[float] = field(default_factory=list)  # one per sampled token
+
+    def row(self, index: int) -> list[str]:
+        n = len(self.times)
+        if not n:
+            return [str(index), "0", "-", "-", "-", "-", "-"]
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        tbt = sum(gaps) / len(gaps) if gaps else None
+        latency = self.times[-1] - self.start
+        return [
+            str(index),
+            str(n),
+            f"{(self.times[0] - self.start) * 1e3:.1f}",
+            "-" if tbt is None else f"{tbt * 1e3:.1f}",
+            "-" if not tbt else f"{1 / tbt:.1f}",
+            f"{latency:.2f}",
+            f"{n / latency:.1f}" if latency > 0 else "-",
+        ]
+
+
+def stream_texts(events, prompts: list[str], out=sys.stdout) -> list[RequestClock]:
+    """Write the requests' text as it comes (one after another, see the module docstring); their clocks."""
+    start = time.perf_counter()
+    clocks = [RequestClock(start) for _ in prompts]
+    many = len(prompts) > 1
+    pending = [""] * len(prompts)  # text of a request whose turn has not come yet
+    done = [False] * len(prompts)
+    current = 0
+
+    def header(i: int) -> None:
+        if many:
+            out.write(f"[{i}] {prompts[i]!r}\n")
+
+    header(0)
+    for event in events:
+        i = event.index
+        if event.token_id is not None:
+            clocks[i].times.append(time.perf_counter())
+        if i == current:
+            out.write(event.text)
+        else:
+            pending[i] += event.text
+        done[i] = done[i] or event.finished
+        while current < len(prompts) and done[current]:  # its turn is over: the next one catches up
+            out.write("\n\n" if many else "\n")
+            current += 1
+            if current < len(prompts):
+                header(current)
+                out.write(pending[current])
+                pending[current] = ""
+        out.flush()
+    return clocks
+
+
+def stats_table(clocks: list[RequestClock]) -> FitTable:
+    cols = [Col("request"), *(Col(h, "right") for h in ("output tokens", "TTFT ms", "TBT ms"))]
+    cols += [Col(h, "right") for h in ("TPS (1/TBT)", "latency s", "tokens/s")]
+    rows = [clock.row(i) for i, clock in enumerate(clocks)]
+    total = sum(len(c.times) for c in clocks)
+    end = max((c.times[-1] for c in clocks if c.times), default=None)
+    caption = None
+    if end is not None and end > clocks[0].start:
+        caption = f"all requests: {total} output tokens in {end - clocks[0].start:.2f} s = "
+        caption += f"{total / (end - clocks[0].start):.1f} tokens/s (TPS: one stream's decode speed)"
+    return FitTable("per request, as this command saw it", cols, rows, caption=Text(caption) if caption else None)
+
+
+def print_stats(clocks: list[RequestClock]) -> None:
+    """The table on stderr: stdout keeps only the generated text (it may be piped)."""
+    Console(stderr=True).print(stats_table(clocks))
