@@ -191,8 +191,12 @@ CHI2_CRIT_0_001 = {3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.
 
 
 def test_draws_follow_processed_probs():
-    """One row per draw, same logits, offsets 0..n-1: 3000 draws in the interpreter (~10 ms a row), 10^6 on a GPU."""
-    n, vocab = (10**6 if DEVICE.type == "cuda" else 3000), 64
+    """One row per draw, same logits, offsets 0..n-1: 1500 draws in the interpreter, 10^6 on a GPU.
+
+    1500 draws keep every allowed token's expected count above 25 (its smallest probability is 0.019), where
+    the chi-square test is sound; each interpreted row costs a program instance, so more buys CI time only.
+    """
+    n, vocab = (10**6 if DEVICE.type == "cuda" else 1500), 64
     logits = torch.full((vocab,), -4.0)
     logits[:9] = torch.tensor([2.0, 1.5, 1.2, 0.3, 0.0, -0.5, 2.5, 1.0, -1.0])
     seen = torch.zeros(vocab, dtype=torch.bool)
