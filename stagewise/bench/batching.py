@@ -325,27 +325,24 @@ def _cell(summary: dict, key, fmt: str) -> str:
 
 
 def batching_table(result: dict):
-    """A rich Table: one column per system, medians over repeats, and continuous's speed-up."""
-    from rich.table import Table
+    """One column per system, medians over repeats, and continuous's speed-up (FitTable: split, never cut)."""
+    from stagewise.trace.fit import Col, FitTable
 
     w = result["workload"]
-    table = Table(
-        title=f"static vs continuous batching — {w['num_requests']} requests, static batch "
+    title = (
+        f"static vs continuous batching — {w['num_requests']} requests, static batch "
         f"{result['settings']['max_num_seqs']}, continuous seats "
         f"{result['settings'].get('continuous_max_num_seqs') or result['settings']['max_num_seqs']}, "
         f"{w['total_output_tokens']} output tokens"
     )
     summary = result["summary"]
-    table.add_column("metric")
-    for name in summary:
-        table.add_column(name, justify="right")
-    for label, key, fmt in TABLE_ROWS:
-        table.add_row(label, *[_cell(s, key, fmt) for s in summary.values()])
+    cols = [Col("metric", wrap=True, min_width=18), *(Col(name, "right") for name in summary)]
+    rows = [[label, *[_cell(s, key, fmt) for s in summary.values()]] for label, key, fmt in TABLE_ROWS]
     cont = summary["continuous"]["output_tok_per_s"]
-    table.add_row(
-        "continuous ÷ this (output tok/s)", *[f"{cont / s['output_tok_per_s']:.2f}x" for s in summary.values()]
+    rows.append(
+        ["continuous ÷ this (output tok/s)", *[f"{cont / s['output_tok_per_s']:.2f}x" for s in summary.values()]]
     )
-    return table
+    return FitTable(title, cols, rows)
 
 
 def tbt_timeline(run: dict) -> tuple[list[float], list[float]]:

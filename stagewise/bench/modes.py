@@ -320,68 +320,70 @@ def add_ratios(result: dict) -> None:
 
 
 def modes_table(result: dict):
-    """A rich Table of the summary, with the speed-up of each mode over naive recompute."""
+    """The summary, with the speed-up of each mode over naive recompute (FitTable: split, never cut, when the
+    terminal is narrow; cells are Text, never markup)."""
     from rich.console import Group
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"naive vs kv vs paged — prompt of {result['prompt_tokens']} tokens (medians)")
-    cols = ["mode", "output tokens", "TTFT ms", "ms/token (TBT)", "TPS (1/TBT)", "tokens/s (n/latency)", "total s",
-            "vs naive"]  # fmt: skip
+    from stagewise.trace.fit import Col, FitTable
+
+    heads = ["TTFT ms", "ms/token (TBT)", "TPS (1/TBT)", "tokens/s (n/latency)", "total s", "vs naive"]
     stream = result.get("weight_streaming")
     has_hf = "transformers" in result["summary"]
-    cols += ["TBT / stream"] * bool(stream) + ["vs transformers"] * has_hf
-    for col in cols:
-        table.add_column(col, justify="right")
+    heads += ["TBT / stream"] * bool(stream) + ["vs transformers"] * has_hf
+    cols = [Col("mode"), Col("output tokens", "right"), *(Col(h, "right") for h in heads)]
     summary = result["summary"]
+    rows = []
     for mode, by_length in summary.items():
         for length, s in by_length.items():
             base = summary.get("naive", {}).get(length, {}).get("tokens_per_s")
             speedup = f"{s['tokens_per_s'] / base:.1f}x" if base else "-"
             extra = [f"{s['tbt_over_streaming']:.2f}x"] if stream else []
             extra += [f"{s['vs_transformers']:.2f}x"] if has_hf else []
-            table.add_row(
-                mode,
-                length,
-                f"{s['ttft_ms']:.1f}",
-                f"{s['tbt_ms']:.2f}",
-                f"{s['tps']:.1f}",
-                f"{s['tokens_per_s']:.1f}",
-                f"{s['latency_s']:.2f}",
-                speedup,
-                *extra,
+            rows.append(
+                [
+                    mode,
+                    str(length),
+                    f"{s['ttft_ms']:.1f}",
+                    f"{s['tbt_ms']:.2f}",
+                    f"{s['tps']:.1f}",
+                    f"{s['tokens_per_s']:.1f}",
+                    f"{s['latency_s']:.2f}",
+                    speedup,
+                    *extra,
+                ]
             )
-    parts = [table]
+    title = f"naive vs kv vs paged — prompt of {result['prompt_tokens']} tokens (medians)"
+    parts = [FitTable(title, cols, rows, keys=2)]
     if stream:
         parts.append(
-            f"weight streaming: {stream['decode_bytes'] / 1e6:.0f} MB per token at {stream['read_GBps']:.1f} GB/s "
-            f"(plain read of {stream['probe_buffer_MiB']:.0f} MiB) = {stream['ms']:.2f} ms per token"
+            Text(
+                f"weight streaming: {stream['decode_bytes'] / 1e6:.0f} MB per token at {stream['read_GBps']:.1f} "
+                f"GB/s (plain read of {stream['probe_buffer_MiB']:.0f} MiB) = {stream['ms']:.2f} ms per token"
+            )
         )
-    if any((result.get("overhead") or {}).values()):  # empty when runs are too short for a traced decode step
+    if any((result.get("overhead") or {}).values()):  # no traced decode step (outputs too short): no table
         parts.append(overhead_table(result["overhead"]))
     return Group(*parts)
 
 
 def overhead_table(overhead: dict):
     """ms per decode step in each stage (traced), per cached mode."""
-    from rich.table import Table
+    from stagewise.trace.fit import Col, FitTable
 
     modes = [m for m, o in overhead.items() if o]
-    table = Table(title="one decode step, traced: ms per stage (projections stream the weights)")
-    table.add_column("stage")
-    for mode in modes:
-        table.add_column(mode, justify="right")
     totals: dict[str, float] = {}
     for mode in modes:
         for stage, ms in overhead[mode]["stages_ms"].items():
             totals[stage] = totals.get(stage, 0.0) + ms
     stages = sorted(totals, key=lambda stage: -totals[stage])
-    for stage in stages:
-        table.add_row(stage, *(f"{overhead[m]['stages_ms'].get(stage, 0.0):.2f}" for m in modes))
+    rows = [[stage, *(f"{overhead[m]['stages_ms'].get(stage, 0.0):.2f}" for m in modes)] for stage in stages]
     for key, label in (("projections_ms", "= projections"), ("other_stages_ms", "= other stages")):
-        table.add_row(label, *(f"{overhead[m][key]:.2f}" for m in modes))
-    table.add_row("outside stages (engine, Python)", *(f"{overhead[m]['outside_stages_ms']:.2f}" for m in modes))
-    table.add_row("step (traced)", *(f"{overhead[m]['step_ms']:.2f}" for m in modes))
-    return table
+        rows.append([label, *(f"{overhead[m][key]:.2f}" for m in modes)])
+    rows.append(["outside stages (engine, Python)", *(f"{overhead[m]['outside_stages_ms']:.2f}" for m in modes)])
+    rows.append(["step (traced)", *(f"{overhead[m]['step_ms']:.2f}" for m in modes)])
+    cols = [Col("stage", wrap=True, min_width=16), *(Col(m, "right") for m in modes)]
+    return FitTable("one decode step, traced: ms per stage (projections stream the weights)", cols, rows)
 
 
 def plot_modes(result: dict, path) -> None:

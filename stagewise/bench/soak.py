@@ -9,23 +9,30 @@ The workload is built to stress what goes wrong under load:
 - a KV pool far smaller than the load (preemption by recompute, again and again);
 - greedy and seeded-sampling requests, some with stop strings;
 - requests arriving while others run (`add_request` between `step()`s), and
-  streams that run alongside and are abandoned halfway (their requests aborted).
+  streams that run alongside and are abandoned halfway (their requests aborted);
+- bursts of real Ctrl-C (SIGINTs 20 us - 2 ms apart, `bench/bursts.py`) landing
+  on streams: in their steps, in their cleanup, in the cleanup of the cleanup;
+- a thread that calls `generate` while the main thread streams (the threads take
+  turns under the LLM's lock, step by step).
 
 Checks, each recorded in the result:
 
 - nothing lost: every hand-added request gets each of its tokens exactly once,
   through `step()`, ending with exactly one finished event;
-- nothing changed: every finished request's tokens equal the same request run
-  alone on a fresh engine (greedy and seeded sampling alike);
+- nothing changed: every finished request's tokens (hand-added, streamed, or
+  generated in the other thread) equal the same request run alone on a fresh
+  engine (greedy and seeded sampling alike); no request ends with an error;
 - nothing leaked: every KV block is free at the end, and the process's resident
   memory does not grow over the run (sampled every few hundred steps).
 """
 
 import random
+import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
+from stagewise.bench.bursts import InterruptBurst
 from stagewise.bench.machine import machine_info
 from stagewise.bench.plots import save_figure
 from stagewise.config import EngineConfig
@@ -52,6 +59,9 @@ class SoakSettings:
     num_kv_blocks: int = 24  # a tiny pool: preemption is the normal case
     block_size: int = 16  # tokens per block
     memory_every: int = 50  # sample resident memory every this many steps
+    interrupts_every: int = 40  # every this many steps, streams run under a burst of real SIGINTs
+    burst_size: int = 4  # SIGINTs per burst
+    threads_every: int = 60  # every this many steps, a thread calls generate while a stream runs
     seed: int = 0  # workload seed
 
 
@@ -83,8 +93,9 @@ def make_workload(settings: SoakSettings) -> list[tuple[str, SamplingParams]]:
 
 
 def run_soak(settings: SoakSettings, progress=None) -> dict:
-    if settings.num_requests < 1 or settings.arrivals_per_step < 1 or settings.streams_every < 1:
-        raise StagewiseError("num_requests, arrivals_per_step and streams_every must be >= 1")
+    counts = ("num_requests", "arrivals_per_step", "streams_every", "interrupts_every", "threads_every")
+    if any(getattr(settings, name) < 1 for name in counts):
+        raise StagewiseError(f"{', '.join(counts)} must be >= 1")
     ecfg = EngineConfig(
         max_num_seqs=settings.max_num_seqs, num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size
     )
@@ -96,6 +107,10 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
     tokens = defaultdict(list)  # request id -> token ids received (kept compact: the run holds them all)
     finished = defaultdict(int)  # request id -> finished events received
     blocks, memory, abandoned = [], [], 0
+    rng = random.Random(settings.seed + 1)
+    checked: list[tuple[str, SamplingParams, list[int]]] = []  # streamed / threaded, run to the end
+    faults = {"bursts": 0, "sigints_sent": 0, "sigints_raised": 0, "streams_cut": 0, "threads": 0}
+    errors = []  # request ids that ended with finish_reason "error"
     steps, start = 0, time.perf_counter()
     while pending or llm.has_unfinished_requests():
         for _ in range(settings.arrivals_per_step):
@@ -109,7 +124,15 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
                     break
             stream.close()
             abandoned += 1
+        if steps and steps % settings.interrupts_every == 0:
+            picks = rng.sample(work, 3)
+            streams_under_interrupts(llm, picks, settings.burst_size, rng.randrange(2**31), faults, checked)
+        if steps and steps % settings.threads_every == 0:
+            generate_beside_a_stream(llm, rng.sample(work, 3), checked)
+            faults["threads"] += 1
         for event in llm.step():
+            if event.finish_reason == "error":
+                errors.append(event.request_id)
             tokens[event.request_id].append(event.token_id)
             finished[event.request_id] += event.finished
             if event.finished and progress:
@@ -132,6 +155,12 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
             reference[key] = alone.generate(prompt, params)[0].token_ids
         if tokens[rid] != reference[key]:
             mismatched.append(rid)
+    for n, (prompt, params, got) in enumerate(checked):
+        key = (prompt, params)
+        if key not in reference:
+            reference[key] = alone.generate(prompt, params)[0].token_ids
+        if got != reference[key]:
+            mismatched.append(f"streamed-{n}")
     warm = [mib for step, mib in memory if step >= steps // 4] or [m for _, m in memory]
     growth = max(warm) - warm[0]
     result = {
@@ -148,6 +177,13 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
             "preemptions": llm.engine.scheduler.num_preemptions,
             "prefix_cache_hit_rate": round(bm.stats.hit_rate, 3),
             "distinct_references": len(reference),
+            "interrupt_bursts": faults["bursts"],
+            "sigints_sent": faults["sigints_sent"],
+            "sigints_in_engine_calls": faults["sigints_raised"],  # those that raised KeyboardInterrupt
+            "streams_cut_by_sigint": faults["streams_cut"],
+            "generate_threads_beside_streams": faults["threads"],
+            "streamed_requests_checked": len(checked),
+            "requests_ended_in_error": len(errors),
             "lost_requests": len(lost),
             "outputs_differing_from_alone": len(mismatched),
             "blocks_held_at_end": bm.num_used_blocks,
@@ -158,21 +194,69 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
         "lost": lost[:20],
         "mismatched": mismatched[:20],
     }
-    ok = not lost and not mismatched and bm.num_used_blocks == 0
+    ok = not lost and not mismatched and not errors and bm.num_used_blocks == 0
     result["notes"] = [] if ok else ["the soak found lost, changed or leaked requests: see lost / mismatched"]
     result["ok"] = ok
     return result
 
 
-def soak_table(result: dict):
-    from rich.table import Table
+def streams_under_interrupts(llm, picks, count: int, seed: int, faults: dict, checked: list) -> None:
+    """Streams of `picks` run, again and again, while a burst of `count` real SIGINTs lands on them.
 
-    table = Table(title="soak: one paged engine under mixed load")
-    table.add_column("check")
-    table.add_column("value", justify="right")
-    for key, value in result["summary"].items():
-        table.add_row(key.replace("_", " "), str(value))
-    return table
+    Each interrupt that lands inside the LLM cuts its stream (its requests are aborted, whatever
+    the next interrupt then cuts in the cleanup); a stream that runs to its end is checked."""
+    prompts, params = [p for p, _ in picks], [sp for _, sp in picks]
+    with InterruptBurst(count=count, burst_size=count, pause_s=(0.001, 0.01), seed=seed) as burst:
+        while burst.running:
+            events = []
+            try:
+                burst.armed = True
+                for event in llm.stream(prompts, params):
+                    events.append(event)
+                burst.armed = False
+            except KeyboardInterrupt:
+                burst.armed = False
+                faults["streams_cut"] += 1
+                continue
+            checked.extend(outputs_of(prompts, params, events))
+    faults["bursts"] += 1
+    faults["sigints_sent"] += burst.sent
+    faults["sigints_raised"] += burst.raised
+
+
+def generate_beside_a_stream(llm, picks, checked: list) -> None:
+    """A thread calls `generate` for two requests while this thread streams the third."""
+    (p0, sp0), rest = picks[0], picks[1:]
+    result = {}
+
+    def generate():
+        try:
+            result["outputs"] = llm.generate([p for p, _ in rest], [sp for _, sp in rest])
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the soak's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=generate)
+    stream = llm.stream(p0, sp0)
+    events = [next(stream)]
+    thread.start()
+    events += list(stream)
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    checked.extend(outputs_of([p0], [sp0], events))
+    checked.extend((p, sp, o.token_ids) for (p, sp), o in zip(rest, result["outputs"]))
+
+
+def outputs_of(prompts, params, events) -> list[tuple[str, SamplingParams, list[int]]]:
+    """(prompt, params, token ids) of each request of a stream that ran to its end."""
+    return [(p, sp, [e.token_id for e in events if e.index == i]) for i, (p, sp) in enumerate(zip(prompts, params))]
+
+
+def soak_table(result: dict):
+    from stagewise.trace.fit import Col, FitTable
+
+    rows = [[key.replace("_", " "), str(value)] for key, value in result["summary"].items()]
+    return FitTable("soak: one paged engine under mixed load", [Col("check", wrap=True), Col("value", "right")], rows)
 
 
 def plot_soak(result: dict, path) -> None:

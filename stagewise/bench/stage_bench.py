@@ -141,28 +141,31 @@ def run_stages(settings: StagesSettings, progress=None) -> dict:
 
 
 def stages_table(result: dict):
-    from rich.table import Table
+    """Naive vs optimized per stage (FitTable: cells are Text, so a note like [interpreter] is not markup)."""
+    from stagewise.trace.fit import Col, FitTable
 
     s = result["settings"]
     title = f"naive vs optimized per stage — {s['model']} config, {s['device']}, {s['dtype']} (median ms)"
     if result["note"]:
-        title += f"\n[bold red]Triton {result['note']}[/]"
-    table = Table(title=title)
-    for col in ("stage", "shape", "naive ms (p10-p90)", "optimized ms (p10-p90)", "speed-up", "optimized path"):
-        table.add_column(col, justify="right" if "ms" in col or col == "speed-up" else "left")
+        title += f"\nTriton {result['note']}"
+    cols = [Col("stage"), Col("shape"), Col("naive ms (p10-p90)", "right"), Col("optimized ms (p10-p90)", "right")]
+    cols += [Col("speed-up", "right"), Col("optimized path", wrap=True, min_width=12)]
+    rows = []
     for r in result["rows"]:
         opt = "-"
         if r["optimized_ms"] is not None:
             opt = f"{r['optimized_ms']:.3f} ({r['optimized_p10_ms']:.3f}-{r['optimized_p90_ms']:.3f})"
-        table.add_row(
-            r["stage"],
-            r["shape"],
-            f"{r['naive_ms']:.3f} ({r['naive_p10_ms']:.3f}-{r['naive_p90_ms']:.3f})",
-            opt,
-            f"{r['speedup']:.2f}x" if r["speedup"] else "-",
-            r["optimized_kind"].split(":")[0] + ("" if r["note"] in ("", INTERPRETER_NOTE) else f" [{r['note']}]"),
+        rows.append(
+            [
+                r["stage"],
+                r["shape"],
+                f"{r['naive_ms']:.3f} ({r['naive_p10_ms']:.3f}-{r['naive_p90_ms']:.3f})",
+                opt,
+                f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+                r["optimized_kind"].split(":")[0] + ("" if r["note"] in ("", INTERPRETER_NOTE) else f" [{r['note']}]"),
+            ]
         )
-    return table
+    return FitTable(title, cols, rows)
 
 
 def plot_stages(result: dict, path) -> None:

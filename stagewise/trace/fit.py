@@ -94,7 +94,7 @@ class FitTable:
         groups = self.groups(width)
         out = []
         for n, group in enumerate(groups):
-            title = self.title if n == 0 or self.title is None else f"{self.title} (continued)"
+            title = None if self.title is None else Text(self.title if n == 0 else f"{self.title} (continued)")
             last = n == len(groups) - 1
             caption = self.caption if last else None
             table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
