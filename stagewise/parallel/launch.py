@@ -33,8 +33,10 @@ to add.
 """
 
 import os
+import signal
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -160,13 +162,35 @@ def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
                 gemm.CPU_FORMS,
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{WORKER_NAME}{plan.rank}", daemon=True)
-            proc.start()
+            with _sigint_blocked():  # the worker is born deaf to Ctrl-C, before its imports begin
+                proc.start()
             writer.close()  # the worker holds the write end now
             ranks.processes[plan.rank], ranks.errors[plan.rank] = proc, reader
     except BaseException:
         ranks.stop()
         raise
     return ranks
+
+
+@contextmanager
+def _sigint_blocked():
+    """Block SIGINT in this thread while a worker is spawned; one that arrives meanwhile is delivered after.
+
+    A child inherits the signal mask through fork and exec, so the worker starts with SIGINT blocked and
+    keeps it so until `worker_main` ignores it: a Ctrl-C while the worker still imports torch stays
+    pending there, then is dropped, instead of a KeyboardInterrupt traceback on the terminal.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started by the first spawn otherwise, and it *unblocks* SIGINT after
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def loopback_store(world_size: int, timeout: timedelta):

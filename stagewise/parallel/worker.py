@@ -145,6 +145,8 @@ class WorkerArgs:
 def worker_main(args: WorkerArgs) -> None:
     """Entry point of a spawned worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 shuts the others down
+    if hasattr(signal, "pthread_sigmask"):  # born with SIGINT blocked (launch.py): ignored now, so unblock
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.pcfg.tensor_parallel_size))
     gemm.CPU_FORMS.chosen, gemm.CPU_FORMS.measured_ms = args.cpu_forms.chosen, args.cpu_forms.measured_ms

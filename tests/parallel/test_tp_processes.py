@@ -217,3 +217,70 @@ def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
     assert res.stderr.splitlines()[-1] == f"stagewise.errors.StagewiseError: {MAIN_GUARD_HINT}"
     assert 'if __name__ == "__main__":' in MAIN_GUARD_HINT
     assert res.stderr.count("Traceback") == 1, res.stderr  # rank 0's own error only: the worker left quietly
+
+
+# `python -m stagewise.cli ARGS` with Ctrl-C's usual handler (a test run started in the background hands its
+# children SIGINT ignored, and a Python started that way keeps ignoring it)
+AS_FROM_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'stagewise'; runpy.run_module('stagewise.cli', run_name='__main__', alter_sys=True)"
+)
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (field 5 of /proc/PID/stat)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                out.append(int(entry))
+    return out
+
+
+def _spawned(pgid: int) -> list[int]:
+    """The multiprocessing-spawned workers in the group (not its resource tracker, which blocks SIGINT itself)."""
+    out = []
+    for pid in _group(pgid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_ctrl_c_while_a_worker_starts_prints_one_line(tmp_path):
+    """The worker is deaf to SIGINT from its first instruction, not only once its imports are over."""
+    args = ["generate", "hi", "--model", "tiny", "--tp", "2", "--max-tokens", "5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (workers := _spawned(proc.pid)) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    status, masks = "(gone before it could be read)", [0, 0]
+    for _ in range(50):  # its first half second: forked, exec'd, importing
+        try:
+            status = Path(f"/proc/{workers[0]}/status").read_text()
+        except OSError:
+            break
+        masks = [int(re.search(rf"{field}:\s*(\w+)", status)[1], 16) for field in ("SigBlk", "SigIgn")]
+        if not (masks[0] | masks[1]) & (1 << (signal.SIGINT - 1)):
+            break  # a moment when Ctrl-C would raise KeyboardInterrupt in it
+        time.sleep(0.01)
+    sigint_deaf = bool((masks[0] | masks[1]) & (1 << (signal.SIGINT - 1)))
+    os.killpg(proc.pid, signal.SIGINT)  # while the worker imports torch
+    out, err = proc.communicate(timeout=60)
+    assert sigint_deaf, status
+    assert (proc.returncode, err) == (130, "interrupted\n")
