@@ -43,6 +43,12 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _shown(value) -> str:
+    """The value as the error message shows it: its repr, cut to 40 characters (10**400 stays one line)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _is_real(value) -> bool:
     """A real number (int, float, numpy float or int), not a bool or a complex."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -61,10 +67,14 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the end-of-sequence token (for benchmarks)
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
-            raise StagewiseError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise StagewiseError(f"top_k must be an int >= 1, or 0 / -1 for off, got {self.top_k!r}")
+        # Integers travel to the device as int64 (top_k; max_tokens is counted beside int64 positions):
+        # one beyond 2**63 - 1 could be queued, then fail inside every step that converts it.
+        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= INT64_MAX:
+            raise StagewiseError(f"max_tokens must be an int in [1, 2**63 - 1], got {_shown(self.max_tokens)}")
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
+            raise StagewiseError(
+                f"top_k must be an int in [1, 2**63 - 1], or 0 / -1 for off, got {_shown(self.top_k)}"
+            )
         object.__setattr__(self, "max_tokens", int(self.max_tokens))  # numpy ints become Python ints
         object.__setattr__(self, "top_k", int(self.top_k))
         self._check_real("temperature", low=0.0, high=FLOAT32_MAX, low_open=False, high_open=False)
@@ -73,7 +83,7 @@ class SamplingParams:
         # Positive and a normal float32 (the sampler computes in float32): 1e-300 would round to 0 there.
         self._check_real("repetition_penalty", low=FLOAT32_TINY, high=FLOAT32_MAX, low_open=False, high_open=False)
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
-            raise StagewiseError(f"seed must be None or an int in [-2**63, 2**63 - 1], got {self.seed!r}")
+            raise StagewiseError(f"seed must be None or an int in [-2**63, 2**63 - 1], got {_shown(self.seed)}")
         if self.seed is not None:  # -1 means "no seed" in vLLM: a fresh random draw per request
             object.__setattr__(self, "seed", None if self.seed == -1 else int(self.seed))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -94,8 +104,7 @@ class SamplingParams:
         ok = ok and (value > low if low_open else value >= low)
         ok = ok and (value < high if high_open else value <= high)
         if not ok:
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise StagewiseError(f"{name} must be a finite number in {interval}, got {shown}")
+            raise StagewiseError(f"{name} must be a finite number in {interval}, got {_shown(value)}")
         object.__setattr__(self, name, float(value))
 
     @property

@@ -38,10 +38,25 @@ Stepping the engine by hand (paged mode), one iteration at a time:
 In paged mode there is one engine: requests from `add_request` and from live
 streams share it, and each engine step routes each token to its owner's inbox
 (a stream yields its own; `step()` returns add_request's), whichever call ran
-the step. A stream closed early (`break`, an exception, Ctrl-C, the iterator
-dropped) aborts its unfinished requests and frees their blocks; a step whose
-forward pass raised is undone (running requests recompute, blocks it named
-unnamed), so the `LLM` stays usable after any interruption.
+the step (`engine/shared_engine.py`). A stream closed early (`break`, an
+exception, Ctrl-C, the iterator dropped) aborts its unfinished requests and
+frees their blocks; a step whose forward pass raised is undone (running
+requests recompute, blocks it named unnamed), so the `LLM` stays usable after
+any interruption, a second Ctrl-C during the cleanup included.
+
+A request that makes an engine step fail is found (the step's requests rerun
+one at a time) and finished with `finish_reason="error"`: a stream yields that
+as its final event for the request (`event.error` says why), `generate` raises
+`RequestFailed` naming it, and every other request goes on.
+
+Threads: one `LLM` may be called from several threads at once (a server's
+handlers, say). Each engine step runs under the LLM's lock, so the threads take
+turns step by step, and their requests share the batch; the lock is never
+held while a stream yields, so a thread that stops between two tokens blocks
+nobody, and several streams may be interleaved in one thread too. Greedy
+outputs are the same as each request run alone. Modes "kv" and "naive" take
+the lock for each of their steps as well; `last_stats` is the last call's,
+whichever thread made it.
 
 Tensor parallelism (`stagewise/parallel/`): `LLM(..., tensor_parallel_size=N)`
 splits every matrix over N ranks — this process is rank 0 (it schedules and
@@ -53,8 +68,8 @@ every rank down: that `LLM` then refuses further steps.
 
 import itertools
 import random
+import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,11 +77,12 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig, ParallelConfi
 from stagewise.engine.checks import check_engine_memory, check_llm_arguments
 from stagewise.engine.kv_runner import KVRunner
 from stagewise.engine.naive_runner import NaiveRunner
-from stagewise.engine.outputs import RequestOutput, TokenEvent, run_summary
+from stagewise.engine.outputs import RequestFailed, RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.prompts import check_text, encode_prompt
 from stagewise.engine.request import FinishReason, Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
+from stagewise.engine.shared_engine import SharedEngine
 from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
 from stagewise.models.chat_template import apply_chat_template
@@ -126,16 +142,9 @@ class LLM:
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
         # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's lifetime
         self.engine = self._paged_engine() if mode == "paged" else None
-        # Every request in the paged engine has an owner: a live stream, or the hand-stepping
-        # caller. Each engine step routes each token event to its owner's inbox, whoever ran it.
-        self._owner: dict[
-            str, tuple[str, int]
-        ] = {}  # request id -> (owner key, index in its owner's list)
-        self._inbox: dict[str, deque[TokenEvent]] = {
-            HAND: deque()
-        }  # owner key -> events not yet handed out
-        self._streams = itertools.count()
-        self._num_stepped = 0  # requests added with add_request so far (their event index)
+        self._lock = threading.RLock()  # held for each engine step, never while a stream yields
+        # paged mode: every call shares the one engine; each token goes to its request's owner
+        self._shared = SharedEngine(self.engine, self._lock) if self.engine is not None else None
 
     def _build_model(self, pcfg: ParallelConfig):
         """One device: the LlamaModel; N ranks: rank 0's TensorParallelModel (starts the others)."""
@@ -319,10 +328,17 @@ class LLM:
                 self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs
             )
         index = {r.request_id: i for i, r in enumerate(requests)}
+        steps = runner.run(requests)
         try:
-            for req, token, delta in runner.run(requests):
-                yield token_event(req, index[req.request_id], token, delta)
+            while True:
+                with self._lock:  # the model serves one thread's step at a time; not across yield
+                    item = next(steps, None)
+                if item is None:
+                    break
+                req, token, delta = item
+                yield TokenEvent.of(req, index[req.request_id], token, delta)
         finally:
+            steps.close()
             for req in requests:
                 if not req.finished:
                     req.status, req.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
@@ -330,45 +346,8 @@ class LLM:
 
     def _stream_paged(self, requests: list[Request]):
         """Mode "paged": this stream's requests join the shared engine; its events, its inbox."""
-        engine = self.engine
-        for req in requests:  # all or nothing: check every request before queueing any
-            engine.check_fits(req)
-        if not engine.has_unfinished():
-            engine.reset_stats()  # a run of its own: fresh counters
-        key = f"stream-{next(self._streams)}"
-        inbox = self._inbox[key] = deque()
-        for i, req in enumerate(requests):
-            self._owner[req.request_id] = (key, i)
-            engine.add(req)
-        remaining = len(requests)
-        try:
-            while remaining:
-                while not inbox:
-                    self._engine_step()
-                event = inbox.popleft()
-                remaining -= event.finished
-                yield event
-        finally:
-            for req in requests:
-                if not req.finished:
-                    engine.abort(req)
-                self._owner.pop(req.request_id, None)
-            del self._inbox[key]
-        return engine.stats
-
-    def _engine_step(self) -> None:
-        """One paged engine iteration; each sampled token goes to its request's owner."""
-        try:
-            results = self.engine.step()
-        except BaseException:
-            # nothing half-done survives: running requests recompute
-            self.engine.recover_interrupted_step()
-            raise
-        for req, token, delta in results:
-            key, index = self._owner[req.request_id]
-            self._inbox[key].append(token_event(req, index, token, delta))
-            if req.finished:
-                del self._owner[req.request_id]
+        yield from self._shared.stream(requests)
+        return self.engine.stats
 
     def describe(self) -> dict:
         """The model and run settings, as the tracer and benchmarks record them."""
@@ -404,10 +383,18 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
         chat: bool = False,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in the order of `prompts`."""
+        """Run every prompt to completion; outputs come back in the order of `prompts`.
+
+        A request that fails in an engine step raises `RequestFailed` (one line naming it); the
+        call's other requests are aborted, and the LLM goes on serving later calls."""
         requests = self._requests(prompts, params, chat)
-        for _ in self._stream_requests(requests):
-            pass
+        events = self._stream_requests(requests)
+        try:
+            for event in events:
+                if event.finish_reason == "error":
+                    raise RequestFailed(f"prompt {event.index}: {event.error}")
+        finally:
+            events.close()  # at once, not when the traceback lets go: its requests leave now
         return [RequestOutput.of(r) for r in requests]
 
     # ---- stepping by hand (paged mode) ------------------------------------------------------
@@ -430,9 +417,8 @@ class LLM:
         if not isinstance(chat, bool):
             raise StagewiseError(f"chat must be True or False, got {chat!r}")
         req = self.make_request(prompt, params if params is not None else SamplingParams(), chat)
-        engine.add(req)
-        self._owner[req.request_id] = (HAND, self._num_stepped)
-        self._num_stepped += 1
+        engine.check_fits(req)
+        self._shared.add(req)
         return req.request_id
 
     def step(self) -> list[TokenEvent]:
@@ -444,22 +430,11 @@ class LLM:
         engine = self._require_paged("step")
         if engine.has_unfinished():
             self._check_runnable()
-            self._engine_step()
-            self.last_stats = engine.stats  # counters of the hand-stepped run so far
-        inbox = self._inbox[HAND]
-        events = list(inbox)
-        inbox.clear()
+        events = self._shared.step()
+        self.last_stats = engine.stats  # counters of the hand-stepped run so far
         return events
 
     def has_unfinished_requests(self) -> bool:
         """True while the engine holds requests (from add_request or live streams), or `step()`
         has tokens of add_request's requests still to hand out (sampled while a stream ran)."""
-        return self.engine is not None and (self.engine.has_unfinished() or bool(self._inbox[HAND]))
-
-
-HAND = "add_request"  # owner key of the requests added by hand
-
-
-def token_event(req: Request, index: int, token: int, delta: str) -> TokenEvent:
-    reason = req.finish_reason.value if req.finish_reason else None
-    return TokenEvent(req.request_id, index, token, delta, req.finished, reason)
+        return self._shared is not None and self._shared.has_unfinished()

@@ -15,6 +15,11 @@ import statistics
 from dataclasses import dataclass
 
 from stagewise.engine.request import Request
+from stagewise.errors import StagewiseError
+
+
+class RequestFailed(StagewiseError):
+    """An engine step failed because of one request: it was finished and removed, others went on."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +103,17 @@ class TokenEvent:
 
     request_id: str  # which request
     index: int  # position of the request in the prompts list given to stream()/generate()
-    token_id: int  # the sampled token
+    token_id: int | None  # the sampled token; None on an "error" event, which carries no token
     text: str  # newly settled text (may be empty while a character or stop string is incomplete)
-    finished: bool  # True on the request's last token
-    finish_reason: str | None  # set when finished
+    finished: bool  # True on the request's last token (and on its error event)
+    finish_reason: str | None  # set when finished: "stop", "length", "abort" or "error"
+    error: str | None = None  # with finish_reason "error": one line saying what failed
+
+    @staticmethod
+    def of(req: Request, index: int, token: int | None, delta: str) -> "TokenEvent":
+        """The event of `req`'s latest token (or of its removal, when `token` is None)."""
+        reason = req.finish_reason.value if req.finish_reason else None
+        return TokenEvent(req.request_id, index, token, delta, req.finished, reason, req.error)
 
 
 def run_summary(requests: list[Request], stats) -> dict:

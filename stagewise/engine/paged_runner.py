@@ -11,28 +11,40 @@ One `step()`:
 3. one forward pass; each request whose tokens are all computed samples one
    token; finished requests leave and free their blocks at once, so a waiting
    request can join in the very next step.
+
+What goes wrong in a step stays in that step:
+
+- an interrupt (Ctrl-C) in the forward pass undoes the step: every running
+  request goes back to waiting and is recomputed (always correct). The
+  bookkeeping around it (scheduling, finishing, aborting) runs with SIGINT
+  deferred (`engine/interrupts.py`), and `repair()` at the start of the next
+  step finishes whatever an interrupt still cut short;
+- an exception in the step is pinned on the request that caused it: the
+  step's requests run again one at a time (`Scheduler.schedule_alone`), the
+  one that fails alone is removed with finish reason "error" (a result with
+  no token), and the others continue with exactly the tokens they would have
+  had. A failure while finishing one request's token blames that request at once.
 """
 
-import itertools
+import sys
 import time
-from collections.abc import Iterator
-
-import torch
+from collections import deque
+from collections.abc import Callable, Iterator
 
 from stagewise.config import EngineConfig
 from stagewise.engine.cuda_graphs import DecodeGraphs
+from stagewise.engine.interrupts import deferred_interrupts
+from stagewise.engine.paged_batch import build_batch, trace_step
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
 from stagewise.engine.scheduler import Scheduler, SchedulerOutput
-from stagewise.engine.tracing import begin_step, end_step, request_info
+from stagewise.engine.tracing import end_step
 from stagewise.errors import StagewiseError
 from stagewise.kv.block_manager import BlockManager
 from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
-from stagewise.runtime import to_device
-from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.trace.hooks import active_tracer
 
 
@@ -72,6 +84,8 @@ class PagedRunner:
             ecfg.max_num_batched_tokens,
             ecfg.prefill_cap(model.device.type),
         )
+        self.suspects: deque[Request] = deque()  # requests of a failed step, each to run alone
+        self._open_step: SchedulerOutput | None = None  # a step begun and not yet settled
         self.reset_stats()
 
     # ---- requests ----
@@ -94,13 +108,27 @@ class PagedRunner:
 
     def abort(self, req: Request) -> None:
         """Drop a request before it finishes (its stream was closed); its blocks free at once."""
-        self.scheduler.abort(req)
-        self.cache.release_row(req.request_id)
+        with deferred_interrupts():
+            self.scheduler.abort(req)
+            self.cache.release_row(req.request_id)
 
-    def recover_interrupted_step(self) -> None:
+    def undo_step(self) -> None:
         """After a step that raised: running requests go back to waiting and will be recomputed."""
         for req in self.scheduler.recover_interrupted_step():
             self.cache.release_row(req.request_id)
+        self._open_step = None
+
+    def repair(self) -> None:
+        """Finish what an interrupt cut short: a step left open is undone, and block-table rows
+        and KV blocks that no running request owns go back to their free lists."""
+        if self._open_step is not None:
+            self.undo_step()
+        live = {r.request_id for r in self.scheduler.running}
+        for request_id in [r for r in self.cache.row_of if r not in live]:
+            self.cache.release_row(request_id)
+        for request_id in [r for r in self.block_manager.req_blocks if r not in live]:
+            self.block_manager.free(request_id)
+        self.cache.reclaim_lost_rows()
 
     def run(self, requests: list[Request]) -> Iterator[tuple[Request, int, str]]:
         """Run `requests` (and anything already queued) to completion; fresh stats for this run."""
@@ -125,42 +153,86 @@ class PagedRunner:
 
     # ---- one iteration ----
 
-    def step(self) -> list[tuple[Request, int, str]]:
+    def step(self, deliver: Callable[[list], None] | None = None) -> list[tuple]:
+        """One iteration -> (request, token id, new text) per sampled token, and
+        (request, None, "") per request removed because the step failed for it.
+
+        `deliver(results)`, when given, runs before SIGINT is let through again: an interrupt
+        cannot fall between the engine settling a token and its owner receiving it.
+        """
+        with deferred_interrupts():
+            self.repair()
+            sched = self._schedule()
+            self._open_step = sched
+        try:
+            tokens = self._compute(sched)
+        except Exception as exc:  # a request's failure (or the batch's): find whose, go on
+            with deferred_interrupts():
+                results = self._step_failed(sched, exc)
+                if deliver is not None:
+                    deliver(results)
+            return results
+        except BaseException:  # Ctrl-C, SystemExit: nothing half-done survives
+            with deferred_interrupts():
+                self.undo_step()
+            raise
+        with deferred_interrupts():
+            results = self._settle(sched, tokens)
+            if deliver is not None:
+                deliver(results)
+        return results
+
+    def _schedule(self) -> SchedulerOutput:
+        while self.suspects and self.suspects[0].finished:  # aborted while under suspicion
+            self.suspects.popleft()
         bm = self.block_manager
         before = (bm.num_allocated, bm.num_freed)
-        sched = self.scheduler.schedule()
-        self._block_moves = (
-            bm.num_allocated - before[0],
-            bm.num_freed - before[1],
-        )  # during scheduling
+        if self.suspects:
+            sched = self.scheduler.schedule_alone(self.suspects[0])
+        else:
+            sched = self.scheduler.schedule()
+        self._block_moves = (bm.num_allocated - before[0], bm.num_freed - before[1])  # scheduling
         self.stats.blocks_in_use.append(bm.num_used_blocks)  # what this step runs with
         if not sched.scheduled:
-            raise RuntimeError(
-                "scheduler made no progress"
-            )  # cannot happen: every request fits alone
+            raise RuntimeError("scheduler made no progress")  # cannot happen: each request fits
         now = time.perf_counter()
         for s in sched.scheduled:
             s.request.first_scheduled_time = s.request.first_scheduled_time or now
+        return sched
+
+    def _compute(self, sched: SchedulerOutput) -> list[int]:
+        """The forward pass and the sampling: the part of a step that Ctrl-C may cut short."""
         if self._replays_graph(sched):
             logits = self._graph_step(sched)  # [num requests, vocab]
         else:
             batch, kv = self._build_batch(sched)
             self._trace_begin(sched, batch, kv)
             logits = self.model.forward(batch, kv)  # [num sampling requests, vocab]
+        sampling = [s.request for s in sched.scheduled if s.samples]
+        return sample_next_tokens(self.model.ops, logits, sampling) if sampling else []
+
+    def _settle(self, sched: SchedulerOutput, tokens: list[int]) -> list[tuple]:
+        """Record the sampled tokens; finished requests leave and free their blocks."""
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         sampling = [s.request for s in sched.scheduled if s.samples]
-        tokens = sample_next_tokens(self.model.ops, logits, sampling) if sampling else []
         results = []
         freed_before = self.block_manager.num_freed
         for req, token in zip(sampling, tokens):
-            delta = req.append_token(token, self.stop_ids, self.max_model_len)
+            try:
+                delta = req.append_token(token, self.stop_ids, self.max_model_len)
+            except Exception as exc:  # detokenizing this request's token failed: its own fault
+                results.append(self._remove_failed(req, exc))
+                continue
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
                 self.cache.release_row(req.request_id)
+            if self.suspects and self.suspects[0] is req:  # it ran alone and sampled: not guilty
+                self.suspects.popleft()
             results.append((req, token, delta))
         for req in sched.preempted:
             self.cache.release_row(req.request_id)
+        self._open_step = None
         self._freed_after_last_step = self.block_manager.num_freed - freed_before
         self.stats.steps += 1
         self.stats.tokens_computed += sum(s.num_new_tokens for s in sched.scheduled)
@@ -169,8 +241,29 @@ class PagedRunner:
             self.block_manager.stats.queried_tokens - self._prefix_base[0]
         )
         self.stats.prefix_hit_tokens = self.block_manager.stats.hit_tokens - self._prefix_base[1]
-        end_step([(r, t) for r, t, _ in results])
+        end_step([(r, t) for r, t, _ in results if t is not None])
         return results
+
+    def _step_failed(self, sched: SchedulerOutput, exc: Exception) -> list[tuple]:
+        """Undo the step; a request that ran alone is to blame, else each runs alone next."""
+        self.undo_step()
+        if _fails_every_request(exc):
+            raise exc
+        scheduled = [s.request for s in sched.scheduled]
+        if len(scheduled) == 1:
+            req = scheduled[0]
+            if self.suspects and self.suspects[0] is req:
+                self.suspects.popleft()
+            return [self._remove_failed(req, exc)]
+        self.suspects.extend(r for r in scheduled if r not in self.suspects)
+        return []
+
+    def _remove_failed(self, req: Request, exc: Exception) -> tuple:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        self.scheduler.fail(req, f"{req.request_id} failed in an engine step ({reason})")
+        self.cache.release_row(req.request_id)
+        return (req, None, "")
 
     def _replays_graph(self, sched: SchedulerOutput) -> bool:
         """A pure-decode step (one new token per request, each sampling) that a graph covers."""
@@ -196,78 +289,14 @@ class PagedRunner:
         return self.graphs.run(ids, positions, slots, seq_lens, rows)
 
     def _build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, PagedKVStep]:
-        bs, device = self.cache.block_size, self.model.batch_device
-        ids, positions, slots, q_lens, seq_lens, rows, last = [], [], [], [], [], [], []
-        for s in sched.scheduled:
-            req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
-            blocks = self.block_manager.block_ids(req.request_id)
-            ids += req.all_token_ids[start : start + n]
-            positions += range(start, start + n)
-            slots += [
-                blocks[p // bs] * bs + p % bs for p in range(start, start + n)
-            ]  # slot of each new token
-            rows.append(self.cache.write_row(req.request_id, blocks))
-            q_lens.append(n)
-            seq_lens.append(start + n)
-            if s.samples:
-                last.append(len(ids) - 1)
-        cu = list(itertools.accumulate(q_lens, initial=0))  # [B+1] on the host
-        max_blocks = max(-(-n // bs) for n in seq_lens)
-        batch = ForwardBatch(
-            input_ids=to_device(ids, torch.long, device),
-            positions=to_device(positions, torch.long, device),
-            cu_seqlens_q=to_device(cu, torch.int32, device),
-            last_token_index=to_device(last, torch.long, device),
-            cu_seqlens_q_host=cu,
-            max_q_len=max(q_lens),
-        )
-        block_table = self.cache.block_table[to_device(rows, torch.long, device), :max_blocks]
-        metadata = AttentionMetadata.build(  # once per step, read by every layer
-            q_lens,
-            seq_lens,
-            device,
-            block_table=block_table.contiguous(),  # [B, max_blocks]: this step's rows
-            slot_mapping=slots,
-            cu_seqlens_q=batch.cu_seqlens_q,
-        )
-        kv = PagedKVStep(cache=self.cache, metadata=metadata)
-        return batch, kv
+        return build_batch(sched, self.cache, self.block_manager, self.model.batch_device)
 
     def _trace_begin(self, sched: SchedulerOutput, batch: ForwardBatch, kv: PagedKVStep) -> None:
-        infos = []
-        for s in sched.scheduled:
-            r = s.request
-            phase = (
-                "decode"
-                if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1
-                else "prefill"
-            )
-            if phase == "prefill" and not s.samples:
-                phase = "prefill chunk"
-            extra = {"blocks": self.block_manager.block_ids(r.request_id)}
-            if s.num_cached_tokens:
-                extra["prefix_cache_hit_tokens"] = s.num_cached_tokens
-            infos.append(request_info(r, s.num_new_tokens, phase, **extra))
-        scheduler = {
-            "waiting": [r.request_id for r in self.scheduler.waiting],
-            "preempted": [r.request_id for r in sched.preempted],
-            "admitted": [r.request_id for r in sched.admitted],
-            "kv_blocks_in_use": self.block_manager.num_used_blocks,
-            "kv_blocks_total": self.block_manager.num_blocks,
-            "blocks_allocated": self._block_moves[0],
-            "blocks_freed_by_preemption": self._block_moves[1],
-            "blocks_freed_by_finished_last_step": self._freed_after_last_step,
-        }
-        begin_step(
-            self.stats.steps,
-            "paged",
-            infos,
-            {
-                "positions": batch.positions,
-                "slot_mapping": kv.metadata.slot_mapping,
-                "cu_seqlens_q": kv.metadata.cu_seqlens_q,
-                "seq_lens": kv.metadata.seq_lens,
-                "block_table": kv.metadata.block_table,
-            },
-            scheduler,
-        )
+        moves = (*self._block_moves, self._freed_after_last_step)
+        trace_step(self.stats.steps, sched, batch, kv, self.scheduler, self.block_manager, moves)
+
+
+def _fails_every_request(exc: Exception) -> bool:
+    """A failure of the model itself (a tensor-parallel rank is gone): no request is to blame."""
+    driver = sys.modules.get("stagewise.parallel.driver")  # loaded whenever a TP model exists
+    return driver is not None and isinstance(exc, driver.TensorParallelError)

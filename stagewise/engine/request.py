@@ -27,6 +27,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # end-of-sequence token or a stop string
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # dropped before the end: its stream was closed or interrupted
+    ERROR = "error"  # an engine step failed because of this request (Request.error says why)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
+    error: str | None = None  # with FinishReason.ERROR: one line saying what failed
     arrival_time: float = field(default_factory=time.perf_counter)  # when it was submitted
     first_scheduled_time: float | None = None  # when a step first ran any of its tokens
     token_times: list[float] = field(default_factory=list)  # when each output token was produced

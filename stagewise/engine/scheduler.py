@@ -30,6 +30,10 @@ A request can also leave early: `abort()` (its stream was abandoned) frees its
 blocks at once. After a step whose forward pass was interrupted,
 `recover_interrupted_step()` preempts every running request (recompute is
 always correct) and unnames the blocks the step named before writing them.
+
+When a step fails for some request, the engine runs each request of that step
+by itself (`schedule_alone`) to find which one it was; `fail()` then removes
+that request with finish reason "error".
 """
 
 from collections import deque
@@ -142,6 +146,32 @@ class Scheduler:
             prefill_left -= n
         return out
 
+    def schedule_alone(self, req: Request) -> SchedulerOutput:
+        """A step that runs `req` only (isolating a failure); the others wait, or are preempted
+        when `req` needs their blocks. Constraint 2's budget still holds (chunked prefill)."""
+        self.block_manager.begin_step()
+        out = SchedulerOutput()
+        bm = self.block_manager
+        if req in self.waiting:
+            hits = bm.find_cached_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
+            cached = len(hits) * bm.block_size
+        else:
+            hits, cached = [], 0
+        n = min(req.num_tokens - req.num_computed_tokens - cached, self.max_num_batched_tokens)
+        while not bm.allocate(req.request_id, req.num_computed_tokens, n, cached_prefix=hits):
+            victim = next(r for r in reversed(self.running) if r is not req)  # req fits alone
+            self.running.remove(victim)
+            self._preempt(victim)
+            out.preempted.append(victim)
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.num_computed_tokens += cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.admitted.append(req)
+        self._scheduled(out, req, n, cached)
+        return out
+
     def _scheduled(self, out: SchedulerOutput, req: Request, n: int, cached: int) -> None:
         samples = req.num_computed_tokens + n == req.num_tokens
         out.scheduled.append(ScheduledRequest(req, n, cached, samples))
@@ -167,6 +197,11 @@ class Scheduler:
         self.block_manager.free(req.request_id)
         req.status = RequestStatus.FINISHED
         req.finish_reason = FinishReason.ABORT
+
+    def fail(self, req: Request, error: str) -> None:
+        """Remove a request whose step failed; finish reason "error", `req.error` says why."""
+        self.abort(req)
+        req.finish_reason, req.error = FinishReason.ERROR, error
 
     def recover_interrupted_step(self) -> list[Request]:
         """Undo a step whose forward pass did not complete; -> the requests sent back to waiting."""

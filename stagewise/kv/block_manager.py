@@ -89,8 +89,8 @@ class BlockManager:
         return -(-num_tokens // self.block_size)  # ceil
 
     def block_ids(self, request_id: str) -> list[int]:
-        """The blocks a request owns, in logical order (its block-table row)."""
-        return self.req_blocks.get(request_id, [])
+        """The blocks a request owns, in logical order (its block-table row); a copy to keep."""
+        return list(self.req_blocks.get(request_id, ()))
 
     # ---- prefix cache ----
 
@@ -209,12 +209,19 @@ class BlockManager:
         self.named_in_step.clear()
 
     def free(self, request_id: str) -> None:
-        """Drop a request's references; blocks reaching 0 go to the free queue (tail first)."""
-        for block_id in reversed(self.req_blocks.pop(request_id, [])):
-            block = self.blocks[block_id]
+        """Drop a request's references; blocks reaching 0 go to the free queue (tail first).
+
+        One block at a time, each leaving the request's list as its reference is dropped: cut
+        short (Ctrl-C), the request still lists exactly the blocks it holds, and calling
+        `free` again finishes the job.
+        """
+        owned = self.req_blocks.get(request_id, [])
+        while owned:
+            block = self.blocks[owned.pop()]
             block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            assert block.ref_count >= 0, f"block {block.block_id} freed twice"
             if block.ref_count == 0:
-                self.free_queue.append(block_id)
+                self.free_queue.append(block.block_id)
                 self.num_freed += 1
+        self.req_blocks.pop(request_id, None)
         self.req_hashes.pop(request_id, None)

@@ -120,6 +120,12 @@ class PagedKVCache:
         if row is not None:
             self.free_rows.append(row)
 
+    def reclaim_lost_rows(self) -> None:
+        """Put back rows that are neither free nor owned (an interrupt fell between the two)."""
+        held = set(self.free_rows) | set(self.row_of.values())
+        lost = [r for r in range(self.block_table.shape[0]) if r not in held]
+        self.free_rows.extend(lost)
+
     def write_row(self, request_id: str, block_ids: list[int]) -> int:
         """Copy a request's block list into its block-table row; returns the row index."""
         row = self.row(request_id)

@@ -1,0 +1,113 @@
+"""One paged step's inputs: every scheduled token flattened into one batch; what the tracer sees.
+
+    input_ids [T], positions [T], slot_mapping [T], cu_seqlens_q [B+1], seq_lens [B],
+    block_table [B, max_blocks]: the requests' rows of the block table
+
+Prefill chunks and decode tokens sit side by side, with no padding; a token at
+position p of a request lives in slot `blocks[p // block_size] * block_size +
+p % block_size`.
+"""
+
+import itertools
+
+import torch
+
+from stagewise.engine.scheduler import Scheduler, SchedulerOutput
+from stagewise.engine.tracing import begin_step, request_info
+from stagewise.kv.block_manager import BlockManager
+from stagewise.kv.paged import PagedKVCache, PagedKVStep
+from stagewise.models.forward_batch import ForwardBatch
+from stagewise.runtime import to_device
+from stagewise.stages.attention_metadata import AttentionMetadata
+
+
+def build_batch(
+    sched: SchedulerOutput, cache: PagedKVCache, block_manager: BlockManager, device
+) -> tuple[ForwardBatch, PagedKVStep]:
+    """Flatten every scheduled token into one batch, and the step's paged attention metadata."""
+    bs = cache.block_size
+    ids, positions, slots, q_lens, seq_lens, rows, last = [], [], [], [], [], [], []
+    for s in sched.scheduled:
+        req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
+        blocks = block_manager.block_ids(req.request_id)
+        ids += req.all_token_ids[start : start + n]
+        positions += range(start, start + n)
+        slots += [
+            blocks[p // bs] * bs + p % bs for p in range(start, start + n)
+        ]  # slot of each new token
+        rows.append(cache.write_row(req.request_id, blocks))
+        q_lens.append(n)
+        seq_lens.append(start + n)
+        if s.samples:
+            last.append(len(ids) - 1)
+    cu = list(itertools.accumulate(q_lens, initial=0))  # [B+1] on the host
+    max_blocks = max(-(-n // bs) for n in seq_lens)
+    batch = ForwardBatch(
+        input_ids=to_device(ids, torch.long, device),
+        positions=to_device(positions, torch.long, device),
+        cu_seqlens_q=to_device(cu, torch.int32, device),
+        last_token_index=to_device(last, torch.long, device),
+        cu_seqlens_q_host=cu,
+        max_q_len=max(q_lens),
+    )
+    block_table = cache.block_table[to_device(rows, torch.long, device), :max_blocks]
+    metadata = AttentionMetadata.build(  # once per step, read by every layer
+        q_lens,
+        seq_lens,
+        device,
+        block_table=block_table.contiguous(),  # [B, max_blocks]: this step's rows
+        slot_mapping=slots,
+        cu_seqlens_q=batch.cu_seqlens_q,
+    )
+    kv = PagedKVStep(cache=cache, metadata=metadata)
+    return batch, kv
+
+
+def trace_step(
+    index: int,
+    sched: SchedulerOutput,
+    batch: ForwardBatch,
+    kv: PagedKVStep,
+    scheduler: Scheduler,
+    block_manager: BlockManager,
+    moves: tuple[int, int, int],
+) -> None:
+    """Tell the tracer what the step runs; `moves`: blocks allocated and freed by preemption while
+    scheduling, and freed by the requests that finished in the previous step."""
+    infos = []
+    for s in sched.scheduled:
+        r = s.request
+        phase = (
+            "decode"
+            if r.output_token_ids and r.num_tokens - r.num_computed_tokens == 1
+            else "prefill"
+        )
+        if phase == "prefill" and not s.samples:
+            phase = "prefill chunk"
+        extra = {"blocks": block_manager.block_ids(r.request_id)}
+        if s.num_cached_tokens:
+            extra["prefix_cache_hit_tokens"] = s.num_cached_tokens
+        infos.append(request_info(r, s.num_new_tokens, phase, **extra))
+    scheduler = {
+        "waiting": [r.request_id for r in scheduler.waiting],
+        "preempted": [r.request_id for r in sched.preempted],
+        "admitted": [r.request_id for r in sched.admitted],
+        "kv_blocks_in_use": block_manager.num_used_blocks,
+        "kv_blocks_total": block_manager.num_blocks,
+        "blocks_allocated": moves[0],
+        "blocks_freed_by_preemption": moves[1],
+        "blocks_freed_by_finished_last_step": moves[2],
+    }
+    begin_step(
+        index,
+        "paged",
+        infos,
+        {
+            "positions": batch.positions,
+            "slot_mapping": kv.metadata.slot_mapping,
+            "cu_seqlens_q": kv.metadata.cu_seqlens_q,
+            "seq_lens": kv.metadata.seq_lens,
+            "block_table": kv.metadata.block_table,
+        },
+        scheduler,
+    )
