@@ -1,4 +1,4 @@
-"""The API boundary's checks: argument types of `LLM(...)`, and whether the paged KV cache fits.
+"""The API boundary's checks: argument types of `LLM(...)`, and whether a KV cache fits.
 
 They run once, before anything is loaded or allocated — never inside an engine
 step, whose launchers must stay free of host synchronisations. Each failure is
@@ -14,6 +14,7 @@ from stagewise.kv.paged import (
     kv_bytes_per_token,
     num_blocks_for_budget,
 )
+from stagewise.models import memory
 from stagewise.models.registry import LoadedModel
 
 MODES = ("paged", "kv", "naive")
@@ -74,4 +75,23 @@ def check_engine_memory(loaded: LoadedModel, ecfg: EngineConfig, max_model_len: 
             f"the paged KV cache needs {(kv + table) / 2**30:.1f} GiB ({blocks} blocks, "
             f"{ecfg.max_num_seqs} seats) but {free / 2**30:.1f} GiB are free; "
             "lower num_kv_blocks / max_num_seqs"
+        )
+
+
+def check_kv_batches(cfg, dtype, device, batches: list[tuple[int, int]]) -> None:
+    """Mode "kv": refuse a static batch whose contiguous KV cache cannot fit, before any runs.
+
+    `batches`: (rows, capacity) of each static batch; a batch reserves capacity = longest prompt
+    + largest max_tokens for every row, used or not: rows * capacity * kv_bytes_per_token.
+    """
+    if device.type == "meta":
+        return
+    free = memory.free_bytes(device)
+    rows, capacity = max(batches, key=lambda b: b[0] * b[1])
+    need = rows * capacity * kv_bytes_per_token(cfg, dtype)
+    if free is not None and need > free:
+        raise StagewiseError(
+            f"mode 'kv' needs a {need / 2**30:.1f} GiB contiguous KV cache ({rows} prompts x "
+            f"{capacity} tokens, prompt + max_tokens reserved for each) but {free / 2**30:.1f} GiB "
+            "are free; lower max_tokens or max_num_seqs, or use mode='paged'"
         )

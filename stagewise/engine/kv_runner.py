@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
+from stagewise.engine.checks import check_kv_batches
 from stagewise.engine.request import Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
@@ -48,15 +49,27 @@ class KVRunner:
 
     def run(self, requests: list[Request]) -> Iterator[tuple[Request, int, str]]:
         """Yield (request, token id, new text) for every token as it is sampled."""
-        for start in range(0, len(requests), self.max_num_seqs):
-            yield from self._run_batch(requests[start : start + self.max_num_seqs])
+        batches = [
+            requests[start : start + self.max_num_seqs]
+            for start in range(0, len(requests), self.max_num_seqs)
+        ]
+        # every batch's cache is checked before the first one runs: refuse at once, not half-way
+        sizes = [(len(b), self._capacity(b)) for b in batches]
+        check_kv_batches(self.model.config, self.model.dtype, self.model.device, sizes)
+        for batch in batches:
+            yield from self._run_batch(batch)
+
+    @staticmethod
+    def _capacity(reqs: list[Request]) -> int:
+        """Slots each row of a static batch reserves: longest prompt + largest max_tokens."""
+        return max(r.num_prompt_tokens for r in reqs) + max(r.params.max_tokens for r in reqs)
 
     def _run_batch(self, reqs: list[Request]) -> Iterator[tuple[Request, int, str]]:
         cfg, device = self.model.config, self.model.device
         num_rows = len(reqs)
         prompt_len = max(r.num_prompt_tokens for r in reqs)  # P_max: every row is padded to it
         pads = [prompt_len - r.num_prompt_tokens for r in reqs]
-        capacity = prompt_len + max(r.params.max_tokens for r in reqs)
+        capacity = self._capacity(reqs)
         cache = ContiguousKVCache(
             cfg.num_layers,
             num_rows,
