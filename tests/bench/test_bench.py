@@ -301,7 +301,11 @@ def test_soak_smoke_finds_nothing_lost_changed_or_leaked():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `bench soak` runs: the tiny model's ops are too small for threads
     try:
-        result = run_soak(SoakSettings(num_requests=24, num_kv_blocks=12, streams_every=8, arrivals_per_step=2))
+        # with every fault: abandoned streams, a burst of real SIGINTs on streams, a generating thread
+        settings = SoakSettings(
+            num_requests=24, num_kv_blocks=12, streams_every=8, arrivals_per_step=2, interrupts_every=6, threads_every=9
+        )
+        result = run_soak(settings)
     finally:
         torch.set_num_threads(threads)
     summary = result["summary"]
@@ -309,3 +313,6 @@ def test_soak_smoke_finds_nothing_lost_changed_or_leaked():
     assert summary["requests"] == 24 and summary["abandoned_streams"] >= 1
     assert summary["preemptions"] > 0 and summary["prefix_cache_hit_rate"] > 0
     assert summary["lost_requests"] == summary["outputs_differing_from_alone"] == summary["blocks_held_at_end"] == 0
+    assert summary["interrupt_bursts"] >= 1 and summary["sigints_in_engine_calls"] >= 1
+    assert summary["generate_threads_beside_streams"] >= 1 and summary["streamed_requests_checked"] >= 3
+    assert summary["requests_ended_in_error"] == 0
