@@ -16,41 +16,90 @@ import json
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from stagewise.errors import StagewiseError
+from stagewise.models.template_sandbox import (
+    LimitedSandbox,
+    Limits,
+    TemplateLimitError,
+    refuse_other_templates,
+    render,
+    weight,
+)
 from stagewise.tokenizer.vocabulary import CHATML_TEMPLATE, Tokenizer
 
 __all__ = ["CHATML_TEMPLATE", "apply_chat_template", "chat_segments", "render_chat_template"]
 
+TEMPLATE_CHARS = 1_000_000  # what a template may build and write beyond the messages' own text
+TEMPLATE_STEPS = 100_000  # loop iterations per render, plus STEPS_PER_MESSAGE per message
+STEPS_PER_MESSAGE = 100
+TEMPLATE_CALLS = 5_000  # calls (macros, methods) per render, plus CALLS_PER_MESSAGE per message
+CALLS_PER_MESSAGE = 20
+
 
 def render_chat_template(
-    source: str, messages: list[dict], add_generation_prompt: bool, special_tokens: dict[str, str]
+    source: str,
+    messages: list[dict],
+    add_generation_prompt: bool,
+    special_tokens: dict[str, str],
+    origin: str = "the model's chat template",
 ) -> str:
-    """Render `source` for `messages`; `special_tokens` are extra variables such as `bos_token`."""
+    """Render `source` for `messages`; `special_tokens` are extra variables such as `bos_token`.
+
+    The template comes from a model file (`origin` names it in every error), so it renders in
+    a sandbox with limits (`template_sandbox.py`): its own text, and whatever it builds, may
+    exceed the messages' text by TEMPLATE_CHARS; it may take TEMPLATE_STEPS loop iterations
+    and TEMPLATE_CALLS calls (more for more messages). Anything that goes wrong inside it is
+    one line.
+    """
+    if not isinstance(source, str):
+        raise StagewiseError(f"{origin}: the chat template is a {type(source).__name__}, not text")
+    given = weight(messages, 1 << 62) + weight(special_tokens, 1 << 62)
+    limits = Limits(
+        steps=TEMPLATE_STEPS + STEPS_PER_MESSAGE * len(messages),
+        calls=TEMPLATE_CALLS + CALLS_PER_MESSAGE * len(messages),
+        chars=TEMPLATE_CHARS + given,
+    )
     try:
-        return _compile(source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special_tokens
+        template = _compile(source)
+        return render(
+            template,
+            limits,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
         )
-    except TemplateError as err:
-        raise StagewiseError(f"chat template failed: {err}") from err
+    except TemplateLimitError as err:
+        raise StagewiseError(f"{origin}: chat template refused: {err}") from None
+    except TemplateError as err:  # a syntax error, an undefined name, raise_exception(...)
+        raise StagewiseError(f"{origin}: chat template failed: {err}") from None
+    except RecursionError:
+        raise StagewiseError(
+            f"{origin}: chat template refused: it calls itself (or nests) too deeply"
+        ) from None
+    except Exception as err:  # the template's own Python errors: 'x' + 1, 1 / 0, ...
+        raise StagewiseError(
+            f"{origin}: chat template failed: {type(err).__name__}: {err}"
+        ) from None
 
 
 @functools.cache
 def _compile(source: str):
     """Compile once per template, with the helpers transformers provides to templates."""
+    if len(source) > TEMPLATE_CHARS:
+        raise TemplateLimitError(f"the template is {len(source):,} characters long")
 
     def raise_exception(message: str):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(
-        value, indent=indent, ensure_ascii=False
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.set_filter(  # as transformers: plain JSON, non-ASCII kept
+        "tojson", lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
     )
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(source)
+    ast = env.parse(source)
+    refuse_other_templates(ast)
+    return env.from_string(ast)
 
 
 def apply_chat_template(
@@ -66,7 +115,10 @@ def apply_chat_template(
         for name, token_id in named
         if token_id is not None
     }
-    return render_chat_template(tokenizer.chat_template, messages, add_generation_prompt, special)
+    origin = tokenizer.chat_template_file or "the model's chat template"
+    return render_chat_template(
+        tokenizer.chat_template, messages, add_generation_prompt, special, origin
+    )
 
 
 def chat_segments(

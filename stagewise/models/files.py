@@ -8,6 +8,7 @@ file through the import system without importing the package.
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 from stagewise.errors import StagewiseError
@@ -32,15 +33,51 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def model_file(folder: Path, name: str) -> Path:
+    """`folder / name`, refused when it resolves outside the model folder.
+
+    A model folder is read as one unit: its config, tokenizer, chat template and weights. A file
+    in it that is a symbolic link to somewhere else (`chat_template.jinja -> ~/.ssh/id_rsa`)
+    would be read, rendered and shown by `trace` as if it were part of the model, so it is
+    refused. The folder itself may be a link (it is resolved first), and links between its own
+    files are fine. Hugging Face's hub cache keeps a snapshot's files as links into the
+    repository's `blobs/` folder (`models--org--name/snapshots/<rev>/config.json ->
+    ../../blobs/<sha>`): those belong to the same model and are allowed.
+    """
+    root = Path(folder).resolve()
+    target = (root / name).resolve()
+    inside = [root]
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        inside.append(root.parent.parent / "blobs")
+    if not any(target.is_relative_to(place) for place in inside):
+        raise StagewiseError(
+            f"{Path(folder) / name} points outside the model folder, to {target}; copy the file "
+            "into the folder if it belongs to this model"
+        )
+    return Path(folder) / name
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file of a model (a chat template); one-line errors that name the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StagewiseError(f"cannot read {path}: {exc}") from None
+
+
 def read_json_object(path: Path) -> dict:
     """A JSON file holding an object (config.json, tokenizer.json, ...); one-line errors that name
     the file."""
+    text = read_text(path)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StagewiseError(f"cannot read {path}: {exc}") from None
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise StagewiseError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:  # Python's decoder recurses once per nested list or object
+        raise StagewiseError(
+            f"{path}: JSON nested too deeply (lists or objects inside each other more than "
+            f"~{sys.getrecursionlimit()} levels)"
+        ) from None
     if not isinstance(value, dict):
         raise StagewiseError(f"{path} must hold a JSON object, got {type(value).__name__}")
     return value

@@ -19,7 +19,7 @@ import gguf
 
 from stagewise.errors import StagewiseError
 from stagewise.models import sentencepiece_files
-from stagewise.models.files import read_json_object
+from stagewise.models.files import model_file, read_json_object, read_text
 from stagewise.stages.pre_tokenizers import (
     DIGITS_PATTERN,
     GPT2_PATTERN,
@@ -46,12 +46,18 @@ def tokenizer_from_gguf_reader(reader: gguf.GGUFReader, name: str = "GGUF") -> T
         return fields[key].contents() if key in fields else default
 
     model = read("tokenizer.ggml.model")
+    template = read("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise StagewiseError(
+            f"{name}: tokenizer.chat_template is a {type(template).__name__}, not text"
+        )
     end_ids = (read(f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom"))
     common = {
         "bos_id": read("tokenizer.ggml.bos_token_id"),
         "eos_id": read("tokenizer.ggml.eos_token_id"),
         "pad_id": read("tokenizer.ggml.padding_token_id"),
-        "chat_template": read("tokenizer.chat_template"),
+        "chat_template": template,
+        "chat_template_file": f"{name} (tokenizer.chat_template)",
         # llama.cpp ends generation on these too (end of turn, end of message: Llama 3's
         # <|eot_id|>, <|eom_id|>)
         "extra_eos_ids": tuple(i for i in end_ids if i is not None),
@@ -83,9 +89,9 @@ def tokenizer_from_hf_dir(path: str | Path) -> Tokenizer:
     """Read `tokenizer.json` (byte-level or SentencePiece BPE; else `tokenizer.model`) and its
     configs."""
     path = Path(path)
-    tokenizer_file = path / "tokenizer.json"
+    tokenizer_file = model_file(path, "tokenizer.json")
     if not tokenizer_file.is_file():
-        if (path / "tokenizer.model").is_file():
+        if model_file(path, "tokenizer.model").is_file():
             fields = sentencepiece_files.read_model_proto(path / "tokenizer.model")
             return with_generation_config(_sentencepiece(path, fields), path)
         raise StagewiseError(f"no tokenizer.json or tokenizer.model in {path}")
@@ -105,7 +111,7 @@ def with_generation_config(tokenizer: Tokenizer, path: Path) -> Tokenizer:
     """Add `generation_config.json`'s end-of-sequence ids (an int or a list), as transformers
     and vLLM stop on every one of them: Llama 3.1 Instruct lists <|end_of_text|>, <|eom_id|>
     and <|eot_id|>."""
-    config_file = path / "generation_config.json"
+    config_file = model_file(path, "generation_config.json")
     if not config_file.is_file():
         return tokenizer
     listed = read_json_object(config_file).get("eos_token_id")
@@ -147,7 +153,7 @@ def _from_tokenizer_json(path: Path, tokenizer_file: Path, spec: dict) -> Tokeni
 
     tokens = [by_id[i] for i in range(len(by_id))]
     lookup = {token: i for i, token in enumerate(tokens)}
-    config, template = _read_hf_config(path)
+    config, template, template_file = _read_hf_config(path)
     # A Llama 3 style file says "add bos" through its post-processor rather than the config.
     bos_from_post = _bos_from_post_processor(spec.get("post_processor"))
     names = {key: _token_name(config.get(f"{key}_token")) for key in ("bos", "eos", "pad")}
@@ -161,6 +167,7 @@ def _from_tokenizer_json(path: Path, tokenizer_file: Path, spec: dict) -> Tokeni
         eos_id=lookup.get(names["eos"]),
         pad_id=lookup.get(names["pad"]),
         chat_template=template,
+        chat_template_file=template_file,
         pre=pre,
         add_bos=bool(config.get("add_bos_token", bos_from_post is not None)),
         ignore_merges=bool(model.get("ignore_merges", False)),
@@ -170,7 +177,7 @@ def _from_tokenizer_json(path: Path, tokenizer_file: Path, spec: dict) -> Tokeni
 def _sentencepiece(path: Path, fields: dict) -> Tokenizer:
     """A SentencePiece vocabulary plus tokenizer_config.json (bos/eos names, add_bos, the chat
     template)."""
-    config, template = _read_hf_config(path)
+    config, template, template_file = _read_hf_config(path)
     lookup = {token: i for i, token in enumerate(fields["tokens"])}
     for key in ("bos", "eos", "pad", "unk"):
         value = _token_name(config.get(f"{key}_token"))
@@ -181,7 +188,13 @@ def _sentencepiece(path: Path, fields: dict) -> Tokenizer:
     # tokenizer.json's post-processor decides; else the config; else True, Llama 2's default.
     add_bos = fields.pop("add_bos", config.get("add_bos_token", True))
     add_bos = bool(add_bos) and fields["bos_id"] is not None
-    return Tokenizer(model="llama", chat_template=template, add_bos=add_bos, **fields)
+    return Tokenizer(
+        model="llama",
+        chat_template=template,
+        chat_template_file=template_file,
+        add_bos=add_bos,
+        **fields,
+    )
 
 
 def _token_name(value) -> str | None:
@@ -189,18 +202,27 @@ def _token_name(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def _read_hf_config(path: Path) -> tuple[dict, str | None]:
-    """`tokenizer_config.json` (or {}) and the chat template, wherever transformers saved it."""
-    config_file = path / "tokenizer_config.json"
+def _read_hf_config(path: Path) -> tuple[dict, str | None, str | None]:
+    """`tokenizer_config.json` (or {}), the chat template, wherever transformers saved it, and
+    the file it came from."""
+    config_file = model_file(path, "tokenizer_config.json")
     config = read_json_object(config_file) if config_file.is_file() else {}
-    template = config.get("chat_template")
-    template_file = path / "chat_template.jinja"  # newer transformers write the template here
+    template, where = config.get("chat_template"), str(config_file)
+    template_file = model_file(path, "chat_template.jinja")  # newer transformers write it here
     if template_file.is_file():
-        template = template_file.read_text(encoding="utf-8")
-    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
-        named = {entry["name"]: entry["template"] for entry in template}
-        template = named.get("default", next(iter(named.values()), None))
-    return config, template
+        template, where = read_text(template_file), str(template_file)
+    named = isinstance(template, list) and all(
+        isinstance(entry, dict) and "template" in entry for entry in template
+    )
+    if named:  # named templates: [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        by_name = {entry.get("name"): entry["template"] for entry in template}
+        template = by_name.get("default", next(iter(by_name.values()), None))
+    if template is not None and not isinstance(template, str):
+        raise StagewiseError(
+            f"{where}: chat_template is a {type(template).__name__}, not text (nor a list of "
+            '{"name": ..., "template": ...} entries)'
+        )
+    return config, template, where if template is not None else None
 
 
 def check_named_tokens(names: dict, lookup: dict, where: Path) -> None:

@@ -64,6 +64,7 @@ class Tokenizer:
     eos_id: int | None  # end-of-sequence id; generation stops on it
     pad_id: int | None = None  # padding id, if the model names one
     chat_template: str | None = None  # jinja2 template that renders a chat into one prompt string
+    chat_template_file: str | None = None  # where the template was read, named in its errors
     # pre-tokenizer name (llama.cpp's), canonicalised to a key of `PRE_TOKENIZERS`
     pre: str = "gpt2"
     # prepend bos_id when encoding (SmolLM2: False, its template writes the markers)
