@@ -8,10 +8,13 @@ minute (a smoke test, not a measurement) and writes to
 
 Every option is checked before the run starts: sizes >= 1 (0 is an error, not
 "the default"), the output folder writable, and an existing result file is
-replaced only when it was made with the same settings (or with `--overwrite`).
+replaced only when it was made with the same settings (or with `--overwrite`);
+a quick run with other settings is written beside it, under a name made from
+its settings (`modes-1a2b3c4d.json`), instead of being refused.
 The JSON and the PNG are written to temporary files and renamed into place together.
 """
 
+import hashlib
 import json
 import os
 from dataclasses import asdict
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stagewise.bench.progress import bench_display
 from stagewise.errors import StagewiseError
@@ -105,28 +109,41 @@ def setup(threads: int | None, out: str | None, quick: bool) -> tuple[Console, P
     return Console(), check_writable_folder(Path(out) if out else folder)
 
 
-def check_result_files(out_dir: Path, name: str, settings: dict, overwrite: bool) -> None:
-    """Before running: both files writable, and an existing result replaced only if made with these settings."""
+def check_result_files(out_dir: Path, name: str, settings: dict, overwrite: bool, quick: bool = False) -> str:
+    """Before running: both files writable, and an existing result replaced only if made with these settings.
+
+    Returns the name to write under. A quick run into the default quick/ folder (a smoke test) whose
+    `<name>.json` holds other settings is not refused: it goes to a file named after its settings,
+    `<name>-<8 hex digits>.json` (the same settings always give the same name, so a rerun replaces it).
+    A folder given with --out is the user's: there, other settings are refused as for a full run.
+    """
     if not out_dir.exists():
-        return  # check_writable_folder found that it can be created; finish() creates it
+        return name  # check_writable_folder found that it can be created; finish() creates it
     json_path = check_writable(out_dir / f"{name}.json")
     check_writable(out_dir / f"{name}.png")
-    if overwrite or not json_path.exists():
-        return
+    new = json.loads(json.dumps(settings, default=str))  # as it would be written (tuples -> lists)
+    why = None if overwrite or not json_path.exists() else settings_conflict(json_path, new)
+    if why is None:
+        return name
+    if quick:
+        digest = hashlib.sha256(json.dumps(new, sort_keys=True).encode()).hexdigest()[:8]
+        return check_result_files(out_dir, f"{name}-{digest}", settings, overwrite)
+    raise StagewiseError(f"{json_path} holds a result with {why}; pass --overwrite to replace it, or --out elsewhere")
+
+
+def settings_conflict(json_path: Path, new: dict) -> str | None:
+    """None when the result file was made with the settings `new`; else what differs, in words."""
     try:
         old = json.loads(json_path.read_text()).get("settings")
     except (OSError, ValueError, AttributeError):
         old = None
-    new = json.loads(json.dumps(settings, default=str))  # as it would be written (tuples -> lists)
     if old == new:
-        return
+        return None
     if isinstance(old, dict):
         keys = sorted(set(old) | set(new))
         changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
-        why = "different settings (" + ", ".join(changed) + ")"
-    else:
-        why = "unknown settings"
-    raise StagewiseError(f"{json_path} holds a result with {why}; pass --overwrite to replace it, or --out elsewhere")
+        return "different settings (" + ", ".join(changed) + ")"
+    return "unknown settings"
 
 
 def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str) -> None:
@@ -140,13 +157,13 @@ def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str
 
     console.print(table)
     for note in result.get("notes") or []:
-        console.print(f"[bold red]note:[/] {note}")
+        console.print(f"[bold red]note:[/] {escape(str(note))}")  # data, not markup
     json_path, png_path = out_dir / f"{name}.json", out_dir / f"{name}.png"
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_paths(json_path, png_path) as (json_tmp, png_tmp):
         write_result_json(result, json_tmp)
         plot(result, png_tmp)
-    console.print(f"wrote {json_path} and {png_path}")
+    console.print(f"wrote {escape(str(json_path))} and {escape(str(png_path))}")
 
 
 MODEL = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory")
@@ -195,10 +212,10 @@ def modes(
         tp=parse_ints(tp, "--tp"),
     )
     check_settings(settings)
-    check_result_files(out_dir, "modes", settings_dict(settings), overwrite)
+    name = check_result_files(out_dir, "modes", settings_dict(settings), overwrite, quick and out is None)
     with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_modes(settings, progress=progress)
-    finish(console, result, modes_table(result), plot_modes, out_dir, "modes")
+    finish(console, result, modes_table(result), plot_modes, out_dir, name)
 
 
 @bench_app.command()
@@ -255,10 +272,10 @@ def batching(
         compare=names,
     )
     check_settings(settings)
-    check_result_files(out_dir, "batching", asdict(settings), overwrite)
+    name = check_result_files(out_dir, "batching", asdict(settings), overwrite, quick and out is None)
     with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_batching(settings, progress=progress)
-    finish(console, result, batching_table(result), plot_batching, out_dir, "batching")
+    finish(console, result, batching_table(result), plot_batching, out_dir, name)
 
 
 @bench_app.command()
@@ -294,10 +311,10 @@ def stages(
         warmup=warmup,
         stages=split_names(only, "--stages") if only is not None else (),
     )
-    check_result_files(out_dir, "stages", asdict(resolve(settings)), overwrite)
+    name = check_result_files(out_dir, "stages", asdict(resolve(settings)), overwrite, quick and out is None)
     with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_stages(settings, progress=progress)
-    finish(console, result, stages_table(result), plot_stages, out_dir, "stages")
+    finish(console, result, stages_table(result), plot_stages, out_dir, name)
 
 
 @bench_app.command()
@@ -327,10 +344,10 @@ def soak(
     from stagewise.bench.modes import refuse_weightless
 
     refuse_weightless(model, None)
-    check_result_files(out_dir, "soak", asdict(settings), overwrite)
+    name = check_result_files(out_dir, "soak", asdict(settings), overwrite, quick and out is None)
     with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_soak(settings, progress=progress)
-    finish(console, result, soak_table(result), plot_soak, out_dir, "soak")
+    finish(console, result, soak_table(result), plot_soak, out_dir, name)
     if not result["ok"]:
         raise StagewiseError("the soak found lost, changed or leaked requests (see soak.json)")
 

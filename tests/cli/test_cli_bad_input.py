@@ -198,3 +198,22 @@ def test_quick_runs_go_to_their_own_folder(workdir, monkeypatch, capsys):
     assert code == 0, err
     assert (published / "modes.json").read_text() == OLD
     assert json.loads((published / "quick" / "modes.json").read_text())["settings"]["model"] == "tiny"
+
+
+def test_a_quick_run_with_other_settings_goes_to_a_settings_named_file(workdir, monkeypatch, capsys):
+    """A quick run is a smoke test: other settings than the quick result's are written beside it, not refused;
+    the same settings find the same file again (a rerun replaces it)."""
+    from stagewise.bench.machine import machine_tag
+
+    quick = workdir / "benchmarks" / "results" / machine_tag() / "quick"
+    quick.mkdir(parents=True)
+    (quick / "modes.json").write_text(json.dumps({"settings": {"model": "smollm2-135m"}}))
+    args = ["bench", "modes", "--quick", *TINY, "--output-lengths", "2", "--modes", "kv"]
+    code, out, err = invoke(args, monkeypatch, capsys)
+    assert code == 0, err
+    named = [p for p in quick.glob("modes-*.json")]
+    assert len(named) == 1 and json.loads(named[0].read_text())["settings"]["model"] == "tiny"
+    assert named[0].with_suffix(".png").exists() and named[0].name in " ".join(out.split())
+    assert json.loads((quick / "modes.json").read_text())["settings"] == {"model": "smollm2-135m"}
+    assert invoke(args, monkeypatch, capsys)[0] == 0
+    assert [p.name for p in quick.glob("modes-*.json")] == [named[0].name]
