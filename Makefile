@@ -26,10 +26,11 @@ check: install
 
 # JupyterLab goes into the same .venv (only here: `make test` runs the notebooks without it); the kernel named
 # "stagewise" (this .venv's Python) is registered for any other Jupyter front end too (VS Code, a system Jupyter)
+# As root (a container), JupyterLab refuses to start without --allow-root: it is added only then
 notebook: install
 	.venv/bin/python -m pip install -q jupyterlab
 	.venv/bin/python -m ipykernel install --user --name stagewise --display-name "Python (stagewise)"
-	.venv/bin/jupyter lab notebooks/
+	.venv/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lint:
 	.venv/bin/ruff check stagewise tests
