@@ -12,12 +12,12 @@ import torch
 
 from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict, hf_rope_dict, is_number
 from stagewise.errors import StagewiseError
-from stagewise.models.files import read_json_object, unused_tensors
+from stagewise.models.files import model_file, read_json_object, unused_tensors
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
 
 def config_from_hf(path: Path) -> ModelConfig:
-    config_file = path / "config.json"
+    config_file = model_file(path, "config.json")
     if not config_file.is_file():
         raise StagewiseError(
             f"{path} has no config.json; expected a Hugging Face Llama checkpoint directory"
@@ -114,10 +114,15 @@ def rope_scaling_from_hf(params: dict, cfg: dict, path: Path) -> RopeScaling | N
 
 
 def _open_shards(path: Path) -> dict:
-    """Tensor name -> the open `*.safetensors` shard holding it (headers only: nothing read yet)."""
+    """Tensor name -> the open `*.safetensors` shard holding it (headers only: nothing read yet).
+
+    A tensor stored in two shards is refused: one of the copies would silently win (a stale
+    `model.safetensors` left beside `model-00001-of-00002.safetensors` is the usual way), and
+    which one the model was saved with cannot be told from the files.
+    """
     from safetensors import SafetensorError, safe_open
 
-    shards = sorted(path.glob("*.safetensors"))
+    shards = [model_file(path, shard.name) for shard in sorted(path.glob("*.safetensors"))]
     if not shards:
         raise StagewiseError(f"{path} has no *.safetensors weight files")
     where = {}
@@ -128,7 +133,13 @@ def _open_shards(path: Path) -> dict:
             raise StagewiseError(
                 f"{shard} is not a valid safetensors file (truncated or corrupt?): {exc}"
             ) from None
-        where.update(dict.fromkeys(handle.keys(), (shard, handle)))
+        for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+            if name in where:
+                raise StagewiseError(
+                    f"tensor '{name}' is stored twice, in {where[name][0].name} and {shard.name} "
+                    f"({path}); remove the shard that does not belong to this model"
+                )
+            where[name] = (shard, handle)
     return where
 
 
