@@ -239,7 +239,9 @@ class LLM:
         check_text(prompt)
         if not isinstance(params, SamplingParams):
             raise StagewiseError(f"params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = encode_prompt(self.ops, self.tokenizer, prompt, chat, self.special_tokens)
+        text, ids = encode_prompt(
+            self.ops, self.tokenizer, prompt, chat, self.special_tokens, self.max_model_len
+        )
         if len(ids) > self.max_model_len:
             raise StagewiseError(
                 f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}"

@@ -19,7 +19,15 @@ hand-built prompts.
 A template whose markers are plain text (Llama 2's `[INST]`) cannot be
 protected: typed or not, `[INST]` is the same tokens, and no tokenizer can
 tell them apart.
+
+Too long to fit is known before tokenizing: a token stands for at most the bytes of the longest
+token in the vocabulary (SmolLM2: 81), so a text of more than `max_model_len` times that many
+bytes has more than `max_model_len` tokens and is refused at once, without spending minutes in
+the tokenizer on a 300 MB prompt. Below that bound, the runs are tokenized one after another and
+the count is checked after each.
 """
+
+import weakref
 
 from stagewise.errors import StagewiseError
 from stagewise.models.chat_template import apply_chat_template, chat_segments
@@ -33,23 +41,77 @@ def check_text(prompt) -> None:
     if not isinstance(prompt, str):
         raise StagewiseError(f"a prompt must be a string, got {type(prompt).__name__}")
     try:
-        prompt.encode("utf-8")
+        prompt.isascii() or prompt.encode("utf-8")  # (no copy of an ASCII prompt, however long)
     except UnicodeEncodeError:
         raise StagewiseError("the prompt is not valid UTF-8 (it holds lone surrogates)") from None
-    if not prompt.strip():
+    if not prompt or prompt.isspace():
         raise StagewiseError("the prompt is empty")
 
 
+_LONGEST_TOKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> bytes
+
+
+def longest_token_bytes(tokenizer: Tokenizer) -> int:
+    """The most bytes of text one token can stand for.
+
+    Byte-level BPE spells one byte per character (`Ġ` is a space), so a token's length is its
+    bytes; a special token is matched as text, its UTF-8 length. SentencePiece's pieces are
+    measured in UTF-8, which only overcounts (`▁` is 3 bytes for one space, `<0x0A>` 6 for one).
+    """
+    if tokenizer not in _LONGEST_TOKEN:
+        special = tokenizer.special_tokens
+        byte_level = tokenizer.model != "llama"
+        _LONGEST_TOKEN[tokenizer] = max(
+            (len(t) if byte_level and t not in special else len(t.encode()))
+            for t in tokenizer.tokens
+        )
+    return max(_LONGEST_TOKEN[tokenizer], 1)
+
+
+def check_fits(text: str, tokenizer: Tokenizer, max_tokens: int | None) -> None:
+    """Refuse, before tokenizing, a text with more bytes than `max_tokens` tokens can cover."""
+    if max_tokens is None:
+        return
+    longest = longest_token_bytes(tokenizer)
+    if 4 * len(text) <= max_tokens * longest:  # a character is 1 to 4 bytes of UTF-8
+        return
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > max_tokens * longest:
+        raise StagewiseError(
+            f"the prompt is {size:,} bytes: more than max_model_len={max_tokens} tokens can hold "
+            f"(a token of this vocabulary covers at most {longest} bytes); shorten it"
+        )
+
+
+def check_count(ids: list[int], max_tokens: int | None) -> None:
+    """Stop tokenizing as soon as the count passes `max_tokens`."""
+    if max_tokens is not None and len(ids) > max_tokens:
+        raise StagewiseError(
+            f"the prompt has more than {max_tokens} tokens (max_model_len={max_tokens}); shorten it"
+        )
+
+
 def encode_prompt(
-    ops: StageOps, tokenizer: Tokenizer, prompt: str, chat: bool, special_tokens: bool
+    ops: StageOps,
+    tokenizer: Tokenizer,
+    prompt: str,
+    chat: bool,
+    special_tokens: bool,
+    max_tokens: int | None = None,
 ) -> tuple[str, list[int]]:
-    """-> (prompt text as the model reads it, token ids); user text stays text by default."""
+    """-> (prompt text as the model reads it, token ids); user text stays text by default.
+
+    `max_tokens` (the engine's max_model_len): a prompt that cannot fit is refused before it is
+    tokenized whole (see the module docstring).
+    """
     check_text(prompt)
+    check_fits(prompt, tokenizer, max_tokens)  # the user's text is inside the rendered prompt
     messages = [{"role": "user", "content": prompt}]
     if special_tokens:  # trusted: the whole prompt is parsed, markers and all
         text = (
             apply_chat_template(tokenizer, messages, add_generation_prompt=True) if chat else prompt
         )
+        check_fits(text, tokenizer, max_tokens)
         # a rendered chat template writes its own bos (Llama 2/3, Mistral): add none, as
         # transformers does
         return text, ops(
@@ -67,6 +129,7 @@ def encode_prompt(
         text = (
             apply_chat_template(tokenizer, messages, add_generation_prompt=True) if chat else prompt
         )
+        check_fits(text, tokenizer, max_tokens)
         return text, ops(
             tokenize, text=text, tokenizer=tokenizer, add_special_tokens=not chat
         ).tolist()
@@ -75,16 +138,19 @@ def encode_prompt(
         if chat
         else [(prompt, False)]
     )
+    check_fits("".join(piece for piece, _ in segments), tokenizer, max_tokens)
     ids = (
         [tokenizer.bos_id] if tokenizer.add_bos and not chat else []
     )  # a chat template writes its own bos
     for text, is_control in text_runs(segments, tokenizer.special_tokens):
+        check_count(ids, max_tokens)
         if is_control:  # one of the template's own markers
             ids.append(tokenizer.special_tokens[text])
         else:  # every character as text: [num_tokens]
             ids += ops(
                 tokenize, text=text, tokenizer=tokenizer.plain_text, add_special_tokens=False
             ).tolist()
+    check_count(ids, max_tokens)
     return "".join(piece for piece, _ in segments), ids
 
 
