@@ -96,9 +96,11 @@ def write_gguf(
     write_tokenizer=write_tiny_bpe_tokenizer,
     rope_freqs: np.ndarray | None = None,
     extra=None,
+    projection_type: gguf.GGMLQuantizationType | None = None,
 ) -> Path:
     """`write_tokenizer(writer)` adds the tokenizer.ggml.* keys; `rope_freqs` is llama.cpp's llama3 tensor;
-    `extra(writer)` adds more keys or tensors (files a Llama loader must refuse)."""
+    `extra(writer)` adds more keys or tensors (files a Llama loader must refuse); `projection_type`
+    (e.g. Q4_1) stores the seven projections of every layer quantized, as SmolLM2's file does."""
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(CFG.num_layers)
@@ -121,17 +123,25 @@ def write_gguf(
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     if not model.config.tie_word_embeddings:
         w.add_tensor("output.weight", sd["lm_head.weight"])
+
+    def add_projection(name: str, array: np.ndarray) -> None:
+        if projection_type is None:
+            w.add_tensor(name, array)
+        else:
+            q = gguf.quants.quantize(np.ascontiguousarray(array), projection_type)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=projection_type)
+
     for i in range(CFG.num_layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
-        w.add_tensor(b + "attn_q.weight", llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], CFG.num_heads))
-        w.add_tensor(b + "attn_k.weight", llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], CFG.num_kv_heads))
-        w.add_tensor(b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
-        w.add_tensor(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        add_projection(b + "attn_q.weight", llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], CFG.num_heads))
+        add_projection(b + "attn_k.weight", llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], CFG.num_kv_heads))
+        add_projection(b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        add_projection(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"])
         w.add_tensor(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
-        w.add_tensor(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
-        w.add_tensor(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
-        w.add_tensor(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+        add_projection(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        add_projection(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        add_projection(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -137,20 +137,25 @@ class DequantConfig:
 # Under the interpreter: few, small programs (tests use tiny shapes); split in two where K allows.
 INTERPRETER_DECODE = DequantConfig(block_m=16, block_n=32, block_k=32, split_k=2)
 INTERPRETER_PREFILL = DequantConfig(block_m=32, block_n=32, block_k=32, split_k=1)
-GPU_PREFILL = DequantConfig(
-    block_m=64, block_n=64, block_k=64, split_k=1, num_warps=4, num_stages=3
-)
-GPU_DECODE_TILE = (64, 128, 4, 4)  # (block_n, block_k, num_warps, num_stages) of the decode tile
+# On a GPU, by element size of the activations: tiles that compile without register spills for
+# sm_80/89/90 (the compile gate): the expanded [BLOCK_K, BLOCK_N] fp32 tile and its 64-bit
+# pointers live in registers, so fp32 activations get smaller tiles.
+GPU_PREFILL = {
+    2: DequantConfig(block_m=64, block_n=64, block_k=32, split_k=1, num_warps=4, num_stages=3),
+    4: DequantConfig(block_m=32, block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=2),
+}
+GPU_DECODE_TILE = {2: (64, 64, 4, 3), 4: (32, 32, 4, 2)}  # (block_n, block_k, warps, stages)
 PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 
 
-def dequant_config(m: int, n: int, k: int, sms: int | None) -> DequantConfig:
+def dequant_config(m: int, n: int, k: int, sms: int | None, element_size: int = 2) -> DequantConfig:
     """The launch for this shape: decode (M <= 16) splits K to fill the GPU, prefill tiles M."""
+    size = 4 if element_size >= 4 else 2
     if m > DECODE_MAX_M:
-        return INTERPRETER_PREFILL if sms is None else GPU_PREFILL
+        return INTERPRETER_PREFILL if sms is None else GPU_PREFILL[size]
     if sms is None:
         return INTERPRETER_DECODE
-    block_n, block_k, warps, stages = GPU_DECODE_TILE
+    block_n, block_k, warps, stages = GPU_DECODE_TILE[size]
     wanted = max(1, min(16, -(-PROGRAMS_PER_SM * sms // -(-n // block_n))))
     _, splits = split_plan(k, block_k, wanted)
     return DequantConfig(16, block_n, block_k, splits, warps, stages)
@@ -174,7 +179,7 @@ def dequant_matmul(
     c = torch.empty((m, n), device=a.device, dtype=a.dtype)
     if m == 0 or n == 0:
         return c
-    cfg = config or dequant_config(m, n, k, num_sms(a.device))
+    cfg = config or dequant_config(m, n, k, num_sms(a.device), a.element_size())
     if cfg.block_k % group_size:
         raise KernelInputError(f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}")
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)

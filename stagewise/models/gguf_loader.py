@@ -24,7 +24,15 @@ import torch
 from stagewise.config import ModelConfig, RopeScaling, is_number
 from stagewise.errors import StagewiseError
 from stagewise.models.files import unused_tensors
+from stagewise.models.quantized import (
+    check_quantization,
+    kept_kind,
+    notice_dequantized,
+    packed_from_blocks,
+)
 from stagewise.models.weights import LayerWeights, LlamaWeights
+from stagewise.stages.dequantize import dequantize_rows
+from stagewise.stages.packed_weight import PackedWeight, cat_out_features, is_packed
 
 
 def open_gguf(path: str | Path):
@@ -147,26 +155,32 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def load_gguf(
-    path: str | Path, reader=None, dtype: torch.dtype = torch.float32
+    path: str | Path, reader=None, dtype: torch.dtype = torch.float32, quantization: str = "none"
 ) -> tuple[ModelConfig, LlamaWeights]:
     """GGUF file -> (config, weights in `dtype` on CPU); pass `reader` to reuse an open file.
 
-    One tensor at a time: dequantize to float32, rearrange, cast to `dtype`, drop the float32
-    copy; a 7B model loads in bfloat16 with 14 GB of weights, never 28 GB of float32 at once.
+    quantization "auto": Q4_0, Q4_1 and Q8_0 matrices stay packed (`models/quantized.py`), their
+    bits as in the file; "none" (the default of this function; `load_model` and `LLM` default to
+    "auto"): every tensor is dequantized. One tensor at a time: dequantize to
+    float32, rearrange, cast to `dtype`, drop the float32 copy; a 7B model loads in bfloat16 with
+    14 GB of weights, never 28 GB of float32 at once.
     """
     from gguf.quants import dequantize
 
     path = Path(path)
+    quantization = check_quantization(quantization)
     reader = reader if reader is not None else open_gguf(path)
     config = config_from_gguf(reader, str(path))
     tensors = {t.name: t for t in reader.tensors}
     used = {"rope_freqs.weight"}  # read by rope_scaling_from_gguf
+    dequantized_types: set[str] = set()
 
     def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
         used.add(name)
         if name not in tensors:
             raise StagewiseError(f"{path}: tensor '{name}' is missing")
         t = tensors[name]
+        dequantized_types.add(t.tensor_type.name)
         try:
             array = dequantize(t.data, t.tensor_type)
         except Exception as exc:
@@ -194,9 +208,34 @@ def load_gguf(
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return cast(read(name, shape))
 
-    def linear(name: str, out_f: int, in_f: int, heads: int | None = None) -> torch.Tensor:
+    def linear(name: str, out_f: int, in_f: int, heads: int | None = None):
+        """[out, in] float rows as stored, or a PackedWeight [in, out] when its type is kept."""
+        t = tensors.get(name)
+        kind = None if t is None else kept_kind(t.tensor_type.name, quantization)
+        if kind is not None:  # kept packed: the file's blocks, moved apart, no value changed
+            used.add(name)
+            stored = tuple(int(n) for n in reversed(t.shape))  # GGUF lists [in, out]
+            if stored != (out_f, in_f):
+                raise StagewiseError(
+                    f"{path}: tensor '{name}' has shape {stored}, expected {(out_f, in_f)}"
+                )
+            w = packed_from_blocks(t.data, t.tensor_type.name, (out_f, in_f), f"{path}: {name}")
+            if heads:  # the same row permutation, applied to whole rows of codes and scales
+                order = unpermute_rows(np.arange(out_f)[:, None], heads)[:, 0]
+                w = w.out_features(torch.from_numpy(order))
+            return w
         w = read(name, (out_f, in_f))  # [out, in] as stored
         return cast(unpermute_rows(w, heads) if heads else w)
+
+    def fused(parts: list) -> "torch.Tensor | PackedWeight":
+        """[out_i, in] rows (or packed [in, out_i]) -> one [in, sum out_i] weight (a view)."""
+        if all(is_packed(p) for p in parts) and len({p.kind for p in parts}) == 1:
+            return cat_out_features(parts)  # W_q | W_k | W_v stay packed as one weight
+        rows = [dequantize_rows(p).to(dtype) if is_packed(p) else p for p in parts]  # mixed kinds
+        return torch.cat(rows).t()  # [sum out_i, in] -> [in, sum out_i] view
+
+    def single(w) -> "torch.Tensor | PackedWeight":
+        return w if is_packed(w) else w.t()  # [out, in] -> [in, out] view
 
     hidden, inter = config.hidden_size, config.intermediate_size
     layers = []
@@ -212,23 +251,21 @@ def load_gguf(
         layers.append(
             LayerWeights(
                 attn_norm=get(p + "attn_norm.weight", (hidden,)),
-                w_qkv=torch.cat(
-                    [wq, wk, wv]
-                ).t(),  # [(H+2Hkv)*d, hidden] -> [hidden, (H+2Hkv)*d] view
-                w_o=linear(
-                    p + "attn_output.weight", hidden, config.q_size
-                ).t(),  # views; LlamaWeights.to
-                ffn_norm=get(p + "ffn_norm.weight", (hidden,)),  # picks the layout per device
-                w_gate_up=torch.cat([gate, up]).t(),  # [hidden, 2*inter]
-                w_down=linear(p + "ffn_down.weight", hidden, inter).t(),  # [inter, hidden]
+                w_qkv=fused([wq, wk, wv]),  # [hidden, (H+2Hkv)*d]
+                w_o=single(linear(p + "attn_output.weight", hidden, config.q_size)),  # views;
+                ffn_norm=get(p + "ffn_norm.weight", (hidden,)),  # LlamaWeights.to picks the
+                w_gate_up=fused([gate, up]),  # [hidden, 2*inter]      layout per device
+                w_down=single(linear(p + "ffn_down.weight", hidden, inter)),  # [inter, hidden]
             )
         )
         del wq, wk, wv, gate, up
-    embed = get("token_embd.weight", (config.vocab_size, hidden))  # [vocab, hidden]
+    # [vocab, hidden] rows (a packed table: PackedWeight [hidden, vocab], read by rows)
+    embed = linear("token_embd.weight", config.vocab_size, hidden)
     head = (
-        embed if config.tie_word_embeddings else get("output.weight", (config.vocab_size, hidden))
+        embed if config.tie_word_embeddings else linear("output.weight", config.vocab_size, hidden)
     )
-    lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
+    lm_head = single(head)  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
+    notice_dequantized(dequantized_types, path)
     final_norm = get("output_norm.weight", (hidden,))
     # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq
     # in some old conversions) is derived from the metadata, so skipped

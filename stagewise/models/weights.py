@@ -22,30 +22,34 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages.packed_weight import PackedWeight, is_packed
 
 
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden]: RMSNorm before attention
-    w_qkv: torch.Tensor  # [hidden, (H + 2*Hkv) * d]: fused Q, K, V projection
-    w_o: torch.Tensor  # [H * d, hidden]: attention output projection
+    # the four projections: tensors, or PackedWeight when kept quantized (stages/packed_weight.py)
+    w_qkv: "torch.Tensor | PackedWeight"  # [hidden, (H + 2*Hkv) * d]: fused Q, K, V projection
+    w_o: "torch.Tensor | PackedWeight"  # [H * d, hidden]: attention output projection
     ffn_norm: torch.Tensor  # [hidden]: RMSNorm before the FFN
-    w_gate_up: torch.Tensor  # [hidden, 2 * inter]: fused gate and up projections
-    w_down: torch.Tensor  # [inter, hidden]: down projection
+    w_gate_up: "torch.Tensor | PackedWeight"  # [hidden, 2 * inter]: fused gate and up projections
+    w_down: "torch.Tensor | PackedWeight"  # [inter, hidden]: down projection
 
 
 @dataclass
 class LlamaWeights:
-    embed: torch.Tensor  # [vocab, hidden]: token embedding table
+    embed: "torch.Tensor | PackedWeight"  # [vocab, hidden]: token embedding table (packed: by rows)
     layers: list[LayerWeights]  # one entry per transformer block
     final_norm: torch.Tensor  # [hidden]: RMSNorm after the last block
-    lm_head: torch.Tensor  # [hidden, vocab]: output matrix (embed transposed when tied)
+    lm_head: "torch.Tensor | PackedWeight"  # [hidden, vocab]: output matrix (embed^T when tied)
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaWeights":
         """Move and cast every tensor, in the layout the device's GEMMs read fastest (see above)."""
         out_major = torch.device(device).type == "cpu"
 
-        def move(t: torch.Tensor) -> torch.Tensor:
+        def move(t: "torch.Tensor | PackedWeight") -> "torch.Tensor | PackedWeight":
+            if is_packed(t):
+                return t.to(device)  # codes and scales as they are: no float dtype to cast
             t = t.to(device=device, dtype=dtype)
             if t.dim() == 2 and out_major:
                 return t.t().contiguous().t()  # [in, out] view of a row-major [out, in] matrix
@@ -54,23 +58,42 @@ class LlamaWeights:
         layers = [
             LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers
         ]
-        embed = self.embed.to(
-            device=device, dtype=dtype
-        ).contiguous()  # [vocab, hidden]: rows are gathered
-        lm_head = embed.t() if self.tied() and out_major else move(self.lm_head)  # [hidden, vocab]
+        if is_packed(self.embed):  # a packed table [vocab, hidden]: its rows are gathered
+            embed = self.embed.to(device)
+            lm_head = embed if self.tied() else move(self.lm_head)  # one object when tied
+        else:
+            embed = self.embed.to(
+                device=device, dtype=dtype
+            ).contiguous()  # [vocab, hidden]: rows are gathered
+            lm_head = embed.t() if self.tied() and out_major else move(self.lm_head)
         return LlamaWeights(
             embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head
         )
 
     def tied(self) -> bool:
         """True when the LM head is a view of the embedding table's memory (tied embeddings)."""
+        if is_packed(self.embed) or is_packed(self.lm_head):
+            return self.lm_head is self.embed  # a packed table serves as the head itself
         same_device = self.lm_head.device == self.embed.device and self.embed.device.type != "meta"
         return same_device and self.lm_head.data_ptr() == self.embed.data_ptr()
 
     def num_bytes(self) -> int:
-        """Bytes of all weight tensors held in memory (a tied LM head shares the table's memory)."""
-        table = 0 if self.tied() else self.embed.numel() * self.embed.element_size()
+        """Bytes of all weight tensors held in memory (a tied LM head shares the table's memory).
+
+        Packed weights count their codes and scales; `prepared_bytes` counts what tiers built.
+        """
+        table = 0 if self.tied() else tensor_bytes(self.embed)
         return table + self.decode_bytes() - self._embed_row_bytes()
+
+    def packed(self) -> list:
+        """Every distinct packed weight (a tied table once)."""
+        found = [self.embed, self.lm_head, *(t for lw in self.layers for t in vars(lw).values())]
+        unique = {id(t): t for t in found if is_packed(t)}
+        return list(unique.values())
+
+    def prepared_bytes(self) -> int:
+        """Bytes the tiers built from packed weights once (e.g. the torch tier's int4pack form)."""
+        return sum(w.prepared_bytes() for w in self.packed())
 
     def decode_bytes(self) -> int:
         """Bytes one decode step of one token reads: every layer, the final norm and the LM head.
@@ -83,10 +106,17 @@ class LlamaWeights:
             self.lm_head,
             *(t for layer in self.layers for t in vars(layer).values()),
         ]
-        return sum(t.numel() * t.element_size() for t in tensors) + self._embed_row_bytes()
+        return sum(tensor_bytes(t) for t in tensors) + self._embed_row_bytes()
 
     def _embed_row_bytes(self) -> int:
+        if is_packed(self.embed):
+            return self.embed.row_bytes()  # one token's codes and scales
         return self.embed.shape[1] * self.embed.element_size()  # one row of the table
+
+
+def tensor_bytes(t: "torch.Tensor | PackedWeight") -> int:
+    """Bytes a weight holds: numel x element size, or a packed weight's codes and scales."""
+    return t.nbytes if is_packed(t) else t.numel() * t.element_size()
 
 
 def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -30,6 +30,12 @@ import torch
 from stagewise.config import ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.weights import LayerWeights, LlamaWeights
+from stagewise.stages.packed_weight import (
+    PackedWeight,
+    PackedWeightError,
+    cat_out_features,
+    is_packed,
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,59 @@ def _vocab_rows(table: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
     return torch.cat([rows, rows.new_zeros(pad, table.shape[1])]) if pad else rows
 
 
+def _packed_vocab_rows(table: PackedWeight, plan: ShardPlan) -> PackedWeight:
+    """A packed table's rows of this rank; padding rows get zero codes and scales (the value 0)."""
+    rows = table.out_features(slice(plan.vocab.start, min(plan.vocab.stop, plan.vocab_size)))
+    pad = len(plan.vocab) - rows.shape[1]
+    if not pad:
+        return rows
+    zeros = table.out_features(slice(0, 1))._with(lambda t, _: t.new_zeros(pad, t.shape[1]))
+    return cat_out_features([rows, zeros])
+
+
+def _shard_packed_layer(lw: LayerWeights, cfg: ModelConfig, plan: ShardPlan) -> LayerWeights:
+    """The same slices of packed weights: columns are whole output rows of codes (exact); the
+    row-parallel w_o and w_down are cut along K, which must fall between groups of 32."""
+    d, inter = cfg.head_dim, cfg.intermediate_size
+
+    def span(r: range, width: int, offset: int = 0) -> torch.Tensor:
+        return torch.arange(offset + r.start * width, offset + r.stop * width)
+
+    qkv = torch.cat(
+        [
+            span(plan.q_heads, d),
+            span(plan.kv_heads, d, cfg.q_size),
+            span(plan.kv_heads, d, cfg.q_size + cfg.kv_size),
+        ]
+    )
+    gate_up = torch.cat([span(plan.inter, 1), span(plan.inter, 1, inter)])
+
+    def rows(w, r: range, width: int = 1):
+        if not is_packed(w):
+            return _rows(w, r, width)
+        try:
+            return w.in_features(r.start * width, r.stop * width)
+        except PackedWeightError as exc:
+            raise StagewiseError(
+                f"tensor_parallel_size={plan.world_size}: {exc}; load with quantization='none'"
+            ) from None
+
+    def cols(w, index: torch.Tensor, full):
+        return w.out_features(index) if is_packed(w) else full()
+
+    return LayerWeights(
+        attn_norm=lw.attn_norm,
+        w_qkv=cols(lw.w_qkv, qkv, lambda: lw.w_qkv[:, qkv]),  # [hidden, (H/N + 2*Hkv_r) * d]
+        w_o=rows(lw.w_o, plan.q_heads, d),  # [H/N * d, hidden]
+        ffn_norm=lw.ffn_norm,
+        w_gate_up=cols(lw.w_gate_up, gate_up, lambda: lw.w_gate_up[:, gate_up]),
+        w_down=rows(lw.w_down, plan.inter),  # [inter/N, hidden]
+    )
+
+
 def shard_layer(lw: LayerWeights, cfg: ModelConfig, plan: ShardPlan) -> LayerWeights:
+    if any(is_packed(w) for w in vars(lw).values()):
+        return _shard_packed_layer(lw, cfg, plan)
     d, inter = cfg.head_dim, cfg.intermediate_size
     q, k, v = lw.w_qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=1)  # column blocks of W_q | W_k | W_v
     w_qkv = torch.cat([_cols(q, plan.q_heads, d), _cols(k, plan.kv_heads, d), _cols(v, plan.kv_heads, d)], dim=1)
@@ -134,6 +192,12 @@ def shard_weights(
     w: LlamaWeights, cfg: ModelConfig, plan: ShardPlan, device: torch.device, dtype: torch.dtype
 ) -> LlamaWeights:
     """Rank `plan.rank`'s copy of every weight, in `device`'s layout (`LlamaWeights.to`)."""
+    if is_packed(w.embed):  # a packed table: its rows, and the head is the same object when tied
+        embed = _packed_vocab_rows(w.embed, plan)
+        lm_head = embed if w.tied() else _packed_or_rows(w.lm_head, plan)
+        layers = [shard_layer(lw, cfg, plan) for lw in w.layers]
+        local = LlamaWeights(embed=embed, layers=layers, final_norm=w.final_norm, lm_head=lm_head)
+        return _copied(local.to(device, dtype))
     embed = _vocab_rows(w.embed, plan).contiguous()  # [V, hidden] -> [V/N, hidden]
     if w.tied():
         lm_head = embed.t()  # [hidden, V/N]: still the same memory as this rank's table
@@ -145,15 +209,24 @@ def shard_weights(
     return _copied(local.to(device, dtype))
 
 
+def _packed_or_rows(head, plan: ShardPlan):
+    """An untied LM head [hidden, V]: its vocabulary columns (packed: rows of its storage)."""
+    if is_packed(head):
+        return _packed_vocab_rows(head, plan)
+    return _vocab_rows(head.t(), plan).t()
+
+
 def _copied(w: LlamaWeights) -> LlamaWeights:
     """Make every tensor own its memory (a slice that is already in layout would share the full matrix)."""
 
     def own(t: torch.Tensor) -> torch.Tensor:
+        if is_packed(t):
+            return t  # every packed slice above is already a copy of its rows
         if t.dim() == 2 and t.stride(0) == 1:  # an [in, out] view of an out-major matrix: copy that way round
             return t.t().clone().t()
         return t.clone()
 
     embed = own(w.embed)
-    lm_head = embed.t() if w.tied() else own(w.lm_head)
+    lm_head = (embed if is_packed(embed) else embed.t()) if w.tied() else own(w.lm_head)
     layers = [LayerWeights(**{k: own(v) for k, v in vars(lw).items()}) for lw in w.layers]
     return LlamaWeights(embed=embed, layers=layers, final_norm=own(w.final_norm), lm_head=lm_head)

@@ -15,16 +15,23 @@ bandwidth. With debug checks on (`STAGEWISE_DEBUG_CHECKS=1`) its launcher
 first checks that every id is inside the vocabulary (a kernel would silently
 read other memory); that costs a device sync (a min/max of the T ids read
 back), so an engine step runs without it.
+
+A table kept quantized (`PackedWeight`, SmolLM2's Q8_0) is read by rows: the
+T rows asked for are expanded by the block formula (`dequant_gemm.gather_rows`).
 """
 
 import torch
 
 from stagewise.config import ModelConfig
 from stagewise.stages.base import Stage
+from stagewise.stages.dequantize import gather_rows
+from stagewise.stages.packed_weight import is_packed
 
 
 def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """ids [T] int64, weight [vocab, hidden] -> [T, hidden]."""
+    """ids [T] int64, weight [vocab, hidden] -> [T, hidden] (a packed table: float32 rows)."""
+    if is_packed(weight):  # kept quantized: only the T rows asked for are expanded
+        return gather_rows(weight, ids, torch.float32)
     return weight[ids]  # [vocab, hidden][T] -> [T, hidden]
 
 
@@ -33,6 +40,8 @@ def optimized(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     # lazily: importing kernels picks GPU or interpreter
     from stagewise.kernels.embedding import embedding
 
+    if is_packed(weight):  # a packed table: the rows expanded by the naive formula (T rows)
+        return gather_rows(weight, ids, torch.float32)
     return embedding(ids, weight)  # [T] -> [T, hidden]
 
 

@@ -9,6 +9,8 @@ one wide weight and one GEMM replaces two. `silu_and_mul` reads both halves of
 that output and writes their product: fused, it touches the [T, 2*inter]
 tensor once instead of materialising silu(gate) in between.
 
+Packed weights go through `stages/dequant_gemm.py`, in the same tier.
+
 Torch tier (`stages/gemm_torch.py`): both GEMMs in the CPU BLAS form measured
 fastest at load (the activation is the same PyTorch line).
 
@@ -21,8 +23,9 @@ a step that is purely memory bound.
 import torch
 
 from stagewise.config import ModelConfig
-from stagewise.stages import gemm_torch
+from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
+from stagewise.stages.packed_weight import is_packed
 
 
 def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
@@ -33,9 +36,14 @@ def silu_and_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
 
 def naive(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden]."""
-    gate_up = x @ w_gate_up  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    gate_up = product(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
     h = silu_and_mul_naive(gate_up)  # [T, 2*inter] -> [T, inter]: silu(gate) * up
-    return h @ w_down  # [T, inter] @ [inter, hidden] -> [T, hidden]
+    return product(h, w_down)  # [T, inter] @ [inter, hidden] -> [T, hidden]
+
+
+def product(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w, or the dequantize-GEMM's naive tier when w is kept quantized."""
+    return dequant_gemm.naive(x, w) if is_packed(w) else x @ w
 
 
 def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -44,9 +52,12 @@ def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) ->
     from stagewise.kernels.activation import silu_and_mul
     from stagewise.kernels.matmul import matmul
 
-    gate_up = matmul(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    def gemm(a, w):  # a packed weight: the fused Triton dequantize-GEMM
+        return dequant_gemm.optimized(a, w) if is_packed(w) else matmul(a, w)
+
+    gate_up = gemm(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
     h = silu_and_mul(gate_up)  # [T, 2*inter] -> [T, inter], one read, one write
-    return matmul(h, w_down)  # [T, inter] @ [inter, hidden] -> [T, hidden]
+    return gemm(h, w_down)  # [T, inter] @ [inter, hidden] -> [T, hidden]
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:

@@ -14,6 +14,8 @@ With tied embeddings (SmolLM2) it holds the same numbers as the embedding table
 [hidden, vocab] copy made at load time. Decode reads the whole matrix every
 step: 113 MB in fp32 for SmolLM2, a fifth of all weights.
 
+A packed head (a GGUF's Q8_0 table) goes through `stages/dequant_gemm.py`.
+
 Torch tier (`stages/gemm_torch.py`): the same gather, then the GEMM in the CPU
 BLAS form measured fastest at load.
 
@@ -25,13 +27,16 @@ and the selected rows leave memory.
 import torch
 
 from stagewise.config import ModelConfig
-from stagewise.stages import gemm_torch
+from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
+from stagewise.stages.packed_weight import is_packed
 
 
 def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:
     """hidden [T, hidden], last_token_index [B], w_lm [hidden, vocab] -> logits [B, vocab]."""
     last = hidden[last_token_index]  # [T, hidden] -> [num_seqs, hidden]
+    if is_packed(w_lm):  # kept quantized (SmolLM2's Q8_0 table): the dequantize-GEMM stage
+        return dequant_gemm.naive(last, w_lm)
     return last @ w_lm  # [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
 
 
@@ -42,6 +47,8 @@ def optimized(
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.matmul import matmul
 
+    if is_packed(w_lm):  # gather the few rows, then the fused dequantize-GEMM
+        return dequant_gemm.optimized(hidden[last_token_index], w_lm)
     # hidden[last_token_index] @ w_lm: [B of T, hidden] @ [hidden, vocab] -> [B, vocab]
     return matmul(hidden, w_lm, row_index=last_token_index)
 

@@ -6,6 +6,8 @@ Not one of the seeds' six named steps but a GEMM of the same size as the Q
 projection that every block runs right after attention; it is traced and
 benchmarked like the other projections.
 
+A packed weight goes through `stages/dequant_gemm.py`, in the same tier.
+
 Torch tier (`stages/gemm_torch.py`): the same product in the CPU BLAS form
 measured fastest at load, as for qkv_proj.
 
@@ -17,12 +19,15 @@ view of the attention output, read in place through its strides.
 import torch
 
 from stagewise.config import ModelConfig
-from stagewise.stages import gemm_torch
+from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
+from stagewise.stages.packed_weight import is_packed
 
 
 def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     """x [T, H*d], w_o [H*d, hidden] -> [T, hidden]."""
+    if is_packed(w_o):  # kept quantized: the dequantize-GEMM stage, same tier
+        return dequant_gemm.naive(x, w_o)
     return x @ w_o  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
 
 
@@ -31,6 +36,8 @@ def optimized(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.matmul import matmul
 
+    if is_packed(w_o):
+        return dequant_gemm.optimized(x, w_o)
     return matmul(x, w_o)  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
 
 

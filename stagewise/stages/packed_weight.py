@@ -153,6 +153,13 @@ class PackedWeight:
             return self
         return self._with(lambda t, _: t.to(device))
 
+    def share_memory_(self) -> "PackedWeight":
+        """Move codes and scales into shared memory (a spawned process then gets handles)."""
+        for t in (self.codes, self.scales, self.mins):
+            if t is not None:
+                t.share_memory_()
+        return self
+
     def out_features(self, index: torch.Tensor | slice) -> "PackedWeight":
         """Some output features (storage rows): a head permutation, a tensor-parallel shard."""
         return self._with(lambda t, _: t[index].contiguous())

@@ -11,6 +11,9 @@ caller splits the result with views (`split_qkv`), no copy.
 Weights have the shape [in, out] so the code reads `x @ w`, like the math
 (their memory layout is chosen per device: `models/weights.py`).
 
+A weight kept quantized (`PackedWeight`, a GGUF's Q4_1 blocks) goes through
+the dequantize-GEMM stage (`stages/dequant_gemm.py`) in the same tier.
+
 Torch tier (`stages/gemm_torch.py`): the same product asked the way this CPU's
 BLAS streams the weights fastest (measured at load), about 1.9x faster than
 `x @ w` for one decode row on a 2-core AMD EPYC.
@@ -26,12 +29,15 @@ thin tile of columns, so every SM has weight loads in flight.
 import torch
 
 from stagewise.config import ModelConfig
-from stagewise.stages import gemm_torch
+from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
+from stagewise.stages.packed_weight import is_packed
 
 
 def naive(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]."""
+    if is_packed(w_qkv):  # kept quantized: the dequantize-GEMM stage, same tier
+        return dequant_gemm.naive(x, w_qkv)
     return x @ w_qkv  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
 
 
@@ -40,6 +46,8 @@ def optimized(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.matmul import matmul
 
+    if is_packed(w_qkv):
+        return dequant_gemm.optimized(x, w_qkv)
     return matmul(x, w_qkv)  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
 
 
