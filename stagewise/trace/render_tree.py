@@ -7,8 +7,10 @@ which layers and steps to expand and can filter by stage.
 `compact=True` keeps each stage on one line at 100 columns: bare sizes
 (`[5,576]` instead of `[num_tokens=5, hidden=576]`), the step's metadata
 tensors left out of the stage lines (the step's `batch` node lists them with
-their values), K and V of the same shape on one entry (`k/v_cache`), and
-`-> same` when every output has the shape of the input it replaces.
+their values), the weights left out too (they never change shape: a `weights`
+node lists them once, packed quantized ones with their codes and scales), K
+and V of the same shape on one entry (`k/v_cache`), and `-> same` when every
+output has the shape of the input it replaces.
 
 A shape-only model (meta device) has no values: its sampled ids are
 placeholders, so they are shown as such and never decoded into text.
@@ -74,12 +76,18 @@ def _same_shapes(rec: StageRecord) -> bool:
     return bool(rec.outputs)
 
 
+def is_weight(name: str) -> bool:
+    """A model weight (or a packed weight's field, `w_qkv.codes`), or the RoPE table: fixed shapes."""
+    return name in ("weight", "cos_sin_cache") or name.startswith("w_") or "." in name
+
+
 def _tensor_lists(rec: StageRecord, compact: bool) -> tuple[str, str]:
     inputs = [t for t in rec.inputs if not t.name.startswith("sampling.")]
     if not compact:
         ins = ", ".join(f"{t.name} {t.label()}" for t in inputs)
         return ins, ", ".join(f"{t.name} {t.label()}" for t in rec.outputs)
-    ins = ", ".join(f"{n} {label}" for n, label in _kv_pairs(t for t in inputs if t.name not in STEP_METADATA))
+    shown = (t for t in inputs if t.name not in STEP_METADATA and not is_weight(t.name))
+    ins = ", ".join(f"{n} {label}" for n, label in _kv_pairs(shown))
     if _same_shapes(rec):
         return ins, "same"
     return ins, ", ".join(f"{n} {label}" for n, label in _kv_pairs(rec.outputs))
@@ -103,8 +111,9 @@ def stage_line(rec: StageRecord, with_time: bool, compact: bool = False) -> Text
 
 
 COMPACT_LEGEND = (
-    "compact lines (--full for axis names): bare sizes, '-> same' = outputs shaped like the inputs they "
-    "replace, k/v = K and V of one shape; the step's metadata tensors are listed under its batch"
+    "compact lines (--full for everything on each line): bare sizes, '-> same' = outputs shaped like the "
+    "inputs they replace, k/v = K and V of one shape; the weights are listed once (weights), the step's "
+    "metadata tensors under its batch"
 )
 
 
@@ -261,12 +270,33 @@ def render_tree(
     for rec in tracer.prelude:
         if not stages or rec.stage in stages:
             tree.add(Text("before step 0: ") + stage_line(rec, with_time, compact))
+    if compact:
+        _add_weights(tree, tracer)
     for step in tracer.steps:
         if steps is None or step.index in steps:
             _add_step(tree, step, layer_sel, stages, with_time, decode, compact)
         else:
-            tree.add(f"[dim]step {step.index} · {step.num_tokens} tokens (not expanded)[/]")
+            tree.add(f"[dim]step {step.index} · {_count(step.num_tokens, 'token')} (not expanded)[/]")
     return Group(tree, *summary_lines(tracer.summary, with_time))
+
+
+def _add_weights(tree: Tree, tracer: Tracer) -> None:
+    """The weights once (compact lines leave them out): layer 0's, and those outside the blocks."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    records = [rec for step in tracer.steps[:1] for rec in step.stages if rec.layer in (None, 0)]
+    for rec in records:
+        where = rec.stage if rec.layer is None else f"{rec.stage} (each layer)"
+        for t in rec.inputs:
+            if is_weight(t.name) and not t.name.startswith("sampling."):  # sampling's knobs are not weights
+                name, _, part = t.name.partition(".")
+                entry = seen.setdefault((where, name), [])
+                label = f"{part} {_bare(t)}" if part else _bare(t)
+                if label not in entry:
+                    entry.append(label)
+    if seen:
+        node = tree.add("[bold]weights[/] [dim](the same at every step)[/]")
+        for (where, name), labels in seen.items():
+            node.add(Text(f"{where}: {name} " + ", ".join(labels)))
 
 
 def summary_lines(summary: dict, with_time: bool) -> list[Text]:

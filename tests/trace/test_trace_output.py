@@ -54,6 +54,7 @@ def test_tree_keeps_every_traced_shape_and_compact_stays_on_one_line(tiny):
     for label in labels:
         assert label in full, label  # [num_tokens=2, hidden=96] ... never eaten as markup
     compact = printed(render_tree(tracer, layers="all", decode=str, compact=True), 100)
+    assert "weights (the same at every step)" in compact and "qkv_proj (each layer): w_qkv" in compact
     lines = compact.splitlines()
     assert max(map(len, lines)) <= 100
     records = sum(len(step.stages) for step in tracer.steps) + len(tracer.prelude)
