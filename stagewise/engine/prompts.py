@@ -87,7 +87,7 @@ def check_count(ids: list[int], max_tokens: int | None) -> None:
     """Stop tokenizing as soon as the count passes `max_tokens`."""
     if max_tokens is not None and len(ids) > max_tokens:
         raise StagewiseError(
-            f"the prompt has more than {max_tokens} tokens (max_model_len={max_tokens}); shorten it"
+            f"the prompt has {len(ids)}+ tokens, more than max_model_len={max_tokens}; shorten it"
         )
 
 
