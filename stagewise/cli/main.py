@@ -71,8 +71,17 @@ def generate(
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", "--tp", help="split the model over N ranks (processes; gloo on CPU, NCCL on GPUs)"
     ),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
+    ),
+    quantization: str = typer.Option(
+        "auto",
+        "--quantization",
+        help="auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed (4/8 bits); none: dequantize to floats",
+    ),
 ):
     """Generate text, streaming it as it is produced."""
+    from stagewise.bench.progress import load_status
     from stagewise.engine.llm import LLM
     from stagewise.sampling_params import SamplingParams
 
@@ -87,16 +96,19 @@ def generate(
         stop=tuple(stop),
         ignore_eos=ignore_eos,
     )
-    llm = LLM(
-        model,
-        backend=backend,
-        mode=mode,
-        device=device,
-        dtype=parse_dtype(dtype),
-        stage_backends=parse_stage_backends(stage_backend),
-        special_tokens=special_tokens,
-        tensor_parallel_size=tensor_parallel_size,
-    )
+    with load_status():  # a line per load phase on stderr (a terminal only)
+        llm = LLM(
+            model,
+            backend=backend,
+            mode=mode,
+            device=device,
+            dtype=parse_dtype(dtype),
+            stage_backends=parse_stage_backends(stage_backend),
+            special_tokens=special_tokens,
+            tensor_parallel_size=tensor_parallel_size,
+            recalibrate=recalibrate,
+            quantization=quantization,
+        )
     with llm:  # under tensor parallelism: the workers end with the command, however it ends
         _stream_to_stdout(llm, prompts, params, chat, stats)
 

@@ -60,8 +60,17 @@ def trace(
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", "--tp", help="split the model over N ranks; the trace shows every rank"
     ),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
+    ),
+    quantization: str = typer.Option(
+        "auto",
+        "--quantization",
+        help="auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed (4/8 bits); none: dequantize to floats",
+    ),
 ):
     """Print every tensor shape through a run, step by step."""
+    from stagewise.bench.progress import load_status
     from stagewise.engine.llm import LLM
     from stagewise.sampling_params import SamplingParams
     from stagewise.stages import STAGES
@@ -84,15 +93,18 @@ def trace(
     if out is not None:
         check_writable(out)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
-    llm = LLM(
-        model,
-        backend=backend,
-        mode=mode,
-        device=device,
-        engine_config=ecfg,
-        special_tokens=special_tokens,
-        tensor_parallel_size=tensor_parallel_size,
-    )
+    with load_status():  # a line per load phase on stderr (a terminal only)
+        llm = LLM(
+            model,
+            backend=backend,
+            mode=mode,
+            device=device,
+            engine_config=ecfg,
+            special_tokens=special_tokens,
+            tensor_parallel_size=tensor_parallel_size,
+            recalibrate=recalibrate,
+            quantization=quantization,
+        )
     if layer_ranges is not None:
         layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", llm.describe()["name"])
     else:

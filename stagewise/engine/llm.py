@@ -88,7 +88,9 @@ from stagewise.errors import StagewiseError
 from stagewise.models.chat_template import apply_chat_template
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
+from stagewise.models.quantized import prepare_for, weight_formats
 from stagewise.models.registry import LoadedModel, load_model
+from stagewise.runtime import load_phase
 from stagewise.sampling_params import SamplingParams
 from stagewise.stages import gemm_torch
 from stagewise.stages.rope import describe_rope
@@ -108,6 +110,8 @@ class LLM:
         special_tokens: bool = False,
         tensor_parallel_size: int = 1,
         parallel_config: ParallelConfig | None = None,
+        recalibrate: bool = False,
+        quantization: str = "auto",
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
         pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
@@ -120,28 +124,43 @@ class LLM:
             )
         if not isinstance(special_tokens, bool):
             raise StagewiseError(f"special_tokens must be True or False, got {special_tokens!r}")
+        if not isinstance(recalibrate, bool):
+            raise StagewiseError(f"recalibrate must be True or False, got {recalibrate!r}")
         self.special_tokens = (
             special_tokens  # True: prompts may hold control tokens (trusted input only)
         )
         self.mode = mode
         self.ops = StageOps(backend, stage_backends)
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
+        # quantization "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed; "none": all float
+        self.loaded = (
+            model
+            if isinstance(model, LoadedModel)
+            else load_model(model, device, dtype, quantization=quantization)
+        )
         self.config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.engine_config = engine_config or EngineConfig()
         self.tensor_parallel_size = pcfg.tensor_parallel_size
-        self.model = self._build_model(pcfg)
-        limit = self.config.max_position_embeddings
-        asked = self.engine_config.max_model_len
-        if asked is not None and asked > limit:
-            raise StagewiseError(
-                f"max_model_len={asked} is out of range: {self.config.name} allows 1..{limit}"
-            )
-        self.max_model_len = asked or limit
+        if pcfg.tensor_parallel_size == 1:
+            # The torch tier's CPU GEMM forms, chosen once per process for these weights (from
+            # the cache when this machine measured the same shapes before; a no-op off the CPU,
+            # for small models, or when the projections run another tier).
+            gemm_torch.calibrate_for(self.loaded.weights, self.ops.backends, recalibrate)
+            prepare_for(self.loaded.weights, self.ops.backends)  # packed: the torch tier's forms
+        with load_phase("building the engine"):
+            self.model = self._build_model(pcfg)
+            limit = self.config.max_position_embeddings
+            asked = self.engine_config.max_model_len
+            if asked is not None and asked > limit:
+                raise StagewiseError(
+                    f"max_model_len={asked} is out of range: {self.config.name} allows 1..{limit}"
+                )
+            self.max_model_len = asked or limit
+            # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's
+            # lifetime
+            self.engine = self._paged_engine() if mode == "paged" else None
         self._ids = itertools.count()
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
-        # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's lifetime
-        self.engine = self._paged_engine() if mode == "paged" else None
         self._lock = threading.RLock()  # held for each engine step, never while a stream yields
         # paged mode: every call shares the one engine; each token goes to its request's owner
         self._shared = SharedEngine(self.engine, self._lock) if self.engine is not None else None
@@ -149,9 +168,6 @@ class LLM:
     def _build_model(self, pcfg: ParallelConfig):
         """One device: the LlamaModel; N ranks: rank 0's TensorParallelModel (starts the others)."""
         if pcfg.tensor_parallel_size == 1:
-            # The torch tier's CPU GEMM forms, measured once per process on these weights
-            # (a no-op off the CPU, for small models, or when the projections run another tier).
-            gemm_torch.calibrate_for(self.loaded.weights, self.ops.backends)
             return LlamaModel(self.loaded, self.ops)
         from stagewise.parallel.driver import serve_torchrun_worker, tensor_parallel_model
         from stagewise.parallel.launch import torchrun_rank
@@ -375,6 +391,7 @@ class LLM:
             "backend": self.ops.describe(),  # the tier asked for, and per-stage overrides
             "tiers": self.ops.tiers_run(),  # the tier each stage runs ("torch" falls back to naive)
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            "weights": weight_formats(self.loaded.weights),  # e.g. "q4_1 x 120, q8_0 x 1, ..."
             "device": str(self.loaded.device),
             "tensor_parallel_size": self.tensor_parallel_size,
         }

@@ -24,12 +24,14 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.memory import check_fits
+from stagewise.models.quantized import check_quantization
 from stagewise.models.tokenizer_files import (
     tokenizer_from_gguf,
     tokenizer_from_gguf_reader,
     tokenizer_from_hf_dir,
 )
 from stagewise.models.weights import LlamaWeights, empty_weights, random_weights, synthetic_weights
+from stagewise.runtime import load_phase
 from stagewise.tokenizer import Tokenizer
 
 RANDOM_PREFIX = "random:"  # "random:<preset>": the preset's shapes, random weights
@@ -61,21 +63,26 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedM
 
 
 def _load_files(
-    name: str, device: torch.device, dtype: torch.dtype
+    name: str, device: torch.device, dtype: torch.dtype, quantization: str = "auto"
 ) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
-    """Weights in `dtype` on the CPU, after checking that they fit (`models/memory.py`)."""
+    """Weights in `dtype` on the CPU, after checking that they fit (`models/memory.py`).
+
+    quantization "auto": a GGUF's Q4_0 / Q4_1 / Q8_0 matrices stay packed; "none": all floats.
+    """
     from stagewise.models.gguf_loader import config_from_gguf, load_gguf, open_gguf
     from stagewise.models.hf_loader import config_from_hf, load_hf_dir
 
     def from_gguf(path: Path):
-        reader = open_gguf(path)  # parsed once, shared by the weights and the tokenizer
-        config = config_from_gguf(
-            reader, str(path)
-        )  # the architecture first: a clear error if not Llama
-        tokenizer = tokenizer_from_gguf_reader(reader, path.name)
-        tokenizer = check_vocabularies(config, tokenizer, path)
+        with load_phase(f"reading the GGUF metadata and tokenizer of {path.name}"):
+            reader = open_gguf(path)  # parsed once, shared by the weights and the tokenizer
+            config = config_from_gguf(
+                reader, str(path)
+            )  # the architecture first: a clear error if not Llama
+            tokenizer = tokenizer_from_gguf_reader(reader, path.name)
+            tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
-        config, weights = load_gguf(path, reader, dtype)
+        with load_phase("reading the weights (dequantizing what stays in floats)"):
+            config, weights = load_gguf(path, reader, dtype, quantization)
         return config, weights, tokenizer, str(path)
 
     if name == "smollm2-135m":
@@ -95,7 +102,8 @@ def _load_files(
         tokenizer = tokenizer_from_hf_dir(path)
         tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
-        config, weights = load_hf_dir(path, dtype)
+        with load_phase(f"reading the weights of {path.name}"):
+            config, weights = load_hf_dir(path, dtype)
         return config, weights, tokenizer, str(path)
     if path.is_file() or path.suffix == ".gguf":
         return from_gguf(path)
@@ -157,6 +165,7 @@ def load_model(
     name: str = DEFAULT_MODEL,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    quantization: str = "auto",
 ) -> LoadedModel:
     """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16
     before compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there
@@ -185,5 +194,7 @@ def load_model(
         dtype = default_dtype(device)
     if name.startswith(RANDOM_PREFIX):
         return _load_random(name, device, dtype)
-    config, weights, tokenizer, source = _load_files(name, device, dtype)
+    config, weights, tokenizer, source = _load_files(
+        name, device, dtype, check_quantization(quantization)
+    )
     return LoadedModel(config, weights.to(device, dtype), tokenizer, source, device, dtype)

@@ -61,20 +61,27 @@ multiplies, a second pass over the bytes, while a batch of small products is
 multiplied in place. From M of about 16 the packed GEMM's better arithmetic
 wins again.
 
-So the choice is measured, once per process, on the model's own weights:
+So the choice is measured on the model's own weights:
 `calibrate_for(weights, tiers)` (called by `LLM` when it loads a CPU model
 whose projections run this tier) streams them with each form (alternating,
 best of a few passes) at one M per bucket (a lone decode row, a small batch,
 a batch), and `gemm` then asks the BLAS the fastest way for each. Until then
 (and off the CPU, for other layouts, or for M > SMALL_M) it is plain `x @ w`.
 `CPU_FORMS` says what was chosen: like an autotuner's cache it is the one
-per-process record here, a property of the machine, not of a request.
+per-process record here, a property of the machine, not of a request. Like
+an autotuner's cache it is also kept on disk (`gemm_torch_cache.py`), keyed
+by the CPU, torch version, thread count and shapes, so the next process on
+the same machine reads the answer instead of measuring again.
 """
 
 import time
 from dataclasses import dataclass, field
 
 import torch
+
+from stagewise.runtime import load_phase
+from stagewise.stages import dequant_gemm_torch, gemm_torch_cache
+from stagewise.stages.packed_weight import is_packed
 
 SMALL_M = 64  # above this many rows every form is compute-bound and `x @ w` is at least as fast
 FORMS = ("plain", "transposed", "blocked")
@@ -98,6 +105,7 @@ class CpuForms:
     chosen: dict[str, str] = field(default_factory=lambda: dict.fromkeys(BUCKET_M, "plain"))
     # bucket -> form -> ms per pass
     measured_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    cached_in: str = ""  # the cache file the timings were read from ("": measured in this process)
 
     def describe(self) -> str:
         if not self.measured_ms:
@@ -106,7 +114,8 @@ class CpuForms:
         for b, times in self.measured_ms.items():
             speeds = ", ".join(f"{f} {ms:.1f} ms" for f, ms in times.items())
             parts.append(f"M={BUCKET_M[b]}: {self.chosen[b]} ({speeds})")
-        return "CPU GEMM forms, measured on this model's weights: " + "; ".join(parts)
+        source = f" (read from {self.cached_in})" if self.cached_in else ""
+        return f"CPU GEMM forms, measured on this model's weights{source}: " + "; ".join(parts)
 
 
 # A property of this machine's BLAS, measured once per process (like an autotune cache).
@@ -146,7 +155,9 @@ FORM_FNS = {"plain": gemm_plain, "transposed": gemm_transposed, "blocked": gemm_
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w [K, N] -> [M, N], contiguous."""
+    """x [M, K] @ w [K, N] -> [M, N], contiguous (a packed w: the stock quantized kernels)."""
+    if is_packed(w):
+        return dequant_gemm_torch.gemm(x, w)
     m = x.shape[0]
     if x.device.type != "cpu" or m == 0 or m > SMALL_M or not is_out_major(w):
         return x @ w  # [M, K] @ [K, N] -> [M, N]
@@ -187,6 +198,29 @@ def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
     measured = {name: time_forms(weights, m, passes) for name, m in BUCKET_M.items()}
     CPU_FORMS.measured_ms = measured
     CPU_FORMS.chosen = {name: min(times, key=times.get) for name, times in measured.items()}
+    CPU_FORMS.cached_in = ""
+    return CPU_FORMS
+
+
+def calibrate_cached(
+    weights: list[torch.Tensor], recalibrate: bool = False, passes: int = 3
+) -> CpuForms:
+    """`calibrate`, unless this machine has measured these shapes before: then the answer is read
+    from the cache file (`gemm_torch_cache.py`). `recalibrate=True` measures again and rewrites
+    the entry. Sets and returns `CPU_FORMS`.
+    """
+    weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
+    if not weights:
+        return CPU_FORMS
+    key = gemm_torch_cache.calibration_key(weights, BUCKET_M, FORMS)
+    cached = None if recalibrate else gemm_torch_cache.load(key)
+    if cached is not None:
+        CPU_FORMS.chosen, CPU_FORMS.measured_ms = cached
+        CPU_FORMS.cached_in = str(gemm_torch_cache.cache_path())
+        return CPU_FORMS
+    with load_phase("calibrating the CPU GEMM forms (once per machine and model shape)"):
+        calibrate(weights, passes)
+    gemm_torch_cache.store(key, CPU_FORMS.chosen, CPU_FORMS.measured_ms)
     return CPU_FORMS
 
 
@@ -207,25 +241,29 @@ def calibration_sample(weights, budget: int | None = None) -> list[torch.Tensor]
     budget = CALIBRATE_SAMPLE_BYTES if budget is None else budget
     sample, size = [], 0
     for lw in weights.layers:
-        layer = [lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down]
+        layer = [t for t in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down) if not is_packed(t)]
         sample += layer
         size += sum(t.numel() * t.element_size() for t in layer)
         if size >= budget:
             break
+    if is_packed(weights.lm_head):
+        return sample
     head_bytes = weights.lm_head.numel() * weights.lm_head.element_size()
     return sample + [weights.lm_head] if size + head_bytes <= budget else sample
 
 
-def calibrate_for(weights, tiers: dict[str, str]) -> CpuForms:
-    """Measure the forms once per process, when it matters: every projection runs the torch tier
+def calibrate_for(weights, tiers: dict[str, str], recalibrate: bool = False) -> CpuForms:
+    """Choose the forms once per process, when it matters: every projection runs the torch tier
     (`tiers`: stage name -> the tier that runs, `StageOps.backends`), the weights are on the CPU
-    and at least CALIBRATE_BYTES. Otherwise (or when already measured) `CPU_FORMS` is left as is.
+    and at least CALIBRATE_BYTES. Otherwise (or when already chosen, unless `recalibrate`)
+    `CPU_FORMS` is left as is. The answer comes from the cache when this machine measured the
+    same shapes before (`calibrate_cached`).
     """
     torch_projections = all(tiers.get(name) == "torch" for name in PROJECTIONS)
     on_cpu = weights.embed.device.type == "cpu"
     big = weights.decode_bytes() >= CALIBRATE_BYTES
-    if torch_projections and on_cpu and big and not CPU_FORMS.measured_ms:
-        calibrate(calibration_sample(weights))
+    if torch_projections and on_cpu and big and (recalibrate or not CPU_FORMS.measured_ms):
+        calibrate_cached(calibration_sample(weights), recalibrate)
     return CPU_FORMS
 
 
