@@ -202,6 +202,9 @@ assert torch.allclose(gqa, mha, atol=1e-6)
 # as wide as the hidden state, in every layer) for a million-token context; the
 # calculator recomputes it below, and with the model's real KV heads it is
 # `H / Hkv` times smaller.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 rows = []

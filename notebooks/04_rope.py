@@ -74,6 +74,9 @@ print(f"head_dim {d} ({d // 2} pairs), rope_theta {theta:g}, max_position {cfg.m
 # `cos` for every token of every batch: the seeds' "space for time". For
 # SmolLM2 that is `max_position x d` float32 numbers, once (the cell prints the
 # size).
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 cache = build_cos_sin_cache(cfg.max_position_embeddings, d, theta)  # [max_position, d]

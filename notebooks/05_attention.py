@@ -47,6 +47,9 @@
 #
 # PyTorch runs on **one thread** here: the comparisons are about ratios between
 # paths doing the same work, not about the machine's peak speed.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import os

@@ -41,6 +41,9 @@
 # tokens instead of 16, and the Triton check on the real vocabulary runs one
 # row instead of four (the interpreter is slow on a full vocabulary row). The
 # FLOP arithmetic and every plot are the same.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import os

@@ -46,6 +46,9 @@
 # to 256 tokens (instead of 512) with one repeat instead of two, and the
 # same-tokens check generates 8 tokens instead of 16. Same measurements,
 # fewer points.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import os

@@ -49,6 +49,9 @@
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the prefix-caching example
 # generates 8 answer tokens instead of 24. Everything else is the same (the
 # stepping demo is small already).
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import os

@@ -51,6 +51,9 @@
 # instead of 8 requests (4 at a time); section 6 measures fewer batch sizes,
 # fewer tokens and a shorter long prompt. The stepping and preemption demos
 # are the same.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import json

@@ -42,6 +42,9 @@
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the machine probe runs for
 # 2.5 s instead of 4 s, and the measured SmolLM2 points use a 128-token
 # prompt and 6 decode steps instead of 512 tokens and 12 steps.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import os

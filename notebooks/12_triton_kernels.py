@@ -511,6 +511,9 @@ show(attention_common.attend_keys, start="if PAGED:", stop="v_ptrs = v_base")
 # The picture: the first sequence of the stage's example inputs (a decode on
 # a cached prefix), its keys coloured by the physical block they live in, the
 # kernel's key tiles on top.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 pin = STAGES["paged_attention"].example_inputs(config, 9, DEVICE, torch.float32, block_size=8)

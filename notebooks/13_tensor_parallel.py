@@ -25,6 +25,9 @@
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the traced run generates 2
 # tokens instead of 4. Nothing else changes.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
 
 # %%
 import os

@@ -1,5 +1,8 @@
 """The seeds' worked numbers (chapters 5-8, Llama 3 405B on an H100), recomputed.
 
+(The seeds are the two source articles of the project; the README's section "The seeds" names them and
+what they cover. The chapters cited here are those of its article 003.)
+
 Each `Row` holds a number as the seeds print it, our value under the seeds'
 own assumptions (d = hidden = 16384, L = 126, P = 405e9, fp16, a 1 PFLOP/s /
 3.3 TB/s "H100"), the relative difference, and the *exact* value for the

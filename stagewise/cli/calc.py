@@ -1,5 +1,7 @@
 """`stagewise calc`: the seeds' back-of-envelope arithmetic, for any model on any hardware.
 
+(The seeds: the project's two source articles, named in the README's section "The seeds".)
+
     stagewise calc                                      # Llama 3 405B on an H100, N = 100k, batch 1
     stagewise calc --model llama-3-8b --context 8192 --batch 32 --explain
     stagewise calc --hardware h100-seeds --seeds        # the seeds' worked numbers next to ours
