@@ -18,14 +18,8 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 
 from stagewise.errors import StagewiseError
-from stagewise.models.template_sandbox import (
-    LimitedSandbox,
-    Limits,
-    TemplateLimitError,
-    refuse_other_templates,
-    render,
-    weight,
-)
+from stagewise.models.template_budget import Limits, TemplateLimitError, weight
+from stagewise.models.template_sandbox import LimitedSandbox, refuse_other_templates, render
 from stagewise.tokenizer.vocabulary import CHATML_TEMPLATE, Tokenizer
 
 __all__ = ["CHATML_TEMPLATE", "apply_chat_template", "chat_segments", "render_chat_template"]
