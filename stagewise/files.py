@@ -25,7 +25,6 @@ minutes and then fail on a missing folder.
 import os
 import signal
 import stat
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,8 @@ MAX_LINKS = 40  # as the kernel's own limit on a chain of symbolic links (ELOOP)
 
 def can_create_files_in(folder: Path) -> bool:
     """Really try: permissions bits say little to root, or on read-only and special file systems."""
+    import tempfile  # here: the command line's entry imports this module before its signal guard is up
+
     if not os.access(folder, os.W_OK | os.X_OK):
         return False
     try:
@@ -149,11 +150,14 @@ def _create_temp(tmp: Path, old: os.stat_result | None) -> None:
 
 
 @contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM for the few microseconds of the renames; they take effect right after.
+def signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the block runs; the first one that arrived takes effect right after.
 
+    For steps that must not be cut in the middle: the renames of a set of output files (microseconds), and
+    the command line's first imports (a signal handler that raises inside torch's C++ start-up aborts the
+    process, and one that lands in numpy's import from there is swallowed).
     Python runs signal handlers in the main thread, between bytecodes: there, the handlers are swapped for
-    ones that only take note. Other threads cannot change handlers; they rename without the guard.
+    ones that only take note. Other threads cannot change handlers; their block runs without the guard.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -185,7 +189,7 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
             if target is not None:
                 _create_temp(tmp, target.stat() if target.exists() else None)
         yield [tmp for tmp, _ in plans]
-        with _signals_deferred():
+        with signals_deferred():
             for tmp, target in plans:
                 if target is not None:
                     os.replace(tmp, target)

@@ -1,6 +1,7 @@
 """Output files (stagewise.files): complete or untouched, through links, into FIFOs and devices, modes kept.
 
-Real files in tmp_path: a real symlink, a real FIFO read by a thread, a real Unix socket, /dev/null itself.
+Real files in tmp_path: a real symlink, a real FIFO read by a thread, a real Unix socket, a real character
+device (a node like /dev/null's, or /dev/null itself where no node can be made).
 """
 
 import os
@@ -60,25 +61,44 @@ def test_a_fifo_is_written_into_not_replaced(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and leftovers(tmp_path) == []
 
 
-def test_dev_null_is_written_into_never_replaced():
-    if not stat.S_ISCHR(os.stat("/dev/null").st_mode):
-        pytest.skip("no character device /dev/null here")
-    before = os.stat("/dev/null")
-    assert check_writable("/dev/null") == check_writable("/dev/null")  # the folder /dev need not be writable
-    write_text_atomic("/dev/null", "discarded\n")
-    after = os.stat("/dev/null")
+@pytest.fixture
+def null_device(tmp_path):
+    """A character device to write into: a node like /dev/null's in tmp_path where creating one is permitted
+    (root: a broken implementation then replaces that node, never the system's), else /dev/null itself
+    (not root: /dev is not writable, so it cannot be replaced)."""
+    try:
+        node = tmp_path / "null"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
+        return node
+    except (PermissionError, OSError):
+        if os.access("/dev", os.W_OK):
+            pytest.skip("cannot create a device node here, and /dev/null itself could be replaced")
+        return "/dev/null"
+
+
+def test_a_character_device_is_written_into_never_replaced(null_device):
+    before = os.stat(null_device)
+    assert stat.S_ISCHR(before.st_mode)
+    assert check_writable(null_device) == check_writable(null_device)  # its folder need not be writable
+    write_text_atomic(null_device, "discarded\n")
+    after = os.stat(null_device)
     assert stat.S_ISCHR(after.st_mode)
     assert (after.st_ino, after.st_rdev, after.st_mode) == (before.st_ino, before.st_rdev, before.st_mode)
 
 
-def test_dev_stdout_redirected_to_a_file_writes_where_the_shell_opened_it(tmp_path):
+def test_stdout_redirected_to_a_file_is_written_where_the_shell_opened_it(tmp_path):
+    """`--out /dev/stdout > file`: through the descriptor, not a rename of the shell's file. The link is our
+    own copy of /dev/stdout's (-> /proc/self/fd/1): a broken implementation replaces that, not the system's."""
     out = tmp_path / "shell.txt"
     out.write_text("")
     inode = out.stat().st_ino
-    code = "from stagewise.files import write_text_atomic; write_text_atomic('/dev/stdout', 'hi\\n')"
+    stdout_link = tmp_path / "stdout"
+    stdout_link.symlink_to("/proc/self/fd/1")
+    code = f"from stagewise.files import write_text_atomic; write_text_atomic({str(stdout_link)!r}, 'hi\\n')"
     with out.open("w") as stdout:
         subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, timeout=60)
-    assert out.read_text() == "hi\n" and out.stat().st_ino == inode and leftovers(tmp_path) == []
+    assert out.read_text() == "hi\n" and out.stat().st_ino == inode
+    assert stdout_link.is_symlink() and leftovers(tmp_path) == []
 
 
 def test_other_special_files_are_refused_by_name(tmp_path):
