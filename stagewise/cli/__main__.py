@@ -1,6 +1,6 @@
 """`python -m stagewise.cli ...`: the `stagewise` script."""
 
-from stagewise.cli.main import main
+from stagewise.cli import main
 
 if __name__ == "__main__":
     main()

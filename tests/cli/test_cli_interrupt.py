@@ -47,7 +47,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def interrupt_when_busy(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def interrupt_when_busy(args: list[str], cwd: Path, sig: int = signal.SIGINT) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
         [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
         cwd=cwd,
@@ -60,7 +60,7 @@ def interrupt_when_busy(args: list[str], cwd: Path) -> subprocess.CompletedProce
     while cpu_seconds(proc.pid) < AT_WORK_CPU_S and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, f"the command ended before it could be interrupted: {proc.communicate()}"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
@@ -97,6 +97,65 @@ def test_sigint_exits_130_and_keeps_the_old_file(tmp_path, args, target):
     if target:
         assert (tmp_path / target).read_text() == OLD
     assert leftovers(tmp_path) == []
+
+
+TRACE_OUT = ["trace", "a", "b", "c", "--model", "tiny", "--mode", "naive", "--max-tokens", "800", "--layers", "all"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to see when the command is at work")
+def test_sigterm_is_handled_like_ctrl_c(tmp_path):
+    """`kill PID` (or a job scheduler's time limit) during `trace --out`: exit 143, one line, no temp file."""
+    (tmp_path / "t.txt").write_text(OLD)
+    res = interrupt_when_busy([*TRACE_OUT, "--out", "t.txt"], tmp_path, signal.SIGTERM)
+    assert res.returncode == 143, (res.returncode, res.stderr)
+    assert res.stderr.strip().splitlines()[-1] == "terminated" and "Traceback" not in res.stderr
+    assert (tmp_path / "t.txt").read_text() == OLD and leftovers(tmp_path) == []
+
+
+# The console script's own lines, with Ctrl-C's usual handler (see AS_FROM_A_TERMINAL). "ready" comes once Python
+# has started, before the script imports stagewise.cli: the light entry point takes milliseconds, then typer,
+# rich and torch load for a second or more, so a signal 0.1-0.2 s later lands in those imports.
+AS_THE_CONSOLE_SCRIPT = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); print('ready', flush=True); "
+    "from stagewise.cli import main; sys.argv[0] = 'stagewise'; sys.exit(main())"
+)
+IMPORTING_S = (0.1, 0.2)
+
+
+def test_ctrl_c_while_the_command_line_imports_is_one_line():
+    """Ctrl-C in the first fraction of a second: typer, rich and torch are still loading."""
+    args = ["generate", "hi", "--model", "tiny", "--mode", "naive", "--max-tokens", "1000", "--ignore-eos"]
+    procs = []
+    for delay in IMPORTING_S:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", AS_THE_CONSOLE_SCRIPT, *args],
+            env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        procs.append(proc)
+    for proc, delay in zip(procs, IMPORTING_S):
+        _, err = proc.communicate(timeout=120)
+        assert (proc.returncode, err.strip()) == (130, "interrupted"), (delay, proc.returncode, err[-2000:])
+
+
+def test_a_closed_stdout_pipe_is_quiet():
+    """`stagewise generate ... | head -c1`: the reader goes away; exit 141 (as SIGPIPE), nothing on stderr."""
+    args = ["generate", "hi", "--model", "tiny", "--max-tokens", "300", "--ignore-eos"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, *args],
+        env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert len(proc.stdout.read(1)) == 1  # the first byte of the answer...
+    proc.stdout.close()  # ...and the reader is gone, as `head -c1` exits
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=120), err) == (141, "")
 
 
 def run_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
