@@ -34,7 +34,7 @@ def trace_main() -> None:
 
 def _start(entry: str) -> None:
     try:
-        from stagewise.cli import command  # the standard library only
+        from stagewise.cli import command  # light: the standard library, errors and files
 
         command.install_signal_handlers()
         with command.signals_deferred():  # a signal now takes effect once these imports are complete
