@@ -107,6 +107,57 @@ def _matmul(label: str, m: int, n: int, k: int, dtype, target: Target, gather: b
     return Launch("matmul", label + " (split-K)", "stagewise.kernels.matmul_decode", "_decode_kernel", args, plan)
 
 
+QUANTIZED = (  # (label, kind) of the packed launches: SmolLM2's Q4_1 projections and Q8_0 head, Q4_0 files
+    ("qkv_proj", "q4_1"),
+    ("o_proj", "q4_1"),
+    ("gate_up", "q4_1"),
+    ("down_proj", "q4_1"),
+    ("qkv_proj", "q4_0"),
+    ("lm_head", "q8_0"),
+)
+
+
+def _dequant_matmul(label: str, kind: str, m: int, n: int, k: int, dtype, target: Target) -> Launch:
+    """The fused dequantize-GEMM of a packed weight (kernels/dequant_matmul.py), as its launcher plans it."""
+    import triton
+
+    from stagewise.kernels import dequant_matmul as dq
+    from stagewise.kernels.matmul_decode import split_plan
+    from stagewise.stages.packed_weight import KINDS
+
+    bits, offset, has_mins = KINDS[kind]
+    cfg = dq.dequant_config(m, n, k, SMS.get(target.capability, 108), dtype.itemsize)
+    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    x, f16 = _ptr(dtype), _ptr(torch.float16)
+    args = dict(a_ptr=x, codes_ptr=_ptr(torch.uint8 if bits == 4 else torch.int8), scales_ptr=f16, mins_ptr=f16)
+    args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, M=m, N=n, K=k, K_PER_SPLIT=k_per_split)
+    args.update(stride_am=k, stride_ak=1, stride_codes=k * bits // 8, stride_scales=k // dq.GROUP_SIZE)
+    args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1, INTERPRETED=False)
+    constexprs = dict(BITS=bits, OFFSET=offset, HAS_MINS=has_mins, GROUP=dq.GROUP_SIZE, **_precision(dtype))
+    tiles = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    config = triton.Config(tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    plan = LaunchPlan("dequant_matmul", constexprs, (config,))
+    name = f"{label} {kind}" + (f" (split-K {splits})" if splits > 1 else "")
+    return Launch("dequant_matmul", name, "stagewise.kernels.dequant_matmul", "_dequant_matmul_kernel", args, plan)
+
+
+def quantized_launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> list[Launch]:
+    """The projections' launches when their weights are kept packed (LLM(quantization="auto") on a GGUF)."""
+    cfg = PRESETS[model]
+    tokens = phase.num_seqs * phase.q_len
+    shapes = {  # label -> (M, N, K)
+        "qkv_proj": (tokens, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size),
+        "o_proj": (tokens, cfg.hidden_size, cfg.num_heads * cfg.head_dim),
+        "gate_up": (tokens, 2 * cfg.intermediate_size, cfg.hidden_size),
+        "down_proj": (tokens, cfg.hidden_size, cfg.intermediate_size),
+        "lm_head": (phase.num_seqs, cfg.vocab_size, cfg.hidden_size),
+    }
+    out = [_dequant_matmul(label, kind, *shapes[label], dtype, target) for label, kind in QUANTIZED]
+    for launch in out:
+        launch.args.update(launch.plan.constexprs)
+    return out
+
+
 def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> list[Launch]:
     """Every kernel launch of one forward step (one layer's worth: the layers are identical) plus sampling."""
     cfg = PRESETS[model]
@@ -159,7 +210,7 @@ def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> li
     out.extend(_sampling(seqs, cfg.vocab_size, dtype))
     for launch in out:  # the plan's constexprs complete the arguments (tiles come from each config)
         launch.args.update(launch.plan.constexprs)
-    return out
+    return out + quantized_launches(model, phase, dtype, target)
 
 
 def _sampling(batch: int, vocab: int, dtype) -> list[Launch]:
