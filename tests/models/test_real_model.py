@@ -18,7 +18,16 @@ PROMPTS = [
 ]
 
 
-def test_full_model_logits_match_transformers(smollm, hf_smollm):
+@pytest.fixture(scope="module")
+def smollm_float():
+    """The file dequantized to float32 at load (quantization="none"), as transformers loads it."""
+    from stagewise.models.registry import load_model
+
+    return load_model("smollm2-135m", quantization="none")
+
+
+def test_full_model_logits_match_transformers(smollm_float, hf_smollm):
+    smollm = smollm_float
     model = LlamaModel(smollm, StageOps("naive"))
     ids = [smollm.tokenizer.encode(p) for p in PROMPTS]
     batch = ForwardBatch.from_sequences(ids, [0] * len(ids), "cpu")
@@ -37,7 +46,8 @@ def test_full_model_logits_match_transformers(smollm, hf_smollm):
 
 
 @pytest.mark.parametrize("mode", ["kv", "naive"])
-def test_greedy_32_tokens_identical_to_transformers_generate(smollm, hf_smollm, mode):
+def test_greedy_32_tokens_identical_to_transformers_generate(smollm_float, hf_smollm, mode):
+    smollm = smollm_float
     llm = LLM(smollm, mode=mode)
     prompts = PROMPTS[:3] if mode == "kv" else PROMPTS[:1]  # naive recompute is slow: one prompt
     outs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0))
