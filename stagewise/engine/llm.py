@@ -146,7 +146,9 @@ class LLM:
             # the cache when this machine measured the same shapes before; a no-op off the CPU,
             # for small models, or when the projections run another tier).
             gemm_torch.calibrate_for(self.loaded.weights, self.ops.backends, recalibrate)
-            prepare_for(self.loaded.weights, self.ops.backends)  # packed: the torch tier's forms
+            if any(True for _ in self.loaded.weights.packed()):  # packed: the torch tier's forms
+                with load_phase("repacking the quantized weights for the torch tier"):
+                    prepare_for(self.loaded.weights, self.ops.backends)
         with load_phase("building the engine"):
             self.model = self._build_model(pcfg)
             limit = self.config.max_position_embeddings
