@@ -47,7 +47,7 @@
 # time between tokens while a long prompt is prefilled.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the static-vs-continuous
-# comparison uses 6 requests (3 at a time) with shorter prompts and outputs
+# comparison uses 4 requests (2 at a time) with shorter prompts and outputs
 # instead of 8 requests (4 at a time); section 6 measures fewer batch sizes,
 # fewer tokens and a shorter long prompt. The stepping and preemption demos
 # are the same.
@@ -319,8 +319,8 @@ timeline(p_trace, p_label, "preemption: 4 KV blocks for three requests that each
 
 # %%
 if QUICK:
-    work = mixed_workload(tok, num_requests=6, prompt_tokens=(8, 48), output_tokens=(4, 24), seed=1)
-    seats = 3
+    work = mixed_workload(tok, num_requests=4, prompt_tokens=(8, 24), output_tokens=(4, 12), seed=1)
+    seats = 2
 else:
     work = mixed_workload(tok, num_requests=8, prompt_tokens=(16, 96), output_tokens=(8, 64), seed=1)
     seats = 4
@@ -429,7 +429,7 @@ plt.show()
 # the decode step time at batch B. (A first short run warms the engine up.)
 
 # %%
-batch_sizes = (1, 4, 16) if QUICK else (1, 2, 4, 8, 16)
+batch_sizes = (1, 4, 8) if QUICK else (1, 2, 4, 8, 16)
 decode_tokens = 6 if QUICK else 16
 greedy = SamplingParams(max_tokens=decode_tokens, temperature=0, ignore_eos=True)
 seats_cfg = EngineConfig(max_num_seqs=max(batch_sizes), max_model_len=256, enable_prefix_caching=False)
@@ -508,8 +508,8 @@ plt.show()
 
 # %%
 decoders = 3 if QUICK else 4
-long_tokens = 256 if QUICK else 384
-decode_steps = 20 if QUICK else 40
+long_tokens = 128 if QUICK else 384
+decode_steps = 12 if QUICK else 40
 arrives = 4  # the long prompt arrives before this step (after the decoders' prefill and a few decode steps)
 small_cap = EngineConfig().prefill_cap("cpu")  # the engine's default on a CPU
 caps = {"large": 512, "small": small_cap}
