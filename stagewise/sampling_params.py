@@ -72,9 +72,7 @@ class SamplingParams:
         if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= INT64_MAX:
             raise StagewiseError(f"max_tokens must be an int in [1, 2**63 - 1], got {_shown(self.max_tokens)}")
         if not _is_int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
-            raise StagewiseError(
-                f"top_k must be an int in [1, 2**63 - 1], or 0 / -1 for off, got {_shown(self.top_k)}"
-            )
+            raise StagewiseError(f"top_k must be an int in [1, 2**63 - 1], or 0 / -1 for off, got {_shown(self.top_k)}")
         object.__setattr__(self, "max_tokens", int(self.max_tokens))  # numpy ints become Python ints
         object.__setattr__(self, "top_k", int(self.top_k))
         self._check_real("temperature", low=0.0, high=FLOAT32_MAX, low_open=False, high_open=False)

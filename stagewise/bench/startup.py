@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt", default="The capital of France is")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--quantization", default="auto", choices=("auto", "none"))
+    parser.add_argument("--quantization", default="none", choices=("auto", "none"))
     parser.add_argument("--runs", type=int, default=2, help="processes in a row (the first with an empty cache)")
     parser.add_argument("--json", default=None, help="output file (default benchmarks/results/<tag>/startup.json)")
     args = parser.parse_args(argv)

@@ -64,9 +64,10 @@ def trace(
         False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
     ),
     quantization: str = typer.Option(
-        "auto",
+        "none",
         "--quantization",
-        help="auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed (4/8 bits); none: dequantize to floats",
+        help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed "
+        "(4/8 bits; the fast CPU tier computes them in bfloat16)",
     ),
 ):
     """Print every tensor shape through a run, step by step."""

@@ -111,7 +111,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         parallel_config: ParallelConfig | None = None,
         recalibrate: bool = False,
-        quantization: str = "auto",
+        quantization: str = "none",
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
         pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
@@ -131,7 +131,9 @@ class LLM:
         )
         self.mode = mode
         self.ops = StageOps(backend, stage_backends)
-        # quantization "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed; "none": all float
+        # quantization "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed; "none" (the default for
+        # now): all float, because the packed torch tier computes in bfloat16 and its greedy tokens
+        # can part from the float model's (and between batch sizes)
         self.loaded = (
             model
             if isinstance(model, LoadedModel)

@@ -63,7 +63,7 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedM
 
 
 def _load_files(
-    name: str, device: torch.device, dtype: torch.dtype, quantization: str = "auto"
+    name: str, device: torch.device, dtype: torch.dtype, quantization: str = "none"
 ) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
     """Weights in `dtype` on the CPU, after checking that they fit (`models/memory.py`).
 
@@ -165,7 +165,7 @@ def load_model(
     name: str = DEFAULT_MODEL,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
-    quantization: str = "auto",
+    quantization: str = "none",
 ) -> LoadedModel:
     """Load weights and tokenizer; float32 on CPU by default, bfloat16 on CUDA by default (float16
     before compute capability 8.0: no bfloat16 tensor cores there, and the Triton kernels run there

@@ -48,7 +48,7 @@ def test_same_greedy_tokens_as_the_dequantized_model(tiny_q4, mode):
     ref = LLM(str(tiny_q4), backend="naive", mode=mode, device="cpu", quantization="none")
     ref_tokens = [o.token_ids for o in ref.generate(PROMPTS, GREEDY)]
     for backend in ("naive", "torch"):
-        llm = LLM(str(tiny_q4), backend=backend, mode=mode, device="cpu")
+        llm = LLM(str(tiny_q4), backend=backend, mode=mode, device="cpu", quantization="auto")
         assert "q4" in llm.describe()["weights"]
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref_tokens, backend
 
@@ -56,8 +56,8 @@ def test_same_greedy_tokens_as_the_dequantized_model(tiny_q4, mode):
 def test_triton_tier_same_tokens_as_naive(tiny_q4):
     if tiny_q4.name.endswith("Q4_0.gguf"):
         pytest.skip("the triton tier is checked on Q4_1 here (interpreter time); kernels: both")
-    naive = LLM(str(tiny_q4), backend="naive", mode="kv", device="cpu")
-    triton = LLM(str(tiny_q4), backend="triton", mode="kv", device="cpu")
+    naive = LLM(str(tiny_q4), backend="naive", mode="kv", device="cpu", quantization="auto")
+    triton = LLM(str(tiny_q4), backend="triton", mode="kv", device="cpu", quantization="auto")
     params = SamplingParams(max_tokens=3, temperature=0)
     assert triton.generate(PROMPTS[0], params)[0].token_ids == naive.generate(PROMPTS[0], params)[0].token_ids
 
