@@ -19,18 +19,7 @@ from pathlib import Path
 import torch
 
 from stagewise.files import write_text_atomic
-
-
-def _cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (Linux), else whatever `platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
+from stagewise.stages.gemm_torch_cache import cpu_model
 
 
 def _ram_bytes() -> int | None:
@@ -69,7 +58,7 @@ def machine_info() -> dict:
         }
     ram = _ram_bytes()
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "ram_GB": round(ram / 1e9, 1) if ram else None,

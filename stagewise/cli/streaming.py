@@ -50,8 +50,13 @@ class RequestClock:
         ]
 
 
-def stream_texts(events, prompts: list[str], out=sys.stdout) -> list[RequestClock]:
-    """Write the requests' text as it comes (one after another, see the module docstring); their clocks."""
+def stream_texts(events, prompts: list[str], out=None) -> list[RequestClock]:
+    """Write the requests' text as it comes (one after another, see the module docstring); their clocks.
+
+    `out` defaults to the sys.stdout of the moment of the call, not of the import (a redirect made later,
+    or a replaced stdout, is then the one written to).
+    """
+    out = sys.stdout if out is None else out
     start = time.perf_counter()
     clocks = [RequestClock(start) for _ in prompts]
     many = len(prompts) > 1

@@ -24,7 +24,6 @@ def test_bad_quantization_is_one_line(monkeypatch, capsys):
 
 
 def test_generate_runs_with_none(monkeypatch, capsys):
-    # one generate per process here: a second in-process run trips over the first's closed stdout
     argv = ["generate", "hi", "--model", "tiny", "--max-tokens", "2", "--quantization", "none"]
     code, out, err = invoke(argv, monkeypatch, capsys)
     assert code == 0 and out, err
