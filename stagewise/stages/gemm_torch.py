@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 import torch
 
 from stagewise.runtime import load_phase
-from stagewise.stages import dequant_gemm_torch, gemm_torch_cache
+from stagewise.stages import cpu_load, dequant_gemm_torch, gemm_torch_cache
 from stagewise.stages.packed_weight import is_packed
 
 SMALL_M = 64  # above this many rows every form is compute-bound and `x @ w` is at least as fast
@@ -106,6 +106,8 @@ class CpuForms:
     # bucket -> form -> ms per pass
     measured_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     cached_in: str = ""  # the cache file the timings were read from ("": measured in this process)
+    # share of the machine other processes used while measuring (cpu_load.py; None: unknown)
+    others_share: float | None = None
 
     def describe(self) -> str:
         if not self.measured_ms:
@@ -195,7 +197,9 @@ def calibrate(weights: list[torch.Tensor], passes: int = 3) -> CpuForms:
     weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
     if not weights:
         return CPU_FORMS
-    measured = {name: time_forms(weights, m, passes) for name, m in BUCKET_M.items()}
+    with cpu_load.LoadProbe() as probe:
+        measured = {name: time_forms(weights, m, passes) for name, m in BUCKET_M.items()}
+    CPU_FORMS.others_share = probe.others
     CPU_FORMS.measured_ms = measured
     CPU_FORMS.chosen = {name: min(times, key=times.get) for name, times in measured.items()}
     CPU_FORMS.cached_in = ""
@@ -207,7 +211,8 @@ def calibrate_cached(
 ) -> CpuForms:
     """`calibrate`, unless this machine has measured these shapes before: then the answer is read
     from the cache file (`gemm_torch_cache.py`). `recalibrate=True` measures again and rewrites
-    the entry. Sets and returns `CPU_FORMS`.
+    the entry. An answer measured while other processes kept the cores busy (`cpu_load.py`) serves
+    this process only and is not written. Sets and returns `CPU_FORMS`.
     """
     weights = [w for w in weights if w.device.type == "cpu" and is_out_major(w)]
     if not weights:
@@ -220,6 +225,13 @@ def calibrate_cached(
         return CPU_FORMS
     with load_phase("calibrating the CPU GEMM forms (once per machine and model shape)"):
         calibrate(weights, passes)
+    others = CPU_FORMS.others_share
+    if others is not None and others > cpu_load.BUSY_SHARE:
+        gemm_torch_cache.notice(
+            f"other processes used {others:.0%} of the CPU while the GEMM forms were timed; "
+            "their choice is used for this run only and measured again next time"
+        )
+        return CPU_FORMS
     gemm_torch_cache.store(key, CPU_FORMS.chosen, CPU_FORMS.measured_ms)
     return CPU_FORMS
 

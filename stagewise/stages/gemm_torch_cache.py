@@ -29,7 +29,9 @@ from stagewise.files import write_text_atomic
 
 CACHE_DIR_ENV = "STAGEWISE_CACHE_DIR"
 CACHE_FILE = "gemm_forms.json"
-CACHE_VERSION = 1  # bump when the file's layout or the meaning of an entry changes
+# bump when the file's layout or the meaning of an entry changes (2: entries measured while other
+# processes kept the cores busy are no longer written; version 1 files may hold such entries)
+CACHE_VERSION = 2
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,65 @@
+"""A GEMM-form timing taken while other processes keep the cores busy is used, never remembered.
+
+Real processes compete here: spinning Python interpreters, one per core, started around the probe.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from stagewise.stages import cpu_load, gemm_torch, gemm_torch_cache
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the probe reads Linux's /proc/stat")
+
+SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+def spinners():
+    """One busy process per core (killed by the caller)."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 1)]
+    time.sleep(0.3)  # let them start spinning
+    return procs
+
+
+def stop(procs) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_the_probe_sees_other_processes_and_not_its_own_work():
+    with cpu_load.LoadProbe() as own:  # this process alone keeps one core busy
+        end = time.process_time() + 0.4
+        while time.process_time() < end:
+            pass
+    procs = spinners()
+    try:
+        with cpu_load.LoadProbe() as busy:
+            time.sleep(0.6)  # idle here, while the spinners fill every core
+    finally:
+        stop(procs)
+    assert busy.others is not None and busy.others > 0.6, busy.others
+    assert busy.contended
+    # its own spinning is not "others" (other suite workers may add a little: well below the spinners' share)
+    assert own.others is not None and own.others < busy.others - 0.3, (own.others, busy.others)
+
+
+def test_a_busy_calibration_is_used_for_this_run_and_not_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(gemm_torch_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(gemm_torch, "CPU_FORMS", gemm_torch.CpuForms())
+    weights = [torch.randn(512, 256).t(), torch.randn(1024, 256).t()]  # out-major [K, N] views
+    procs = spinners()
+    try:
+        forms = gemm_torch.calibrate_cached(weights, passes=2)
+    finally:
+        stop(procs)
+    assert forms.measured_ms and forms.others_share > cpu_load.BUSY_SHARE
+    assert set(forms.chosen.values()) <= set(gemm_torch.FORMS)  # the run still gets an answer
+    assert not gemm_torch_cache.cache_path().exists(), "a contended timing was remembered"
+    err = capsys.readouterr().err
+    assert "other processes used" in err and "measured again next time" in err
+    assert len(err.strip().splitlines()) == 1
