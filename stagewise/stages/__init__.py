@@ -17,6 +17,7 @@ from stagewise.stages import (
     o_proj,
     paged_attention,
     qkv_proj,
+    rejection_sampling,
     rmsnorm,
     rope,
     sampling,
@@ -39,6 +40,7 @@ STAGES: dict[str, Stage] = {
         ffn,
         lm_head,
         sampling,
+        rejection_sampling,
     )
 }
 
