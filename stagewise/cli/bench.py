@@ -352,6 +352,65 @@ def soak(
         raise StagewiseError("the soak found lost, changed or leaked requests (see soak.json)")
 
 
+@bench_app.command()
+def serve(
+    model: str = MODEL,
+    url: str | None = typer.Option(None, help="a running server to target (default: start one per mode)"),
+    modes: str = typer.Option("paged,kv", help="serve --mode values: paged (continuous), kv (static batches)"),
+    request_rates: str | None = typer.Option(
+        None, help="Poisson rates in req/s (default 0.5,1,2,inf; inf = all at once)"
+    ),
+    num_prompts: int | None = typer.Option(None, help="requests per rate (default 32; quick 6)"),
+    prompt_tokens: str | None = typer.Option(None, help="prompt length range LOW-HIGH (default 32-128; quick 16-32)"),
+    output_tokens: str | None = typer.Option(None, help="output length range LOW-HIGH (default 32-128; quick 4-8)"),
+    max_num_seqs: int = typer.Option(8, help="the server's seats: most running requests = static batch size"),
+    backend: str = BACKEND,
+    threads: int | None = typer.Option(None, help="the server's torch threads (default: its own choice)"),
+    server_arg: list[str] = typer.Option([], help="one more `serve` option for the started servers (repeatable)"),
+    api_key: str | None = typer.Option(None, help="with --url: the server's API key"),
+    seed: int = typer.Option(0, help="workload and arrival seed"),
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    overwrite: bool = OVERWRITE,
+):
+    """Poisson arrivals through real HTTP streams: TTFT / TBT / latency and throughput, continuous vs static."""
+    from stagewise.bench.serve import QUICK as Q
+    from stagewise.bench.serve import ServeSettings, check_settings, failures, header, run_serve
+    from stagewise.bench.serve_client import parse_rates
+    from stagewise.bench.serve_report import plot_serve, serve_table
+
+    console, out_dir = setup(threads, out, quick)  # the machine tag names the server's threads
+    settings = ServeSettings(
+        model=model,
+        url=url,
+        modes=split_names(modes, "--modes"),
+        request_rates=parse_rates(request_rates)
+        if request_rates
+        else (Q["request_rates"] if quick else ("0.5", "1", "2", "inf")),
+        num_prompts=positive(num_prompts, "--num-prompts", Q["num_prompts"] if quick else 32),
+        prompt_tokens=parse_range(prompt_tokens, "--prompt-tokens")
+        if prompt_tokens
+        else (Q["prompt_tokens"] if quick else (32, 128)),
+        output_tokens=parse_range(output_tokens, "--output-tokens")
+        if output_tokens
+        else (Q["output_tokens"] if quick else (32, 128)),
+        max_num_seqs=positive(max_num_seqs, "--max-num-seqs", 8),
+        backend=check_backend(backend),
+        threads=threads,
+        server_args=tuple(server_arg),
+        api_key=api_key,
+        seed=seed,
+    )
+    check_settings(settings)
+    name = check_result_files(out_dir, "serve", asdict(settings) | {"api_key": None}, overwrite, quick and out is None)
+    console.print(escape(header(settings)))
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
+        result = run_serve(settings, progress=progress)
+    finish(console, result, serve_table(result), plot_serve, out_dir, name)
+    if failures(result):
+        raise StagewiseError("some requests failed or were lost (see the notes and serve.json)")
+
+
 def main() -> None:
     """Run `bench` on its own (python -m stagewise.cli.bench ...), with the CLI's one-line errors."""
     from stagewise.cli.command import run_command
