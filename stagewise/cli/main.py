@@ -9,8 +9,9 @@ traceback). `stagewise.cli.command.run_command` does this for every entry point.
 import typer
 from rich.console import Console
 
+from stagewise.cli import options
 from stagewise.cli.command import run_command
-from stagewise.errors import StagewiseError
+from stagewise.cli.options import parse_dtype, parse_stage_backends
 
 app = typer.Typer(
     add_completion=False,
@@ -19,36 +20,13 @@ app = typer.Typer(
     help="LLM inference, stage by stage.",
 )
 
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
-
-
-def parse_dtype(name: str | None):
-    import torch
-
-    if name is None:
-        return None
-    if name not in DTYPES:
-        raise StagewiseError(f"unknown dtype '{name}'; use one of float32, bfloat16, float16")
-    return getattr(torch, DTYPES[name])
-
-
-def parse_stage_backends(items: list[str]) -> dict[str, str]:
-    """["attention=naive", ...] -> {"attention": "naive"}."""
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise StagewiseError(f"--stage-backend expects STAGE=BACKEND, got '{item}'")
-        stage, backend = item.split("=", 1)
-        out[stage.strip()] = backend.strip()
-    return out
-
 
 @app.command()
 def generate(
     prompts: list[str] = typer.Argument(..., help="one or more prompts"),
-    model: str = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory"),
-    backend: str = typer.Option("torch", help="stage tier: naive (textbook), torch (fast PyTorch) or triton"),
-    stage_backend: list[str] = typer.Option([], help="per-stage override, e.g. attention=naive (repeatable)"),
+    model: str = options.MODEL,
+    backend: str = options.BACKEND,
+    stage_backend: list[str] = options.STAGE_BACKEND,
     mode: str = typer.Option("paged", help="paged (continuous batching), kv (static batching) or naive (recompute)"),
     max_tokens: int = typer.Option(64, help="most tokens to generate per prompt"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
@@ -62,24 +40,13 @@ def generate(
         False, "--ignore-eos", help="keep generating past the end-of-sequence token, to max-tokens"
     ),
     chat: bool = typer.Option(False, "--chat", help="wrap each prompt in the model's chat template"),
-    special_tokens: bool = typer.Option(
-        False, "--special-tokens", help="let prompts hold control tokens like <|im_start|> (trusted input only)"
-    ),
-    device: str | None = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
-    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 on CPU)"),
+    special_tokens: bool = options.SPECIAL_TOKENS,
+    device: str | None = options.DEVICE,
+    dtype: str | None = options.DTYPE,
     stats: bool = typer.Option(False, "--stats", help="per request: TTFT, TBT, TPS (1/TBT), latency, tokens/s"),
-    tensor_parallel_size: int = typer.Option(
-        1, "--tensor-parallel-size", "--tp", help="split the model over N ranks (processes; gloo on CPU, NCCL on GPUs)"
-    ),
-    recalibrate: bool = typer.Option(
-        False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
-    ),
-    quantization: str = typer.Option(
-        "none",
-        "--quantization",
-        help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed "
-        "(4/8 bits; the fast CPU tier computes them in bfloat16)",
-    ),
+    tensor_parallel_size: int = options.TENSOR_PARALLEL_SIZE,
+    recalibrate: bool = options.RECALIBRATE,
+    quantization: str = options.QUANTIZATION,
 ):
     """Generate text, streaming it as it is produced."""
     from stagewise.bench.progress import load_status
@@ -147,10 +114,12 @@ def _register_commands() -> None:
         return  # registered already (main() called twice in one process, as the tests do)
     from stagewise.cli.bench import bench_app
     from stagewise.cli.calc import calc
+    from stagewise.cli.serve import serve
     from stagewise.cli.trace import trace
 
     app.command(name="trace")(trace)
     app.command(name="calc")(calc)
+    app.command(name="serve")(serve)
     app.add_typer(bench_app, name="bench")
 
 

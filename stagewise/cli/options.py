@@ -1,0 +1,56 @@
+"""Options that several commands share (generate, serve): one definition, one help text.
+
+Typer reads a command's options from its parameters' defaults, so a shared
+option is one `typer.Option(...)` object used as the default in each command:
+
+    def serve(model: str = MODEL, backend: str = BACKEND, ...): ...
+"""
+
+import typer
+
+from stagewise.errors import StagewiseError
+
+MODEL = typer.Option("smollm2-135m", help="preset name, .gguf file or Hugging Face Llama directory")
+BACKEND = typer.Option("torch", help="stage tier: naive (textbook), torch (fast PyTorch) or triton")
+STAGE_BACKEND = typer.Option([], help="per-stage override, e.g. attention=naive (repeatable)")
+SPECIAL_TOKENS = typer.Option(
+    False, "--special-tokens", help="let prompts hold control tokens like <|im_start|> (trusted input only)"
+)
+DEVICE = typer.Option(None, help="cpu or cuda (default: cuda when available)")
+DTYPE = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
+TENSOR_PARALLEL_SIZE = typer.Option(
+    1, "--tensor-parallel-size", "--tp", help="split the model over N ranks (processes; gloo on CPU, NCCL on GPUs)"
+)
+RECALIBRATE = typer.Option(
+    False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
+)
+QUANTIZATION = typer.Option(
+    "none",
+    "--quantization",
+    help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed "
+    "(4/8 bits; the fast CPU tier computes them in bfloat16)",
+)
+
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
+
+
+def parse_dtype(name: str | None):
+    import torch
+
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise StagewiseError(f"unknown dtype '{name}'; use one of float32, bfloat16, float16")
+    return getattr(torch, DTYPES[name])
+
+
+def parse_stage_backends(items: list[str]) -> dict[str, str]:
+    """["attention=naive", ...] -> {"attention": "naive"}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise StagewiseError(f"--stage-backend expects STAGE=BACKEND, got '{item}'")
+        stage, backend = item.split("=", 1)
+        out[stage.strip()] = backend.strip()
+    return out

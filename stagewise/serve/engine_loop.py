@@ -1,0 +1,334 @@
+"""The engine loop: ONE background thread steps the engine; HTTP handlers only talk to it.
+
+An HTTP server has many handlers running at once (one per connection, all on
+one asyncio event loop), but an engine step is one batch for everyone. So one
+thread owns the engine and does nothing but step it:
+
+    handler (event loop)                     engine thread
+    ---------------------                    ----------------------------------------
+    req = llm.make_request(...)
+    loop.submit(handle)  --> inbox -------->  take every new request into the engine
+                                              step()  (one batch: prefills and decodes)
+    await handle.events.get() <------------  each token -> its request's asyncio queue
+                                              (loop.call_soon_threadsafe: the only safe
+                                               way to wake an asyncio queue from a thread)
+
+When nothing is in flight the thread sleeps on a condition variable: an idle
+server uses no CPU. Requests join the running batch at the next step: that is
+continuous batching, seen from the network.
+
+The inbox is bounded: `max_queue` is the most requests waiting for a seat
+(submitted and not yet scheduled). One more is refused with 503 at once, so a
+flood of clients gets a clear "retry later" instead of a queue that grows
+without bound while every client times out.
+
+A handler whose client disconnects calls `abort(handle)`: at the next step
+boundary the request leaves the scheduler and its KV blocks go back to the
+free list.
+
+Two modes, the two halves of the batching comparison:
+
+- "paged" (continuous batching): the paged runner steps every request that has
+  work; a request arriving mid-run is scheduled in the very next step.
+- "kv" (static batching, the baseline): a batch is formed from the requests
+  waiting when it starts (at most max_num_seqs of them), left-padded, and run
+  to completion before the next batch starts; a request arriving meanwhile
+  waits for the whole batch to end. Its time to first token is the price.
+
+The loop owns the engine of the `LLM` it serves: nothing else may step that
+`LLM` while the server runs.
+"""
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from stagewise.engine.kv_runner import KVRunner
+from stagewise.engine.request import FinishReason, Request, RequestStatus
+from stagewise.serve.protocol import APIError
+
+
+@dataclass(frozen=True)
+class Event:
+    """What the engine thread hands a request's handler: one token's text, or the end."""
+
+    text: str  # newly settled text (may be empty: a character or stop string still incomplete)
+    token_id: int | None  # the sampled token; None on an error / abort event
+    finished: bool  # the request's last event
+    finish_reason: str | None  # "stop", "length", "abort" or "error" when finished
+    error: str | None = None  # with "error": one line saying what failed
+
+
+class Handle:
+    """One request in flight: the engine's `Request` and the asyncio queue its handler reads."""
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.events: asyncio.Queue[Event] = asyncio.Queue()  # read by the handler only
+        self._loop = loop  # the handler's event loop
+        self.started = False  # scheduled at least once (no longer counted as waiting)
+        self.aborted = False  # abort() was asked for
+        self.done = False  # its last event was sent (engine thread only)
+
+    def push(self, event: Event) -> None:
+        """From the engine thread: queue an event and wake the handler."""
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed (server shutting down): nobody listens
+            pass
+
+
+class EngineLoop:
+    def __init__(self, llm, mode: str = "paged", max_queue: int = 1024, metrics=None, hub=None):
+        if mode not in ("paged", "kv"):
+            raise ValueError(f"mode must be 'paged' or 'kv', got {mode!r}")
+        if mode == "paged" and llm.engine is None:
+            raise ValueError("mode 'paged' needs an LLM built with mode='paged'")
+        self.llm = llm
+        self.mode = mode
+        self.max_queue = max_queue  # most requests waiting for a seat; one more gets 503
+        self.metrics = metrics  # serve.metrics.ServerMetrics, or None
+        self.hub = hub  # the live view's ViewHub (publish(snapshot) per step), or None
+        self._cond = threading.Condition()
+        self._inbox: deque[Handle] = deque()  # submitted, not yet given to the engine
+        self._aborts: deque[Handle] = deque()  # handles whose client left
+        self._num_waiting = 0  # submitted and not yet scheduled (inbox + scheduler's waiting)
+        self._accepting = True
+        self._stopping = False
+        self._live: dict[str, Handle] = {}  # request id -> handle, for requests in the engine
+        self.step_index = 0  # engine steps run so far
+        if metrics is not None and mode == "paged":
+            metrics.baseline(llm.engine)
+        self._thread = threading.Thread(target=self._run, name="stagewise-engine-loop", daemon=True)
+
+    # ---- any thread ----
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, handle: Handle) -> None:
+        """Queue a request; APIError 503 when the queue is full or the server is stopping."""
+        with self._cond:
+            if not self._accepting:
+                raise APIError(503, "the server is shutting down; no new requests")
+            if self._num_waiting >= self.max_queue:
+                raise APIError(503, f"the request queue is full ({self.max_queue} waiting); retry later")
+            self._num_waiting += 1
+            self._inbox.append(handle)
+            self._cond.notify()
+
+    def abort(self, handle: Handle) -> None:
+        """The client left: drop the request at the next step boundary (idempotent)."""
+        with self._cond:
+            if not handle.aborted:
+                handle.aborted = True
+                self._aborts.append(handle)
+                self._cond.notify()
+
+    def stop_accepting(self) -> None:
+        with self._cond:
+            self._accepting = False
+
+    def num_in_flight(self) -> int:
+        """Requests submitted and not finished."""
+        with self._cond:
+            return len(self._inbox) + len(self._live)
+
+    def num_waiting(self) -> int:
+        with self._cond:
+            return self._num_waiting
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort what is left, end the thread."""
+        with self._cond:
+            self._accepting = False
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- the engine thread ----
+
+    def _run(self) -> None:
+        try:
+            if self.mode == "paged":
+                self._run_paged()
+            else:
+                self._run_static()
+        finally:
+            self._end_all("abort", None)
+
+    def _wait_for_work(self, busy) -> tuple[list[Handle], list[Handle]] | None:
+        """Sleep until there is something to do; -> (new handles, aborted handles), None to stop."""
+        with self._cond:
+            while not (self._inbox or self._aborts or self._stopping or busy()):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            new, aborts = list(self._inbox), list(self._aborts)
+            self._inbox.clear()
+            self._aborts.clear()
+            return new, aborts
+
+    def _run_paged(self) -> None:
+        runner = self.llm.engine
+        while True:
+            work = self._wait_for_work(runner.has_unfinished)
+            if work is None:
+                return
+            new, aborts = work
+            for h in new:
+                if h.aborted:
+                    self._finish(h, "abort", None)
+                    continue
+                self._live[h.request.request_id] = h
+                runner.add(h.request)
+            for h in aborts:
+                if not h.done and h.request.request_id in self._live:
+                    runner.abort(h.request)  # its blocks free at once
+                    self._finish(h, "abort", None)
+            if not runner.has_unfinished():
+                continue
+            start = time.perf_counter()
+            try:
+                results = runner.step()
+            except Exception as exc:  # not pinned on one request (the runner pins those itself)
+                for h in list(self._live.values()):
+                    runner.abort(h.request)
+                    self._finish(h, "error", f"the engine step failed ({type(exc).__name__}: {exc})")
+                runner.repair()
+                continue
+            step_s = time.perf_counter() - start
+            self.step_index += 1
+            self._deliver(results)
+            self._after_step(runner, step_s)
+
+    def _run_static(self) -> None:
+        llm = self.llm
+        pad = llm.tokenizer.pad_id if llm.tokenizer.pad_id is not None else 0
+        seats = llm.engine_config.max_num_seqs
+        while True:
+            work = self._wait_for_work(lambda: False)
+            if work is None:
+                return
+            new, aborts = work
+            for h in aborts:  # aborted while waiting, no batch running: it just leaves
+                if not h.done:
+                    self._finish(h, "abort", None)
+            pending = [h for h in new if not h.done]
+            while pending:  # the requests waiting now, in batches of at most `seats`
+                batch, pending = pending[:seats], pending[seats:]
+                self._run_batch(KVRunner(llm.model, llm.tokenizer.stop_ids, pad, llm.max_model_len, seats), batch)
+                with self._cond:  # requests that arrived meanwhile wait for the next batch
+                    if self._stopping:
+                        return
+                    pending += [h for h in self._inbox]
+                    self._inbox.clear()
+                    aborts = list(self._aborts)
+                    self._aborts.clear()
+                for h in aborts:
+                    if not h.done:
+                        self._finish(h, "abort", None)
+                pending = [h for h in pending if not h.done]
+
+    def _run_batch(self, runner: KVRunner, batch: list[Handle]) -> None:
+        for h in batch:
+            self._live[h.request.request_id] = h
+        steps = runner.run([h.request for h in batch])
+        try:
+            while True:
+                self._static_aborts()
+                start = time.perf_counter()
+                item = next(steps, None)  # a token of one request (a step yields one per row)
+                if item is None:
+                    return
+                self._deliver([item])
+                self._after_step(None, time.perf_counter() - start)
+                if self._stopping:
+                    return
+        except Exception as exc:
+            for h in batch:
+                if not h.done:
+                    self._finish(h, "error", f"the batch failed ({type(exc).__name__}: {exc})")
+        finally:
+            steps.close()
+
+    def _static_aborts(self) -> None:
+        """Static batching cannot drop a row: an aborted request's row runs on as padding."""
+        with self._cond:
+            aborts = list(self._aborts)
+            self._aborts.clear()
+        for h in aborts:
+            if not h.done:
+                if h.request.request_id in self._live:
+                    h.request.status, h.request.finish_reason = RequestStatus.FINISHED, FinishReason.ABORT
+                self._finish(h, "abort", None)
+
+    def _deliver(self, results: list[tuple]) -> None:
+        now = time.perf_counter()
+        for req, token, delta in results:
+            h = self._live.get(req.request_id)
+            if h is None or h.done:
+                continue
+            self._mark_started(h)
+            if self.metrics is not None and token is not None:
+                self.metrics.on_token(req, now)
+            if token is None:  # the step failed because of this request
+                self._finish(h, "error", req.error or "the request failed in an engine step")
+                continue
+            reason = req.finish_reason.value if req.finish_reason else None
+            h.push(Event(delta, token, req.finished, reason if req.finished else None))
+            if req.finished:
+                self._finish(h, reason, None, push=False)
+
+    def _mark_started(self, h: Handle) -> None:
+        if not h.started:
+            h.started = True
+            with self._cond:
+                self._num_waiting -= 1
+
+    def _after_step(self, runner, step_s: float) -> None:
+        for h in self._live.values():  # scheduled this step, even with no token yet (a prefill chunk)
+            if not h.started and h.request.first_scheduled_time is not None:
+                self._mark_started(h)
+        if self.metrics is not None:
+            self.metrics.after_step(runner, self.num_waiting(), len(self._live))
+        if self.hub is not None and runner is not None:
+            self._publish(runner, step_s)
+
+    def _publish(self, runner, step_s: float) -> None:
+        from stagewise.engine.snapshot import engine_snapshot
+
+        snapshot = engine_snapshot(
+            runner, step_index=self.step_index, step_stats={"step_ms": round(1e3 * step_s, 3)}, now=time.time()
+        )
+        self.hub.publish(snapshot)
+
+    def _finish(self, h: Handle, reason: str | None, error: str | None, push: bool = True) -> None:
+        """The request's last event (unless it was just pushed); it leaves the books."""
+        if h.done:
+            return
+        h.done = True
+        if not h.started:
+            h.started = True
+            with self._cond:
+                self._num_waiting -= 1
+        self._live.pop(h.request.request_id, None)
+        if push:
+            h.push(Event("", None, True, reason, error))
+        if self.metrics is not None:
+            self.metrics.on_finish(h.request, reason)
+
+    def _end_all(self, reason: str, error: str | None) -> None:
+        """The thread ends: every request still in flight gets its last event."""
+        with self._cond:
+            left = list(self._inbox) + list(self._aborts)
+            self._inbox.clear()
+            self._aborts.clear()
+        runner = self.llm.engine if self.mode == "paged" else None
+        for h in list(self._live.values()) + left:
+            if runner is not None and h.request.request_id in self._live:
+                runner.abort(h.request)
+            self._finish(h, reason, error)
