@@ -37,7 +37,38 @@ from stagewise.stages.pre_tokenizers import split_special_tokens
 from stagewise.tokenizer import Tokenizer
 
 
+def check_messages(prompt: list) -> None:
+    """A chat: a non-empty list of messages [{"role": ..., "content": ...}], not all empty."""
+    if not prompt:
+        raise StagewiseError("the chat has no messages")
+    for i, message in enumerate(prompt):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            raise StagewiseError(f"message {i} must be a dict with a 'role' and a 'content' string")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise StagewiseError(
+                f"message {i}: content must be a string, got {type(content).__name__}"
+            )
+        try:
+            content.isascii() or content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StagewiseError(
+                f"message {i} is not valid UTF-8 (it holds lone surrogates)"
+            ) from None
+    if all(not m["content"] or m["content"].isspace() for m in prompt):
+        raise StagewiseError("the prompt is empty")
+
+
+def user_text(prompt: str | list[dict]) -> str:
+    """The text a user typed: the prompt, or every message's content."""
+    return prompt if isinstance(prompt, str) else "".join(m["content"] for m in prompt)
+
+
 def check_text(prompt) -> None:
+    """A prompt: a non-empty string, or a chat's messages (`check_messages`)."""
+    if isinstance(prompt, list):
+        check_messages(prompt)
+        return
     if not isinstance(prompt, str):
         raise StagewiseError(f"a prompt must be a string, got {type(prompt).__name__}")
     try:
@@ -94,19 +125,24 @@ def check_count(ids: list[int], max_tokens: int | None) -> None:
 def encode_prompt(
     ops: StageOps,
     tokenizer: Tokenizer,
-    prompt: str,
+    prompt: str | list[dict],
     chat: bool,
     special_tokens: bool,
     max_tokens: int | None = None,
 ) -> tuple[str, list[int]]:
     """-> (prompt text as the model reads it, token ids); user text stays text by default.
 
+    With `chat`, `prompt` is one user message, or a whole chat: [{"role": ..., "content": ...}].
+
     `max_tokens` (the engine's max_model_len): a prompt that cannot fit is refused before it is
     tokenized whole (see the module docstring).
     """
     check_text(prompt)
-    check_fits(prompt, tokenizer, max_tokens)  # the user's text is inside the rendered prompt
-    messages = [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and not chat:
+        raise StagewiseError("a list of chat messages needs chat=True")
+    typed_text = user_text(prompt)
+    check_fits(typed_text, tokenizer, max_tokens)  # the user's text is inside the rendered prompt
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if special_tokens:  # trusted: the whole prompt is parsed, markers and all
         text = (
             apply_chat_template(tokenizer, messages, add_generation_prompt=True) if chat else prompt
@@ -120,7 +156,7 @@ def encode_prompt(
     if tokenizer.model == "llama":
         # SentencePiece puts a dummy "▁" at the start of each text chunk, so pieces tokenized apart
         # would not read as the whole: keep the whole, and refuse control tokens typed by the user.
-        typed = [t for t in tokenizer.special_tokens if t in prompt]
+        typed = [t for t in tokenizer.special_tokens if t in typed_text]
         if typed:
             raise StagewiseError(
                 f"the prompt contains the control token {typed[0]!r}; pass special_tokens=True to "
