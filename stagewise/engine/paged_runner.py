@@ -12,6 +12,17 @@ One `step()`:
    token; finished requests leave and free their blocks at once, so a waiting
    request can join in the very next step.
 
+Speculative decoding (`proposer`, engine/speculative/): before scheduling,
+each decoding request may get k guesses; it then runs 1 + k query tokens, the
+LM head runs on all of them, and the rejection sampler keeps the guesses the
+target agrees with plus one token of its own (`speculative/verify.py`). The
+kept tokens are appended one by one (a stop string, a stop id or max_tokens
+cuts the run exactly there), then the request rewinds: `num_computed_tokens`
+goes back to its new end, the blocks past it (rejected guesses' K/V only) are
+freed, and only now are the newly full blocks named for the prefix cache.
+Speculative steps run eagerly (a captured CUDA graph covers plain decode
+steps of one token per request only).
+
 What goes wrong in a step stays in that step:
 
 - an interrupt (Ctrl-C) in the forward pass undoes the step: every running
@@ -38,8 +49,10 @@ from stagewise.engine.paged_batch import build_batch, trace_step
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
+from stagewise.engine.speculative.verify import verify
 from stagewise.engine.scheduler import Scheduler, SchedulerOutput
-from stagewise.engine.tracing import end_step
+from stagewise.engine.snapshot import engine_snapshot
+from stagewise.engine.tracing import end_step, note_verified
 from stagewise.errors import StagewiseError
 from stagewise.kv.block_manager import BlockManager
 from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
@@ -50,10 +63,18 @@ from stagewise.trace.hooks import active_tracer
 
 class PagedRunner:
     def __init__(
-        self, model: LlamaModel, stop_ids: frozenset[int], max_model_len: int, ecfg: EngineConfig
+        self,
+        model: LlamaModel,
+        stop_ids: frozenset[int],
+        max_model_len: int,
+        ecfg: EngineConfig,
+        proposer=None,
+        num_speculative_tokens: int = 0,
     ):
         cfg = model.config
         self.model = model
+        self.proposer = proposer  # speculative decoding's guesser (engine/speculative/); None: off
+        self.num_speculative_tokens = num_speculative_tokens  # k: the most guesses per request
         self.stop_ids = stop_ids  # eos and the other end-of-sequence ids
         self.max_model_len = max_model_len
         num_blocks = num_blocks_for_budget(cfg, ecfg, max_model_len, model.dtype, model.device)
@@ -111,11 +132,13 @@ class PagedRunner:
         with deferred_interrupts():
             self.scheduler.abort(req)
             self.cache.release_row(req.request_id)
+            self._drop_proposals(req)
 
     def undo_step(self) -> None:
         """After a step that raised: running requests go back to waiting and will be recomputed."""
         for req in self.scheduler.recover_interrupted_step():
             self.cache.release_row(req.request_id)
+            self._drop_proposals(req)
         self._open_step = None
 
     def repair(self) -> None:
@@ -141,6 +164,7 @@ class PagedRunner:
             yield from self.step()
 
     _freed_after_last_step = 0  # blocks released by requests that finished in the previous step
+    last_step: SchedulerOutput | None = None  # the latest settled step (None after a failed one)
     _block_moves = (0, 0)  # (allocated, freed) while scheduling the current step
 
     def reset_stats(self) -> None:
@@ -190,6 +214,7 @@ class PagedRunner:
         if self.suspects:
             sched = self.scheduler.schedule_alone(self.suspects[0])
         else:
+            self._propose()
             sched = self.scheduler.schedule()
         self._block_moves = (bm.num_allocated - before[0], bm.num_freed - before[1])  # scheduling
         self.stats.blocks_in_use.append(bm.num_used_blocks)  # what this step runs with
@@ -200,39 +225,57 @@ class PagedRunner:
             s.request.first_scheduled_time = s.request.first_scheduled_time or now
         return sched
 
-    def _compute(self, sched: SchedulerOutput) -> list[int]:
-        """The forward pass and the sampling: the part of a step that Ctrl-C may cut short."""
+    def _compute(self, sched: SchedulerOutput) -> list[list[int]]:
+        """The forward pass and the sampling: the part of a step that Ctrl-C may cut short.
+
+        -> the tokens of each sampling request: one, or with speculation 1 .. k + 1."""
         if self._replays_graph(sched):
             logits = self._graph_step(sched)  # [num requests, vocab]
         else:
             batch, kv = self._build_batch(sched)
             self._trace_begin(sched, batch, kv)
-            logits = self.model.forward(batch, kv)  # [num sampling requests, vocab]
+            logits = self.model.forward(batch, kv)  # [sampling rows (1 + k per request), vocab]
         sampling = [s.request for s in sched.scheduled if s.samples]
-        return sample_next_tokens(self.model.ops, logits, sampling) if sampling else []
+        if not sampling:
+            return []
+        if self.proposer is not None:  # every draw of a speculating engine: the same stream
+            return verify(self.model.ops, logits, sampling)
+        return [[t] for t in sample_next_tokens(self.model.ops, logits, sampling)]
 
-    def _settle(self, sched: SchedulerOutput, tokens: list[int]) -> list[tuple]:
+    def _settle(self, sched: SchedulerOutput, tokens: list[list[int]]) -> list[tuple]:
         """Record the sampled tokens; finished requests leave and free their blocks."""
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-        sampling = [s.request for s in sched.scheduled if s.samples]
-        results = []
+        sampling = [s for s in sched.scheduled if s.samples]
+        results, verified = [], {}
         freed_before = self.block_manager.num_freed
-        for req, token in zip(sampling, tokens):
+        for s, kept in zip(sampling, tokens):
+            req = s.request
             try:
-                delta = req.append_token(token, self.stop_ids, self.max_model_len)
+                for token in kept:  # one by one: a stop or max_tokens cuts the run exactly there
+                    delta = req.append_token(token, self.stop_ids, self.max_model_len)
+                    results.append((req, token, delta))
+                    if req.finish_reason is not None:
+                        break
             except Exception as exc:  # detokenizing this request's token failed: its own fault
                 results.append(self._remove_failed(req, exc))
                 continue
+            if self.proposer is not None:
+                if s.num_spec_tokens:
+                    verified[req.request_id] = {"accepted": len(kept) - 1, "kept_token_ids": kept}
+                self._verified(s, accepted=len(kept) - 1)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
                 self.cache.release_row(req.request_id)
+                self._drop_proposals(req)
             if self.suspects and self.suspects[0] is req:  # it ran alone and sampled: not guilty
                 self.suspects.popleft()
-            results.append((req, token, delta))
         for req in sched.preempted:
             self.cache.release_row(req.request_id)
+            self._drop_proposals(req)
+        note_verified(verified)
         self._open_step = None
+        self.last_step = sched
         self._freed_after_last_step = self.block_manager.num_freed - freed_before
         self.stats.steps += 1
         self.stats.tokens_computed += sum(s.num_new_tokens for s in sched.scheduled)
@@ -241,12 +284,13 @@ class PagedRunner:
             self.block_manager.stats.queried_tokens - self._prefix_base[0]
         )
         self.stats.prefix_hit_tokens = self.block_manager.stats.hit_tokens - self._prefix_base[1]
-        end_step([(r, t) for r, t, _ in results if t is not None])
+        end_step([(r, t) for r, t, _ in results if t is not None], view=self._view_of_step)
         return results
 
     def _step_failed(self, sched: SchedulerOutput, exc: Exception) -> list[tuple]:
         """Undo the step; a request that ran alone is to blame, else each runs alone next."""
         self.undo_step()
+        self.last_step = None
         if _fails_every_request(exc):
             raise exc
         scheduled = [s.request for s in sched.scheduled]
@@ -263,7 +307,65 @@ class PagedRunner:
         reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         self.scheduler.fail(req, f"{req.request_id} failed in an engine step ({reason})")
         self.cache.release_row(req.request_id)
+        self._drop_proposals(req)
         return (req, None, "")
+
+    def _view_of_step(self) -> dict:
+        """The engine after the step just settled, as the trace stores it for replay."""
+        now = time.perf_counter()
+        return engine_snapshot(self, step_index=self.stats.steps - 1, step_stats=None, now=now)
+
+    # ---- speculative decoding ----
+
+    def _propose(self) -> None:
+        """Ask the proposer for each decoding request's guesses (before scheduling: the scheduler
+        gives a request 1 + k' query tokens). Never more than max_tokens and max_model_len allow:
+        a step keeps at most k' + 1 tokens."""
+        if self.proposer is None:
+            return
+        k = self.num_speculative_tokens
+        asking, limits = [], []
+        for req in self.scheduler.running:
+            req.spec_token_ids, req.spec_probs = [], None
+            if not req.output_token_ids or req.num_tokens - req.num_computed_tokens != 1:
+                continue  # still prefilling: its first token comes from the prompt's pass
+            left = min(
+                req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens
+            )
+            if min(k, left - 1) >= 1:
+                asking.append(req)
+                limits.append(min(k, left - 1))
+        if not asking:
+            return
+        for req, limit, proposal in zip(asking, limits, self.proposer.propose(asking, limits)):
+            req.spec_token_ids = list(proposal.token_ids[:limit])
+            if proposal.probs is not None:
+                req.spec_probs = proposal.probs[: len(req.spec_token_ids)]
+
+    def _verified(self, s, accepted: int) -> None:
+        """After a verify step: count, rewind past rejected guesses, name the verified blocks."""
+        req, stats = s.request, self.stats
+        if s.num_spec_tokens:
+            req.num_spec_steps += 1
+            req.num_draft_tokens += s.num_spec_tokens
+            req.num_accepted_tokens += accepted
+            stats.spec_verify_steps += 1
+            stats.spec_draft_tokens += s.num_spec_tokens
+            stats.spec_accepted_tokens += accepted
+        req.last_num_accepted = accepted
+        if req.finish_reason is None:
+            bm = self.block_manager
+            req.num_computed_tokens = req.num_tokens - 1  # K/V up to the last kept token's input
+            bm.truncate(req.request_id, req.num_tokens)  # blocks of rejected guesses only
+            bm.register_full_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            self.proposer.on_verified(req)
+        req.spec_token_ids, req.spec_probs = [], None
+
+    def _drop_proposals(self, req: Request) -> None:
+        """The request left the running set: its guesses and the proposer's state for it go."""
+        req.spec_token_ids, req.spec_probs = [], None
+        if self.proposer is not None:
+            self.proposer.on_removed(req)
 
     def _replays_graph(self, sched: SchedulerOutput) -> bool:
         """A pure-decode step (one new token per request, each sampling) that a graph covers."""

@@ -1,6 +1,6 @@
 """Trace exports: a stable JSON document (with its JSON Schema) and Chrome trace events.
 
-JSON (`to_json`, schema `TRACE_SCHEMA`, version 1) — what notebooks and tests read:
+JSON (`to_json`, schema `TRACE_SCHEMA`, version 2) — what notebooks, tests and `stagewise view` read:
 
     {
       "schema": "stagewise.trace", "version": 1,
@@ -9,12 +9,20 @@ JSON (`to_json`, schema `TRACE_SCHEMA`, version 1) — what notebooks and tests 
       "steps":   [{index, mode, requests: [{request_id, num_computed_tokens, num_tokens, num_scheduled, phase}],
                    batch: {positions, slot_mapping, cu_seqlens_q, seq_lens, block_table, ...},
                    scheduler: {...}, stages: [stage, ...], sampled: {id: token}, text: {id: str},
-                   start_us, dur_us}],
+                   start_us, dur_us, view}],
       "summary": {requests, prompt_tokens, output_tokens, steps, ttft_ms, tbt_ms, ...}
     }
     stage = {stage, layer, backend, inputs: [tensor], outputs: [tensor], scalars, start_us, dur_us, rank, kind}
             (kind "collective": stage is all_reduce or gather, backend gloo or nccl, scalars {bytes, world_size})
     tensor = {name, shape: [int], dtype, axes: [str] | null}
+
+A step's `view` (version 2; null outside the paged mode) is the paged engine after the step, as
+`stagewise.engine.snapshot.engine_snapshot` makes it: the waiting / running / preempted queues, every
+request's num_computed_tokens and num_tokens, the blocks each one holds (shared prefix blocks listed),
+the step's prefill and decode tokens against its budget, TTFT / TBT of the tokens it produced. The live
+page of `stagewise serve` draws the same dicts, so `stagewise view run.json` replays a run step by step;
+`serve --record` writes a document of this format whose steps carry only the scheduler's part (no
+stages). Version 1 had no `view`; everything else is unchanged, so readers of version 1 read version 2.
 
 Untimed (`trace --no-timing`, and always for a shape-only model): `drop_times` removes every measured time,
 so two runs give the same bytes in every format: `start_us` counts the stage calls (0, 1, 2, ...) instead of
@@ -34,7 +42,7 @@ so Perfetto shows the ranks side by side, all-reduce against all-reduce.
 from stagewise.trace.tracer import Tracer
 
 SCHEMA_NAME = "stagewise.trace"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: each step carries the engine's `view` (replay)
 
 _TENSOR = {
     "type": "object",
@@ -73,6 +81,51 @@ _REQUEST = {
         "phase": {"type": "string"},
     },
 }
+_IDS = {"type": "array", "items": {"type": "string"}}
+_BLOCK_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_VIEW_REQUEST = {
+    "type": "object",
+    "required": ["num_prompt_tokens", "num_computed_tokens", "num_tokens", "status", "blocks", "num_scheduled"],
+    "properties": {
+        "num_prompt_tokens": {"type": "integer", "minimum": 0},
+        "num_computed_tokens": {"type": "integer", "minimum": 0},
+        "num_tokens": {"type": "integer", "minimum": 0},
+        "status": {"enum": ["waiting", "running", "finished"]},
+        "blocks": _BLOCK_IDS,
+        "num_scheduled": {"type": "integer", "minimum": 0},
+        "phase": {"enum": ["prefill", "prefill chunk", "decode", None]},
+    },
+}
+VIEW_SCHEMA = {  # engine/snapshot.py's dict: one per step, the live page's and the replay's input
+    "type": "object",
+    "required": ["version", "step", "time", "queues", "requests", "kv", "budget", "latency"],
+    "properties": {
+        "version": {"const": 1},
+        "step": {"type": "integer", "minimum": 0},
+        "time": {"type": "number"},
+        "queues": {
+            "type": "object",
+            "required": ["waiting", "running", "preempted"],
+            "properties": {"waiting": _IDS, "running": _IDS, "preempted": _IDS},
+        },
+        "requests": {"type": "object", "additionalProperties": _VIEW_REQUEST},
+        "kv": {
+            "type": "object",
+            "required": ["num_blocks", "block_size", "num_used", "shared"],
+            "properties": {
+                "num_blocks": {"type": "integer", "minimum": 0},
+                "block_size": {"type": "integer", "minimum": 1},
+                "shared": _BLOCK_IDS,
+                "cached": {"type": ["array", "null"], "items": {"type": "integer"}},
+            },
+        },
+        "budget": {
+            "type": "object",
+            "required": ["max_num_batched_tokens", "prefill_tokens", "decode_tokens"],
+        },
+        "latency": {"type": "array", "items": {"type": "object", "required": ["request_id"]}},
+    },
+}
 TRACE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "stagewise trace",
@@ -90,7 +143,18 @@ TRACE_SCHEMA = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["index", "mode", "requests", "batch", "scheduler", "stages", "sampled", "text", "rank"],
+                "required": [
+                    "index",
+                    "mode",
+                    "requests",
+                    "batch",
+                    "scheduler",
+                    "stages",
+                    "sampled",
+                    "text",
+                    "rank",
+                    "view",
+                ],
                 "properties": {
                     "index": {"type": "integer", "minimum": 0},
                     "rank": {"const": 0},
@@ -103,6 +167,7 @@ TRACE_SCHEMA = {
                     "text": {"type": "object", "additionalProperties": {"type": "string"}},
                     "start_us": {"type": "number"},
                     "dur_us": {"type": "number"},
+                    "view": {"oneOf": [VIEW_SCHEMA, {"type": "null"}]},
                 },
             },
         },
@@ -111,6 +176,7 @@ TRACE_SCHEMA = {
 }
 
 
+TIMING_VIEW_KEYS = {"ttft_ms", "tbt_ms"}  # a step view's measured latencies (null when untimed)
 TIMING_KEYS = ("ttft_ms", "tbt_ms", "tps", "output_tokens_per_s")  # the run summary's measured times
 SHAPE_ONLY_NOTE = "shape only (meta device): no values; the sampled ids are placeholders, not a model's output"
 
@@ -125,6 +191,11 @@ def drop_times(tracer: Tracer) -> None:
         for rec in step.stages:
             rec.start_us, rec.dur_us, calls = float(calls), None, calls + 1
         step.dur_us = float(len(step.stages))
+        if step.view is not None:  # the engine's snapshot: its clock and its latencies are times too
+            step.view = {**step.view, "time": float(step.index)}
+            step.view["latency"] = [
+                {**item, **dict.fromkeys(TIMING_VIEW_KEYS & item.keys())} for item in step.view["latency"]
+            ]
     tracer.summary = {k: v for k, v in tracer.summary.items() if k not in TIMING_KEYS}
 
 

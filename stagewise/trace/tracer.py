@@ -73,6 +73,7 @@ class StepRecord:
     start_us: float = 0.0
     dur_us: float = 0.0
     rank: int = 0  # the rank that scheduled and sampled it: always 0
+    view: dict | None = None  # the paged engine after the step: queues, requests, block owners (replay)
 
     @property
     def num_tokens(self) -> int:
@@ -110,11 +111,11 @@ class Tracer:
         self._current = StepRecord(index, mode, requests, batch, scheduler=scheduler or {}, start_us=self._now_us())
         self.steps.append(self._current)
 
-    def end_step(self, sampled: dict, text: dict) -> None:
+    def end_step(self, sampled: dict, text: dict, view: dict | None = None) -> None:
         step = self._current
         if step is None:
             return
-        step.sampled, step.text = sampled, text
+        step.sampled, step.text, step.view = sampled, text, view
         step.dur_us = self._now_us() - step.start_us
         self._current = None
 
