@@ -1,0 +1,282 @@
+"""The draft-model proposer: a small model with the same tokenizer guesses the next k tokens.
+
+Speculative decoding needs guesses that are cheap and often right. A second,
+much smaller model of the same family (SmolLM2-135M drafting for a 1.7B, a
+2-layer model for a 30-layer one) runs k ordinary decode steps of its own; the
+target then checks all k guesses in one forward pass of k + 1 rows.
+
+The draft is a full model with its own state, so it keeps its own paged KV
+cache — its own `PagedKVCache` (its layer count and head sizes, not the
+target's) and its own `BlockManager` — exactly as the engine keeps the
+target's. For each request it remembers which tokens its cache holds
+(`held`, positions 0, 1, ...). One `propose()` for a batch of requests:
+
+    catch up + draft 1   every request feeds the tokens its cache lacks (after a
+                         prefill: the whole prompt; in steady decoding: the one or
+                         few tokens the target accepted last step), one flattened
+                         batch for all requests, logits of each one's last row
+                         -> the first draft token
+    drafts 2 .. k        one token per request per step, batched across requests
+                         (a request asked for fewer tokens leaves the batch early)
+
+    tokens  t_0 ... t_{n-1}   d_1   d_2 ... d_{k-1}   d_k
+    K/V     cached or fed     fed   fed     fed        never fed (nothing reads it)
+
+Each draft token is drawn from the request's own sampling rules (repetition
+penalty — drafts already made count as seen —, temperature, min_p, top-k,
+top-p: `stages.sampling.processed_probs`); greedy requests take the argmax.
+The rows q it was drawn from come back with it: the rejection sampler accepts
+d_i with probability min(1, p(d_i) / q(d_i)), which keeps the output exactly
+the target's distribution whatever the draft's quality. Randomness: the draw of
+the draft token at position p uses a generator seeded by
+`stream_seed(seed ^ DRAFT_SEED_SALT, p)`, a stream of its own per request (the
+target's draws use the unsalted seed), so the same seed proposes the same
+tokens alone or batched with any others.
+
+After verification (`on_verified`) the cache is cut back to the longest
+prefix of what it holds that is still the request's text: the accepted
+drafts stay, rejected ones are forgotten, and whole blocks past the new end go
+back to the free list. Memory is bounded by the cache's own block count; a
+request that does not fit gets no proposal (and holds no draft blocks) until
+others have finished.
+
+The draft's forward passes are not traced: a trace shows the target's engine
+steps, and the proposed tokens are in them.
+"""
+
+import torch
+
+from stagewise.engine.request import Request
+from stagewise.engine.speculative.draft_checks import check_same_vocabulary
+from stagewise.engine.speculative.proposal import Proposal
+from stagewise.kv.block_manager import BlockManager
+from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
+from stagewise.models.forward_batch import ForwardBatch
+from stagewise.models.llama import LlamaModel
+from stagewise.models.ops import StageOps
+from stagewise.models.quantized import prepare_for
+from stagewise.models.registry import LoadedModel, load_model
+from stagewise.runtime import to_device
+from stagewise.sampling_params import SamplingTensors
+from stagewise.stages import STAGES
+from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.base import stage_of
+from stagewise.stages.sampling import processed_probs, stream_seed
+
+DRAFT_SEED_SALT = 0x5DEECE66D_D4AF7  # xor-ed into a request's seed: the draft's own random stream
+
+
+class UntracedOps(StageOps):
+    """The target's stage tiers, run without telling the tracer (the draft is not traced)."""
+
+    def __call__(self, stage, layer: int | None = None, **kwargs):
+        return self._fns[stage_of(stage, STAGES).name](**kwargs)
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, one comparison in C
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+class DraftModelProposer:
+    """Proposes tokens with a draft model that shares the target's tokenizer (see the module doc).
+
+    `target`: the target `LLM` (its `loaded` model, `ops`, `engine_config`, `max_model_len`).
+    `draft`: an already loaded draft model (else `config.model` is loaded, on the target's device
+    in its dtype). `num_blocks`: the draft cache's size; by default as many blocks as the
+    target's cache has (the draft can hold every token the target holds).
+    """
+
+    def __init__(
+        self, config, target, draft: LoadedModel | None = None, num_blocks: int | None = None
+    ):
+        t_loaded, ecfg = target.loaded, target.engine_config
+        if draft is None:
+            quantization = getattr(config, "draft_quantization", "none")
+            draft = load_model(config.model, t_loaded.device, t_loaded.dtype, quantization)
+        check_same_vocabulary(t_loaded, draft)
+        self.loaded = draft
+        self.num_speculative_tokens = config.num_speculative_tokens  # k, the most drafts per step
+        ops = UntracedOps(target.ops.backend, target.ops.overrides)
+        prepare_for(draft.weights, ops.backends)  # packed weights: the torch tier's forms, now
+        self.model = LlamaModel(draft, ops)
+        # the draft feeds positions up to n + k - 2: within the target's limit and its own
+        self.max_len = min(target.max_model_len, draft.config.max_position_embeddings)
+        if num_blocks is None:
+            num_blocks = _target_num_blocks(target, ecfg)
+        self.cache = PagedKVCache(
+            draft.config,
+            num_blocks,
+            ecfg.block_size,
+            ecfg.max_num_seqs,
+            self.max_len,
+            draft.dtype,
+            draft.device,
+            self.model.batch_device,
+        )
+        # no prefix caching: drafted blocks hold guesses, and a rewind rewrites them
+        self.block_manager = BlockManager(num_blocks, ecfg.block_size, enable_prefix_caching=False)
+        self.held: dict[str, list[int]] = {}  # request id -> tokens whose draft K/V are cached
+        self.num_proposed = 0  # draft tokens proposed so far (all requests)
+
+    # ---- the Proposer protocol ----
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], num_tokens: list[int]) -> list[Proposal]:
+        """One Proposal per request: up to num_tokens[i] tokens continuing req.all_token_ids."""
+        proposals = [Proposal([], None) for _ in requests]
+        work = []  # (index in requests, request, its tokens, k)
+        for i, (req, k) in enumerate(zip(requests, num_tokens)):
+            tokens = req.all_token_ids
+            k = min(k, self.max_len - len(tokens) + 1)  # positions fed stay below max_len
+            if k > 0 and self._make_room(req.request_id, tokens, k):
+                work.append((i, req, tokens, k))
+        if not work:
+            return proposals
+        drafts = {i: [] for i, *_ in work}  # index -> drafted tokens
+        rows = {i: [] for i, *_ in work}  # index -> q rows [vocab] they were drawn from
+        # the first pass: every request's missing tokens (at least its last one)
+        chunks = []
+        for i, req, tokens, _ in work:
+            start = len(self.held[req.request_id])
+            chunks.append((i, req, tokens[start:], start))
+        while chunks:
+            logits = self._forward(chunks)  # [len(chunks), vocab]
+            positions = [start + len(fed) for _, _, fed, start in chunks]  # of each new draft
+            reqs = [req for _, req, _, _ in chunks]
+            new, q = self._draw(logits, reqs, [drafts[i] for i, *_ in chunks], positions)
+            for row, (i, *_rest) in enumerate(chunks):
+                drafts[i].append(new[row])
+                rows[i].append(q[row])
+            k_of = {i: k for i, _, _, k in work}
+            chunks = [  # the next pass: the drafts just made, one token each
+                (i, req, [drafts[i][-1]], pos)
+                for (i, req, _, _), pos in zip(chunks, positions)
+                if len(drafts[i]) < k_of[i]
+            ]
+        for i, *_ in work:
+            proposals[i] = Proposal(drafts[i], torch.stack(rows[i]))  # [k', vocab]
+            self.num_proposed += len(drafts[i])
+        return proposals
+
+    def on_verified(self, req: Request) -> None:
+        """Cut the draft cache back to what is still the request's text (rejected drafts go)."""
+        held = self.held.get(req.request_id)
+        if held is not None:
+            self._truncate(req.request_id, common_prefix_length(held, req.all_token_ids))
+
+    def on_removed(self, req: Request) -> None:
+        """Finished, aborted, failed or preempted: free its draft blocks and block-table row."""
+        self._drop(req.request_id)
+
+    def close(self) -> None:
+        for request_id in list(self.held):
+            self._drop(request_id)
+
+    # ---- the draft cache ----
+
+    def _make_room(self, request_id: str, tokens: list[int], k: int) -> bool:
+        """Keep the cached prefix that is still valid; make room for k drafts. False: no room."""
+        held = self.held.get(request_id, [])
+        keep = min(common_prefix_length(held, tokens), len(tokens) - 1)  # the last is fed again
+        if request_id not in self.cache.row_of and not self.cache.free_rows:
+            return False  # more requests than block-table rows (cannot happen under the engine)
+        self.held[request_id] = held
+        self._truncate(request_id, keep)
+        total = len(tokens) + k - 1  # K/V of the tokens and of the first k - 1 drafts
+        if not self.block_manager.allocate(request_id, keep, total - keep):
+            self._drop(request_id)  # it cannot fit now: it holds nothing while others run
+            return False
+        return True
+
+    def _truncate(self, request_id: str, length: int) -> None:
+        """Forget cached tokens from position `length` on; blocks wholly past it are freed."""
+        self.held[request_id] = self.held[request_id][:length]
+        bm = self.block_manager
+        owned = bm.req_blocks.get(request_id, [])
+        while len(owned) > bm.blocks_needed(length):  # one block at a time, as BlockManager.free
+            block = bm.blocks[owned.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                bm.free_queue.append(block.block_id)
+                bm.num_freed += 1
+
+    def _drop(self, request_id: str) -> None:
+        self.block_manager.free(request_id)
+        self.cache.release_row(request_id)
+        self.held.pop(request_id, None)
+
+    # ---- one draft forward pass, and the draw ----
+
+    def _forward(self, chunks: list[tuple]) -> torch.Tensor:
+        """chunks: (index, request, tokens to feed, first position) -> logits [B, vocab] of each
+        chunk's last token; the fed tokens' K/V are stored in the draft cache."""
+        bs, device = self.cache.block_size, self.model.batch_device
+        ids, positions, slots, q_lens, seq_lens, table_rows = [], [], [], [], [], []
+        for _, req, fed, start in chunks:
+            blocks = self.block_manager.block_ids(req.request_id)
+            span = range(start, start + len(fed))
+            ids += fed
+            positions += span
+            slots += [blocks[p // bs] * bs + p % bs for p in span]  # slot of each fed token
+            q_lens.append(len(fed))
+            seq_lens.append(start + len(fed))
+            table_rows.append(self.cache.write_row(req.request_id, blocks))
+            held = self.held[req.request_id]
+            self.held[req.request_id] = held[:start] + fed
+        batch = ForwardBatch.from_sequences(
+            [fed for _, _, fed, _ in chunks], [start for *_, start in chunks], device
+        )
+        max_blocks = max(-(-n // bs) for n in seq_lens)
+        rows = to_device(table_rows, torch.long, device)
+        metadata = AttentionMetadata.build(
+            q_lens,
+            seq_lens,
+            device,
+            block_table=self.cache.block_table[rows, :max_blocks].contiguous(),  # [B, max_blocks]
+            slot_mapping=slots,
+            cu_seqlens_q=batch.cu_seqlens_q,
+        )
+        return self.model.forward(batch, PagedKVStep(self.cache, metadata))  # [B, vocab]
+
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        drafted: list[list[int]],
+        positions: list[int],
+    ) -> tuple[list[int], torch.Tensor]:
+        """logits [B, vocab] -> one token per row, and the distributions q [B, vocab] drawn from."""
+        vocab = logits.shape[-1]
+        params = [r.params for r in requests]
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = torch.stack([r.seen_mask(vocab).clone() for r in requests])  # [B, vocab] bool
+            for row, tokens in enumerate(drafted):
+                seen[row, tokens] = True  # the drafts before this one count as generated text
+        else:
+            seen = torch.zeros(len(requests), vocab, dtype=torch.bool)
+        sampling = SamplingTensors.from_params(
+            params, seen, offsets=positions, seeds=[r.seed for r in requests], device=logits.device
+        )
+        q = processed_probs(logits, sampling)  # [B, vocab] float32; greedy rows one-hot
+        tokens = q.argmax(dim=-1)  # [B]: exact for greedy rows, redrawn below for the others
+        for row, greedy in enumerate(sampling.greedy_rows):
+            if not greedy:
+                generator = torch.Generator(device=q.device)
+                seed = sampling.seeds_host[row] ^ DRAFT_SEED_SALT
+                generator.manual_seed(stream_seed(seed, positions[row]))
+                tokens[row] = torch.multinomial(q[row], 1, generator=generator)[0]
+        return tokens.tolist(), q
+
+
+def _target_num_blocks(target, ecfg) -> int:
+    """The target cache's block count: its engine's when built, else what its budget gives."""
+    engine = getattr(target, "engine", None)
+    if engine is not None and getattr(engine, "cache", None) is not None:
+        return engine.cache.num_blocks
+    loaded = target.loaded
+    return num_blocks_for_budget(
+        loaded.config, ecfg, target.max_model_len, loaded.dtype, loaded.device
+    )
