@@ -130,3 +130,57 @@ def test_registered():
     stage = STAGES["rejection_sampling"]
     assert stage.outputs == ("output_token_ids", "num_output_tokens")
     assert stage.triton_kind.startswith("triton")
+
+
+# ---- statistics: the output's law is the target's p, whatever q ----
+
+# chi-square critical values at p = 0.001 by degrees of freedom (standard tables): a correct
+# sampler fails one such check with probability 1/1000 on a fresh seed; the seeds here are fixed,
+# so the test is deterministic
+CHI2_CRIT_0_001 = {3: 16.266, 4: 18.467}
+P = [T([0.5, 0.2, 0.15, 0.1, 0.05]), T([0.1, 0.1, 0.3, 0.2, 0.3])]  # target rows of positions 0, 1
+Q = T([[0.1, 0.4, 0.1, 0.3, 0.1], [0.3, 0.3, 0.1, 0.2, 0.1]])  # the draft's: far from p
+N = 4000  # sequences, each one seeded trial
+
+
+def chi2(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    counts = torch.bincount(tokens, minlength=probs.shape[0]).double()
+    expected = tokens.shape[0] * probs.double()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def trials(point_mass: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N sequences of two guesses x_i ~ q_i (or fixed guesses for the point mass) through naive."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = P[0].shape[0]
+    if point_mass:  # an n-gram proposer guesses the same token whatever p says
+        drafts = T([1, 4]).repeat(N)
+    else:
+        drafts = torch.stack([torch.multinomial(Q[i], N, replacement=True, generator=g) for i in (0, 1)], 1)
+        drafts = drafts.reshape(-1)  # [N * 2]
+    bonus = T([0.2, 0.2, 0.2, 0.2, 0.2])
+    target = torch.stack([P[0], P[1], bonus]).repeat(N, 1)  # [N * 3, V]
+    out, counts = naive(
+        draft_token_ids=drafts,
+        cu_num_draft_tokens=torch.arange(0, 2 * N + 1, 2, dtype=torch.int32),
+        draft_probs=None if point_mass else Q.repeat(N, 1),
+        target_probs=target,
+        is_greedy=torch.zeros(N, dtype=torch.bool),
+        uniform=torch.rand(2 * N, generator=g),
+        exponential=torch.empty(N, vocab).exponential_(generator=g),
+    )
+    return out, counts
+
+
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_output_follows_the_target(point_mass):
+    """Position 0 is always p_0's; position 1, when the step reached it (first guess accepted),
+    is p_1's: an accepted guess and a residual draw add up to exactly p (the docstring's proof)."""
+    out, counts = trials(point_mass, seed=11 if point_mass else 12)
+    first = out[:, 0]
+    second = out[counts >= 2, 1]
+    assert 0.05 < (counts >= 2).double().mean() < 0.95  # guesses were both accepted and rejected
+    assert chi2(first, P[0]) < CHI2_CRIT_0_001[4]
+    assert chi2(second, P[1]) < CHI2_CRIT_0_001[4]
+    # the check can fail: the same draws against the draft's q are far off
+    assert chi2(first, Q[0]) > 10 * CHI2_CRIT_0_001[4]
