@@ -116,10 +116,12 @@ def _register_commands() -> None:
     from stagewise.cli.calc import calc
     from stagewise.cli.serve import serve
     from stagewise.cli.trace import trace
+    from stagewise.cli.view import view
 
     app.command(name="trace")(trace)
     app.command(name="calc")(calc)
     app.command(name="serve")(serve)
+    app.command(name="view")(view)
     app.add_typer(bench_app, name="bench")
 
 

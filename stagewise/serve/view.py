@@ -22,6 +22,7 @@ touching asyncio objects from the engine thread.
 """
 
 import asyncio
+import html
 import json
 import sys
 import threading
@@ -43,10 +44,11 @@ KEEPALIVE_S = 15.0  # an idle stream sends a comment line this often (proxies, d
 PAGE = "view.html"  # in stagewise/serve/static/
 
 
-def page_html(mode: str) -> str:
-    """The page, told whether it is live (a server's /api/events) or a replay (/api/run)."""
+def page_html(mode: str, run_name: str = "") -> str:
+    """The page, told whether it is live (a server's /api/events) or a replay (/api/run of `run_name`)."""
     text = resources.files("stagewise.serve").joinpath("static", PAGE).read_text(encoding="utf-8")
-    return text.replace('data-mode="live"', f'data-mode="{mode}"', 1)
+    attrs = f'data-mode="{mode}"' + (f' data-run="{html.escape(run_name)}"' if run_name else "")
+    return text.replace('data-mode="live"', attrs, 1)
 
 
 class ViewHub:
@@ -242,7 +244,7 @@ class RunRecorder:
             "sampled": {},
             "text": {},
             "start_us": start_us,
-            "dur_us": float(snap["budget"].get("dur_ms", 0.0)) * 1e3,
+            "dur_us": float(snap["budget"].get("step_ms", 0.0)) * 1e3,
             "view": snap,
         }
 
