@@ -83,6 +83,11 @@ from stagewise.engine.prompts import check_text, encode_prompt
 from stagewise.engine.request import FinishReason, Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.shared_engine import SharedEngine
+from stagewise.engine.speculative import (
+    SpeculativeConfig,
+    make_proposer,
+    parse_speculative_config,
+)
 from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
 from stagewise.models.chat_template import apply_chat_template
@@ -112,8 +117,15 @@ class LLM:
         parallel_config: ParallelConfig | None = None,
         recalibrate: bool = False,
         quantization: str = "none",
+        speculative_config: dict | str | SpeculativeConfig | None = None,
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
+        # speculative decoding (engine/speculative/): {"method": "ngram", ...}, JSON, "ngram:4"
+        self.speculative_config = parse_speculative_config(speculative_config)
+        if self.speculative_config is not None and mode != "paged":
+            raise StagewiseError(
+                f"speculative_config needs mode='paged' (mode '{mode}' does not speculate)"
+            )
         pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
         if parallel_config is not None and tensor_parallel_size not in (
             1,
@@ -192,7 +204,12 @@ class LLM:
         """End the tensor-parallel workers (a no-op on one device); also on a `with` block's exit.
 
         LLMs of other modes over the same LoadedModel and N share one set of ranks (one process
-        group per process); the last of them to shut down ends the workers."""
+        group per process); the last of them to shut down ends the workers. A speculative
+        proposer is closed too (a draft model's KV cache freed)."""
+        proposer = getattr(self.engine, "proposer", None)
+        if proposer is not None:
+            self.engine.proposer = None
+            proposer.close()
         if hasattr(self.model, "release") and not self._released:
             self._released = True
             self.model.release()
@@ -207,9 +224,16 @@ class LLM:
 
     def _paged_engine(self) -> PagedRunner:
         check_engine_memory(self.loaded, self.engine_config, self.max_model_len)
+        spec = self.speculative_config
+        proposer = make_proposer(spec, self) if spec is not None else None
         try:
             return PagedRunner(
-                self.model, self.tokenizer.stop_ids, self.max_model_len, self.engine_config
+                self.model,
+                self.tokenizer.stop_ids,
+                self.max_model_len,
+                self.engine_config,
+                proposer=proposer,
+                num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
             )
         except (
             RuntimeError,
@@ -398,6 +422,7 @@ class LLM:
             "weights": weight_formats(self.loaded.weights),  # e.g. "q4_1 x 120, q8_0 x 1, ..."
             "device": str(self.loaded.device),
             "tensor_parallel_size": self.tensor_parallel_size,
+            "speculative": _describe_spec(self.speculative_config),
         }
 
     def generate(
@@ -461,3 +486,12 @@ class LLM:
         """True while the engine holds requests (from add_request or live streams), or `step()`
         has tokens of add_request's requests still to hand out (sampled while a stream ran)."""
         return self._shared is not None and self._shared.has_unfinished()
+
+
+def _describe_spec(spec: SpeculativeConfig | None) -> str | None:
+    """ "ngram k=4 n=2..4", "draft_model k=3 (draft.gguf)", or None when off."""
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        return f"ngram k={spec.k} n={spec.prompt_lookup_min}..{spec.prompt_lookup_max}"
+    return f"draft_model k={spec.k} ({Path(spec.model).name})"

@@ -39,6 +39,12 @@ class RequestMetrics:
     tokens_per_s: float
     # 1 / mean(TBT), the seeds' TPS: tokens per second once decoding runs (0 with a single token)
     tps: float
+    # speculative decoding (0 without): guesses verified, guesses kept, verify steps with guesses
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0
+    acceptance_rate: float = 0.0  # num_accepted_tokens / num_draft_tokens
+    mean_accepted_tokens: float = 0.0  # guesses kept per verify step (+1 of the target's own)
 
     @staticmethod
     def of(req: Request) -> "RequestMetrics":
@@ -60,6 +66,15 @@ class RequestMetrics:
             latency=latency,
             tokens_per_s=len(times) / latency if latency > 0 else float("inf"),
             tps=1 / tbt_mean if tbt_mean > 0 else 0.0,
+            num_draft_tokens=req.num_draft_tokens,
+            num_accepted_tokens=req.num_accepted_tokens,
+            num_spec_steps=req.num_spec_steps,
+            acceptance_rate=req.num_accepted_tokens / req.num_draft_tokens
+            if req.num_draft_tokens
+            else 0.0,
+            mean_accepted_tokens=req.num_accepted_tokens / req.num_spec_steps
+            if req.num_spec_steps
+            else 0.0,
         )
 
 
@@ -110,8 +125,15 @@ class TokenEvent:
     error: str | None = None  # with finish_reason "error": one line saying what failed
 
     @staticmethod
-    def of(req: Request, index: int, token: int | None, delta: str) -> "TokenEvent":
-        """The event of `req`'s latest token (or of its removal, when `token` is None)."""
+    def of(
+        req: Request, index: int, token: int | None, delta: str, final: bool = True
+    ) -> "TokenEvent":
+        """The event of `req`'s latest token (or of its removal, when `token` is None).
+
+        `final=False`: a token before the last of several settled in one step (speculative
+        decoding); it cannot be the request's end, whatever the request's state is now."""
+        if not final:
+            return TokenEvent(req.request_id, index, token, delta, False, None, None)
         reason = req.finish_reason.value if req.finish_reason else None
         return TokenEvent(req.request_id, index, token, delta, req.finished, reason, req.error)
 
@@ -142,4 +164,17 @@ def run_summary(requests: list[Request], stats) -> dict:
         "output_tokens_per_s": round(out_tokens / (end - start), 2)
         if end > start
         else None,  # throughput
+        **spec_summary(stats),
+    }
+
+
+def spec_summary(stats) -> dict:
+    """Speculative decoding's counters of a run ({} when nothing was guessed)."""
+    if not getattr(stats, "spec_draft_tokens", 0):
+        return {}
+    return {
+        "spec_draft_tokens": stats.spec_draft_tokens,  # guesses verified
+        "spec_accepted_tokens": stats.spec_accepted_tokens,  # guesses kept
+        "spec_acceptance_rate": round(stats.spec_acceptance_rate, 3),
+        "spec_mean_accepted_tokens": round(stats.spec_mean_accepted, 3),  # per verify step
     }

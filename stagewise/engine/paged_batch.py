@@ -5,7 +5,10 @@
 
 Prefill chunks and decode tokens sit side by side, with no padding; a token at
 position p of a request lives in slot `blocks[p // block_size] * block_size +
-p % block_size`.
+p % block_size`. A speculating request (engine/speculative/) runs its last token
+and then its k guesses, 1 + k rows, and every one of them goes to the LM head
+(`last_token_index` lists all 1 + k): the verify step needs the target's
+distribution after each guess.
 """
 
 import itertools
@@ -30,7 +33,9 @@ def build_batch(
     for s in sched.scheduled:
         req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
         blocks = block_manager.block_ids(req.request_id)
-        ids += req.all_token_ids[start : start + n]
+        ids += (req.spec_all_token_ids if s.num_spec_tokens else req.all_token_ids)[
+            start : start + n
+        ]
         positions += range(start, start + n)
         slots += [
             blocks[p // bs] * bs + p % bs for p in range(start, start + n)
@@ -38,8 +43,8 @@ def build_batch(
         rows.append(cache.write_row(req.request_id, blocks))
         q_lens.append(n)
         seq_lens.append(start + n)
-        if s.samples:
-            last.append(len(ids) - 1)
+        if s.samples:  # the last token's row, and one row per guess after it
+            last.extend(range(len(ids) - 1 - s.num_spec_tokens, len(ids)))
     cu = list(itertools.accumulate(q_lens, initial=0))  # [B+1] on the host
     max_blocks = max(-(-n // bs) for n in seq_lens)
     batch = ForwardBatch(
@@ -85,6 +90,9 @@ def trace_step(
         if phase == "prefill" and not s.samples:
             phase = "prefill chunk"
         extra = {"blocks": block_manager.block_ids(r.request_id)}
+        if s.num_spec_tokens:  # speculative: the last token and k guesses, all to the LM head
+            phase = "verify"
+            extra["draft_token_ids"] = list(r.spec_token_ids)
         if s.num_cached_tokens:
             extra["prefix_cache_hit_tokens"] = s.num_cached_tokens
         infos.append(request_info(r, s.num_new_tokens, phase, **extra))

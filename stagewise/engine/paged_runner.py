@@ -49,9 +49,9 @@ from stagewise.engine.paged_batch import build_batch, trace_step
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
-from stagewise.engine.speculative.verify import verify
 from stagewise.engine.scheduler import Scheduler, SchedulerOutput
 from stagewise.engine.snapshot import engine_snapshot
+from stagewise.engine.speculative.verify import verify
 from stagewise.engine.tracing import end_step, note_verified
 from stagewise.errors import StagewiseError
 from stagewise.kv.block_manager import BlockManager
@@ -330,7 +330,8 @@ class PagedRunner:
             if not req.output_token_ids or req.num_tokens - req.num_computed_tokens != 1:
                 continue  # still prefilling: its first token comes from the prompt's pass
             left = min(
-                req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens
+                req.params.max_tokens - len(req.output_token_ids),
+                self.max_model_len - req.num_tokens,
             )
             if min(k, left - 1) >= 1:
                 asking.append(req)

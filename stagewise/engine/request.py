@@ -49,6 +49,16 @@ class Request:
     seen: torch.Tensor | None = (
         None  # [vocab] bool: prompt + output tokens (repetition penalty set)
     )
+    # speculative decoding (engine/speculative/): this step's guesses, unverified, scheduled after
+    # the last token; their K/V are computed this step and rewound if rejected
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_probs: torch.Tensor | None = (
+        None  # [len(spec_token_ids), vocab] draft q rows; None = point mass
+    )
+    last_num_accepted: int = 0  # drafts kept in the latest verify step
+    num_spec_steps: int = 0  # verify steps that checked at least one draft
+    num_draft_tokens: int = 0  # drafts verified in all
+    num_accepted_tokens: int = 0  # of those, drafts accepted
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -61,6 +71,11 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def spec_all_token_ids(self) -> list[int]:
+        """all_token_ids, then this step's unverified guesses: what a verify step runs over."""
+        return self.prompt_token_ids + self.output_token_ids + self.spec_token_ids
 
     @property
     def finished(self) -> bool:

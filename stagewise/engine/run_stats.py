@@ -15,6 +15,18 @@ class RunStats:
     )  # KV blocks held during each step (paged)
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (paged)
     prefix_hit_tokens: int = 0  # of those, tokens whose K/V were reused (paged)
+    spec_verify_steps: int = 0  # speculative decoding: (request, step) pairs that checked guesses
+    spec_draft_tokens: int = 0  # guesses verified
+    spec_accepted_tokens: int = 0  # of those, guesses the target kept
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted(self) -> float:
+        """Guesses kept per verify step (each step adds one token of the target's own too)."""
+        return self.spec_accepted_tokens / self.spec_verify_steps if self.spec_verify_steps else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -49,6 +49,7 @@ class ScheduledRequest:
     num_new_tokens: int  # tokens computed for it this step
     num_cached_tokens: int  # tokens taken from the prefix cache when it was admitted this step
     samples: bool  # True when this step reaches its last token, so a token is sampled
+    num_spec_tokens: int = 0  # of num_new_tokens, unverified guesses after its last token
 
 
 @dataclass
@@ -105,13 +106,19 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             remaining = req.num_tokens - req.num_computed_tokens
-            n = min(remaining, budget) if remaining == 1 else min(remaining, budget, prefill_left)
+            if remaining == 1:  # decoding: the last token, then any guesses (speculative decoding)
+                n = min(remaining + len(req.spec_token_ids), budget)
+            else:
+                n = min(remaining, budget, prefill_left)
             if (
                 n == 0
             ):  # a prefill chunk, and this step's prompt tokens are spent: it continues next step
                 i += 1
                 continue
             while not bm.allocate(req.request_id, req.num_computed_tokens, n):
+                if n > remaining:  # guesses are the first to go when blocks run short
+                    n = remaining
+                    continue
                 victim = self.running.pop()  # the most recently admitted request
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -152,6 +159,7 @@ class Scheduler:
         self.block_manager.begin_step()
         out = SchedulerOutput()
         bm = self.block_manager
+        req.spec_token_ids, req.spec_probs = [], None  # isolating a failure: no guesses
         if req in self.waiting:
             hits = bm.find_cached_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
             cached = len(hits) * bm.block_size
@@ -173,16 +181,23 @@ class Scheduler:
         return out
 
     def _scheduled(self, out: SchedulerOutput, req: Request, n: int, cached: int) -> None:
-        samples = req.num_computed_tokens + n == req.num_tokens
-        out.scheduled.append(ScheduledRequest(req, n, cached, samples))
+        end = req.num_computed_tokens + n
+        samples = end >= req.num_tokens
+        num_spec = end - req.num_tokens if samples else 0  # guesses that fit the budget
+        del req.spec_token_ids[num_spec:]  # the budget or the blocks may cut the guesses short
+        if req.spec_probs is not None:
+            req.spec_probs = req.spec_probs[:num_spec]
+        out.scheduled.append(ScheduledRequest(req, n, cached, samples, num_spec))
         # K/V of these tokens are written during this step, before any attention reads them,
         # so full blocks can be named now and shared by requests scheduled later in this step.
+        # Guesses are not named: only once verified (the runner registers them after the step).
         self.block_manager.register_full_blocks(
-            req.request_id, req.all_token_ids, req.num_computed_tokens + n
+            req.request_id, req.all_token_ids, min(end, req.num_tokens)
         )
 
     def _preempt(self, req: Request) -> None:
         self.block_manager.free(req.request_id)
+        req.spec_token_ids, req.spec_probs = [], None  # guesses go with the cache
         req.num_computed_tokens = 0  # recompute: prompt + outputs so far run again on resume
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)

@@ -106,10 +106,13 @@ class SharedEngine:
             self.runner.step(deliver=self._deliver)
 
     def _deliver(self, results: list[tuple]) -> None:
-        for req, token, delta in results:
+        # a speculative step may give a request several tokens: only its last one can end it
+        last = {id(req): i for i, (req, _, _) in enumerate(results)}
+        for i, (req, token, delta) in enumerate(results):
             key, index, _ = self._owner[req.request_id]
-            self._inbox[key].append(TokenEvent.of(req, index, token, delta))
-            if req.finished:
+            final = last[id(req)] == i
+            self._inbox[key].append(TokenEvent.of(req, index, token, delta, final=final))
+            if req.finished and final:
                 del self._owner[req.request_id]
 
     # ---- stepping by hand ----

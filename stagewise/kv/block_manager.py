@@ -208,6 +208,25 @@ class BlockManager:
             block.block_hash = NO_HASH
         self.named_in_step.clear()
 
+    def truncate(self, request_id: str, num_tokens: int) -> int:
+        """Keep only the blocks that `num_tokens` tokens need; free the rest (-> how many).
+
+        Speculative decoding wrote K/V for guesses the target rejected: the blocks past the
+        request's new end hold nothing but those, were never named (only verified tokens are
+        registered), and go back to the free queue, the last one first.
+        """
+        owned = self.req_blocks.get(request_id, [])
+        keep = self.blocks_needed(num_tokens)
+        freed = 0
+        while len(owned) > keep:
+            block = self.blocks[owned.pop()]
+            block.ref_count -= 1
+            assert block.ref_count == 0, f"block {block.block_id} past the end is shared"
+            self.free_queue.append(block.block_id)
+            self.num_freed += 1
+            freed += 1
+        return freed
+
     def free(self, request_id: str) -> None:
         """Drop a request's references; blocks reaching 0 go to the free queue (tail first).
 

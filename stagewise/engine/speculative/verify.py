@@ -1,0 +1,121 @@
+"""The verify step: from the target's logits at every guessed position to the tokens kept.
+
+A speculating request b ran 1 + k_b query tokens this step — its last real
+token t, then its guesses x_1 .. x_k — and the LM head ran on all of them, so
+its logits rows are
+
+    row 0: the target's next token after t         (p_0, checks x_1)
+    row i: the next token after x_1 .. x_i         (p_i, checks x_{i+1})
+    row k: the "bonus" position after every guess  (p_k)
+
+    logits [sum_b (1 + k_b), vocab]  ->  target_probs [num_draft + num_seqs, vocab]
+
+Each row is turned into the distribution plain sampling would draw from at
+that position (`stages.sampling.processed_probs`, with the row's own state:
+its repetition penalty sees the guesses before the row, as if they had been
+sampled). The rejection sampler stage (`stages/rejection_sampling.py`) then
+keeps the longest run of guesses the target agrees with and adds one token of
+the target's own: between 1 and k_b + 1 tokens per request per step.
+
+Randomness: request b's accept tests and its one draw come from a generator
+seeded by `stream_seed(seed ^ SPEC_STREAM, offset)`, offset = tokens it has
+output so far, so its tokens depend on its seed and its own text only, never
+on the requests beside it in the batch. (They differ from the non-speculative
+engine's draws: same distribution, another stream. And since how many guesses
+a request gets can depend on the step's token budget, sampled text is
+reproducible alone vs batched when the budget does not cut its guesses.)
+"""
+
+import torch
+
+from stagewise.engine.request import Request
+from stagewise.models.ops import StageOps
+from stagewise.sampling_params import SamplingTensors
+from stagewise.stages import rejection_sampling
+from stagewise.stages.sampling import processed_probs, stream_seed
+
+SPEC_STREAM = 0x5BEC_D1CE  # keeps the verify step's random stream apart from the sampler's
+
+
+def _row_seen(requests: list[Request], vocab: int) -> torch.Tensor:
+    """[rows, vocab] bool: what the repetition penalty sees at each verify row (host)."""
+    rows = []
+    for req in requests:
+        seen = req.seen_mask(vocab).clone()  # [V]: prompt + output so far
+        rows.append(seen.clone())
+        for x in req.spec_token_ids:  # row i also sees the guesses before it
+            seen[x] = True
+            rows.append(seen.clone())
+    return torch.stack(rows)  # [rows, V]
+
+
+def _randomness(requests: list[Request], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """uniform [num_draft] and exponential [num_seqs, vocab], each request from its own stream."""
+    uniforms, exponentials = [], []
+    for req in requests:
+        k = len(req.spec_token_ids)
+        if req.params.greedy:  # greedy rows take argmaxes: no randomness (fixed, harmless values)
+            uniforms.append(torch.zeros(k, device=device))
+            exponentials.append(torch.ones(vocab, device=device))
+            continue
+        generator = torch.Generator(device=device)
+        generator.manual_seed(stream_seed(req.seed ^ SPEC_STREAM, len(req.output_token_ids)))
+        uniforms.append(torch.rand(k, generator=generator, device=device))  # [k]
+        exponentials.append(
+            torch.empty(vocab, device=device).exponential_(generator=generator)  # [V]
+        )
+    return torch.cat(uniforms), torch.stack(exponentials)
+
+
+def _draft_probs(requests: list[Request], vocab: int, device) -> torch.Tensor | None:
+    """[num_draft, vocab] q rows, or None when every guess is a point mass (n-gram)."""
+    if all(req.spec_probs is None for req in requests):
+        return None
+    rows = []
+    for req in requests:
+        if not req.spec_token_ids:
+            continue
+        if req.spec_probs is not None:
+            rows.append(req.spec_probs.to(device=device, dtype=torch.float32))  # [k, V]
+        else:  # a point mass written out: q = 1 at the guess
+            ids = torch.tensor(req.spec_token_ids, device=device)
+            rows.append(torch.nn.functional.one_hot(ids, vocab).float())  # [k, V]
+    return torch.cat(rows) if rows else torch.zeros(0, vocab, device=device)
+
+
+def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list[list[int]]:
+    """logits [sum_b (1 + k_b), vocab] -> the tokens each request keeps (1 .. k_b + 1 each)."""
+    vocab = logits.shape[-1]
+    if logits.is_meta:  # a shape-only model: all-zero logits (greedy picks token 0)
+        logits = torch.zeros(logits.shape, dtype=torch.float32)
+    device = logits.device
+    params, offsets, seeds = [], [], []
+    for req in requests:
+        for i in range(1 + len(req.spec_token_ids)):  # one row per verified position
+            params.append(req.params)
+            offsets.append(len(req.output_token_ids) + i)
+            seeds.append(req.seed)
+    if any(r.params.repetition_penalty != 1.0 for r in requests):
+        seen = _row_seen(requests, vocab)  # [rows, V]
+    else:
+        seen = torch.zeros(len(params), vocab, dtype=torch.bool, device=device)
+    sampling = SamplingTensors.from_params(params, seen, offsets, seeds, device)
+    target_probs = processed_probs(logits, sampling)  # [rows, V] float32
+    drafts = [x for req in requests for x in req.spec_token_ids]
+    cu = [0]
+    for req in requests:
+        cu.append(cu[-1] + len(req.spec_token_ids))
+    uniform, exponential = _randomness(requests, vocab, device)
+    tokens, counts = ops(
+        rejection_sampling,
+        draft_token_ids=torch.tensor(drafts, dtype=torch.int64, device=device),  # [num_draft]
+        cu_num_draft_tokens=torch.tensor(cu, dtype=torch.int32, device=device),  # [num_seqs + 1]
+        draft_probs=_draft_probs(requests, vocab, device),  # [num_draft, V] or None
+        target_probs=target_probs,  # [num_draft + num_seqs, V]
+        is_greedy=torch.tensor([r.params.greedy for r in requests], device=device),  # [num_seqs]
+        uniform=uniform,  # [num_draft]
+        exponential=exponential,  # [num_seqs, V]
+    )  # -> [num_seqs, max_k + 1], [num_seqs]
+    # the step's one device -> host read: the kept tokens, with their counts in front
+    table = torch.cat([counts.to(torch.int64)[:, None], tokens], dim=1).tolist()
+    return [row[1 : 1 + row[0]] for row in table]
