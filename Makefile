@@ -14,8 +14,10 @@ install:
 trace: install
 	.venv/bin/trace "$(PROMPT)"
 
-# One pytest worker per core (at most 4; each loads its own models), work stolen between them as they finish
+# One pytest worker per core (at most 4; each loads its own models), work stolen between them as they finish.
+# scripts/install_browser.sh first: the page's test drives Debian's chromium (apt, as root, only when missing)
 test: install
+	./scripts/install_browser.sh
 	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 # Lint and format check (100 columns in stages/, kernels/, models/, engine/, tokenizer/, kv/: their ruff.toml;
