@@ -32,6 +32,7 @@ import asyncio
 import random
 import secrets
 import tempfile
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -161,31 +162,50 @@ def served_model(url: str, api_key: str | None) -> str:
         raise StagewiseError(f"{url}/v1/models did not name a model ({type(exc).__name__}: {exc})") from None
 
 
-def server_args(settings: ServeSettings, mode: str) -> list[str]:
+def server_args(settings: ServeSettings, mode: str, max_model_len: int) -> list[str]:
+    """serve's options for one mode; the KV cache sized for the workload (every seat at its longest request)."""
     args = ["--model", settings.model, "--mode", mode, "--backend", settings.backend]
-    return args + ["--max-num-seqs", str(settings.max_num_seqs), *settings.server_args]
+    args += ["--max-num-seqs", str(settings.max_num_seqs), "--max-model-len", str(max_model_len)]
+    if mode == "paged":  # enough blocks that no request is ever preempted, instead of a share of free memory
+        args += ["--kv-blocks", str(settings.max_num_seqs * -(-max_model_len // 16) + 1)]
+    return args + list(settings.server_args)  # the user's last: a repeated option takes its last value
 
 
 def run_serve(settings: ServeSettings, progress=None) -> dict:
-    """Every mode's server, every rate; returns the result dict (raw per-request rows included)."""
+    """Every mode's server, every rate; returns the result dict (raw per-request rows included).
+
+    The servers of all modes load at the same time (loading is most of a short run's time), then are
+    measured one after another: an idle server waits on its queue and takes no CPU from the one measured.
+    """
     from stagewise.bench.machine import machine_info
 
     check_settings(settings)
     tokenizer = workload_tokenizer(settings.model)
     lengths = make_lengths(settings)
-    longest = max(p + n for p, n in lengths)
     nonce = secrets.token_hex(3) if settings.url else ""  # a running server may hold an earlier run's prefixes
+    warm = make_requests(tokenizer, [(16, 4), (16, 4)], f"{nonce}w", settings.seed)
+    work = [make_requests(tokenizer, lengths, f"{nonce}{k}", settings.seed) for k in range(len(settings.request_rates))]
+    longest = max(p + n for requests in [warm, *work] for _, p, n in requests)
+    max_model_len = -(-(longest + 1) // 16) * 16  # rounded up to whole blocks
     env = {"OMP_NUM_THREADS": str(settings.threads)} if settings.threads else {}
     runs, servers = [], {}
-    with tempfile.TemporaryDirectory(prefix="stagewise-bench-serve-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stagewise-bench-serve-") as tmp, ExitStack() as stack:
+        started = {}
+        if not settings.url:
+            for mode in settings.modes:
+                args = server_args(settings, mode, max_model_len)
+                started[mode] = ServerProcess(args, Path(tmp) / f"{mode}.log", env)
+                stack.callback(started[mode].stop)  # however the run ends, no server is left behind
+                started[mode].start()
+            for server in started.values():
+                server.wait_ready()
         for mode in settings.modes:
-            if settings.url:
-                servers[mode] = {"url": settings.url}
-                runs += _run_mode(settings, mode, settings.url, tokenizer, lengths, nonce, progress)
-                continue
-            server = ServerProcess(server_args(settings, mode), Path(tmp) / f"{mode}.log", env)
-            with server:
-                runs += _run_mode(settings, mode, server.url, tokenizer, lengths, nonce, progress)
+            url = started[mode].url if started else settings.url
+            runs += _run_mode(settings, mode, url, warm, work, progress)
+        for server in started.values():
+            server.terminate()  # all drain at once
+        for mode, server in started.items():
+            server.stop()
             servers[mode] = {"command": server.command[1:], "ready_s": server.ready_s, "exit_code": server.exit_code}
     summary = {MODES[m]: {r["rate"]: r["summary"] for r in runs if r["mode"] == m} for m in settings.modes}
     result = {
@@ -193,11 +213,11 @@ def run_serve(settings: ServeSettings, progress=None) -> dict:
         "machine": machine_info(),
         "settings": asdict(settings) | {"api_key": None},
         "static_batching": STATIC_RULE,
-        "servers": servers,
+        "servers": servers or {settings.modes[0]: {"url": settings.url}},
         "workload": {
-            "prompt_tokens": [p for p, _ in lengths],
+            "prompt_tokens": [p for _, p, _ in work[0]],  # of the first rate's prompts (tags differ by a digit)
             "max_tokens": [n for _, n in lengths],
-            "longest": longest,
+            "max_model_len": max_model_len,
         },
         "summary": summary,
         "target": target(summary),
@@ -207,13 +227,12 @@ def run_serve(settings: ServeSettings, progress=None) -> dict:
     return result
 
 
-def _run_mode(settings, mode, url, tokenizer, lengths, nonce, progress) -> list[dict]:
+def _run_mode(settings, mode, url, warm, work, progress) -> list[dict]:
     model = served_model(url, settings.api_key)
-    warm = make_requests(tokenizer, [(16, 4), (16, 4)], f"{nonce}w", settings.seed)
     asyncio.run(run_arrivals(url, model, warm, [0.0, 0.0], api_key=settings.api_key))  # untimed
     runs = []
     for k, label in enumerate(settings.request_rates):
-        requests = make_requests(tokenizer, lengths, f"{nonce}{k}", settings.seed)
+        requests = work[k]
         gaps = inter_arrival_times(len(requests), rate_value(label), settings.seed + k)
         with row(progress, f"{MODES[mode]:>10} ({mode}), {label} req/s", total=len(requests)) as bar:
             results, start = asyncio.run(

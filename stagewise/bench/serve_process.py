@@ -49,31 +49,41 @@ class ServerProcess:
         self.command: list[str] = []
         self.exit_code: int | None = None
         self.ready_s: float | None = None  # seconds from the start to the first healthy answer
+        self._started = 0.0  # perf_counter time of the last start
 
-    def __enter__(self) -> "ServerProcess":
-        for _attempt in range(3):  # another program may take the free port before the server binds it
-            port = free_port()
-            self.command = [sys.executable, "-m", "stagewise.cli", "serve", *self.args]
-            self.command += ["--host", "127.0.0.1", "--port", str(port)]
-            self.url = f"http://127.0.0.1:{port}"
-            with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-            try:
+    def start(self) -> "ServerProcess":
+        """Launch the server (returns at once; `wait_ready` waits for it)."""
+        port = free_port()
+        self.command = [sys.executable, "-m", "stagewise.cli", "serve", *self.args]
+        self.command += ["--host", "127.0.0.1", "--port", str(port)]
+        self.url = f"http://127.0.0.1:{port}"
+        self._started = time.perf_counter()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        """Block until GET /health answers 200 (restarting on another port if this one was taken)."""
+        try:
+            for _attempt in range(3):  # another program may take the free port before the server binds it
                 if self._wait_ready():
                     return self
-            except BaseException:
-                self.stop()
-                raise
+                self.start()
+        except BaseException:
+            self.stop()
+            raise
         raise StagewiseError(
             f"the server could not bind a free port three times; last line: {last_line(self.log_path)}"
         )
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start().wait_ready()
 
     def _wait_ready(self) -> bool:
         """True once GET /health answers 200; False when the port was taken; raises when the server died."""
         import httpx
 
-        start = time.perf_counter()
-        while time.perf_counter() - start < self.ready_timeout_s:
+        while time.perf_counter() - self._started < self.ready_timeout_s:
             code = self.proc.poll()
             if code is not None:
                 self.exit_code = code
@@ -83,7 +93,7 @@ class ServerProcess:
                 raise StagewiseError(f"the server exited with status {code} before it was ready: {line}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    self.ready_s = time.perf_counter() - start
+                    self.ready_s = time.perf_counter() - self._started
                     return True
             except httpx.HTTPError:
                 pass  # not listening yet
@@ -92,12 +102,17 @@ class ServerProcess:
             f"the server did not answer /health within {self.ready_timeout_s:.0f} s (log: {self.log_path})"
         )
 
+    def terminate(self) -> None:
+        """Send SIGTERM (the server drains, then exits); `stop` waits for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait for the drain, SIGKILL only if it does not end; returns the exit status."""
         if self.proc is None:
             return self.exit_code
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
