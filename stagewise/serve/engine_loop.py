@@ -178,32 +178,38 @@ class EngineLoop:
             work = self._wait_for_work(runner.has_unfinished)
             if work is None:
                 return
-            new, aborts = work
-            for h in new:
-                if h.aborted:
-                    self._finish(h, "abort", None)
-                    continue
-                self._live[h.request.request_id] = h
-                runner.add(h.request)
-            for h in aborts:
-                if not h.done and h.request.request_id in self._live:
-                    runner.abort(h.request)  # its blocks free at once
-                    self._finish(h, "abort", None)
-            if not runner.has_unfinished():
+            with self.llm._lock:  # the LLM's lock, held for each engine step (as its own calls do)
+                results, step_s = self._paged_step(runner, *work)
+            if results is None:
                 continue
-            start = time.perf_counter()
-            try:
-                results = runner.step()
-            except Exception as exc:  # not pinned on one request (the runner pins those itself)
-                for h in list(self._live.values()):
-                    runner.abort(h.request)
-                    self._finish(h, "error", f"the engine step failed ({type(exc).__name__}: {exc})")
-                runner.repair()
-                continue
-            step_s = time.perf_counter() - start
             self.step_index += 1
             self._deliver(results)
             self._after_step(runner, step_s)
+
+    def _paged_step(self, runner, new: list[Handle], aborts: list[Handle]) -> tuple[list | None, float]:
+        """New requests join, aborted ones leave, one step; -> (its results, seconds), or None."""
+        for h in new:
+            if h.aborted:
+                self._finish(h, "abort", None)
+                continue
+            self._live[h.request.request_id] = h
+            runner.add(h.request)
+        for h in aborts:
+            if not h.done and h.request.request_id in self._live:
+                runner.abort(h.request)  # its blocks free at once
+                self._finish(h, "abort", None)
+        if not runner.has_unfinished():
+            return None, 0.0
+        start = time.perf_counter()
+        try:
+            results = runner.step()
+        except Exception as exc:  # not pinned on one request (the runner pins those itself)
+            for h in list(self._live.values()):
+                runner.abort(h.request)
+                self._finish(h, "error", f"the engine step failed ({type(exc).__name__}: {exc})")
+            runner.repair()
+            return None, 0.0
+        return results, time.perf_counter() - start
 
     def _run_static(self) -> None:
         llm = self.llm
@@ -241,7 +247,8 @@ class EngineLoop:
             while True:
                 self._static_aborts()
                 start = time.perf_counter()
-                item = next(steps, None)  # a token of one request (a step yields one per row)
+                with self.llm._lock:
+                    item = next(steps, None)  # a token of one request (a step yields one per row)
                 if item is None:
                     return
                 self._deliver([item])
