@@ -23,6 +23,7 @@ from stagewise.models.registry import LoadedModel
 from stagewise.sampling_params import SamplingTensors
 from stagewise.stages.sampling import processed_probs
 from tests.checkpoints import hf_tiny_model, write_gguf
+from tests.engine.spec_models import one_thread  # noqa: F401 - a fixture: one torch thread
 
 PROMPTS = ["the cat sat on", "a", "then it ran far away and the cat sat on a mat, quickly", "7 ! 7"]
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

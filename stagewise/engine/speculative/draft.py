@@ -194,14 +194,7 @@ class DraftModelProposer:
     def _truncate(self, request_id: str, length: int) -> None:
         """Forget cached tokens from position `length` on; blocks wholly past it are freed."""
         self.held[request_id] = self.held[request_id][:length]
-        bm = self.block_manager
-        owned = bm.req_blocks.get(request_id, [])
-        while len(owned) > bm.blocks_needed(length):  # one block at a time, as BlockManager.free
-            block = bm.blocks[owned.pop()]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                bm.free_queue.append(block.block_id)
-                bm.num_freed += 1
+        self.block_manager.truncate(request_id, length)
 
     def _drop(self, request_id: str) -> None:
         self.block_manager.free(request_id)
