@@ -24,6 +24,12 @@ Checks, each recorded in the result:
   engine (greedy and seeded sampling alike); no request ends with an error;
 - nothing leaked: every KV block is free at the end, and the process's resident
   memory does not grow over the run (sampled every few hundred steps).
+
+With speculative decoding on (`speculative`, e.g. "ngram:4"), the same checks
+run, with one exception: a seeded-sampling request's draws depend on how many
+guesses each of its steps verified, and the token budget or a short KV pool
+can cut those, so its tokens are not compared with a run alone (its length
+and its single finished event still are). Greedy outputs must still be equal.
 """
 
 import random
@@ -63,6 +69,7 @@ class SoakSettings:
     burst_size: int = 4  # SIGINTs per burst
     threads_every: int = 60  # every this many steps, a thread calls generate while a stream runs
     seed: int = 0  # workload seed
+    speculative: str | None = None  # speculative decoding: "ngram:4", JSON (None: off)
 
 
 def resident_mib() -> float:
@@ -99,7 +106,7 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
     ecfg = EngineConfig(
         max_num_seqs=settings.max_num_seqs, num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size
     )
-    llm = LLM(settings.model, engine_config=ecfg)
+    llm = LLM(settings.model, engine_config=ecfg, speculative_config=settings.speculative)
     work = make_workload(settings)
     task = progress.add_task("soak", total=len(work)) if progress else None
     pending = list(reversed(work))
@@ -148,15 +155,23 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
     lost = [rid for rid in ids if finished[rid] != 1]
     alone = LLM(llm.loaded, mode="kv")  # the reference: each request by itself (same weights)
     reference: dict[tuple, list[int]] = {}
-    mismatched = []
+    mismatched, not_compared = [], 0
     for rid, (prompt, params) in ids.items():
         key = (prompt, params)
+        if settings.speculative and not params.greedy:  # its draws depend on the guesses it got
+            not_compared += 1
+            if not 1 <= len(tokens[rid]) <= params.max_tokens or None in tokens[rid]:
+                mismatched.append(rid)
+            continue
         if key not in reference:
             reference[key] = alone.generate(prompt, params)[0].token_ids
         if tokens[rid] != reference[key]:
             mismatched.append(rid)
     for n, (prompt, params, got) in enumerate(checked):
         key = (prompt, params)
+        if settings.speculative and not params.greedy:
+            not_compared += 1
+            continue
         if key not in reference:
             reference[key] = alone.generate(prompt, params)[0].token_ids
         if got != reference[key]:
@@ -186,6 +201,8 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
             "requests_ended_in_error": len(errors),
             "lost_requests": len(lost),
             "outputs_differing_from_alone": len(mismatched),
+            "sampled_outputs_not_compared": not_compared,  # speculative runs only
+            **spec_counters(llm),
             "blocks_held_at_end": bm.num_used_blocks,
             "rss_mib_first_quarter_to_end_growth": round(growth, 1),
         },
@@ -198,6 +215,18 @@ def run_soak(settings: SoakSettings, progress=None) -> dict:
     result["notes"] = [] if ok else ["the soak found lost, changed or leaked requests: see lost / mismatched"]
     result["ok"] = ok
     return result
+
+
+def spec_counters(llm) -> dict:
+    """Guesses verified and kept by the engine (since its counters were last reset)."""
+    stats = llm.engine.stats
+    if llm.speculative_config is None:
+        return {}
+    return {
+        "spec_draft_tokens": stats.spec_draft_tokens,
+        "spec_accepted_tokens": stats.spec_accepted_tokens,
+        "spec_acceptance_rate": round(stats.spec_acceptance_rate, 3),
+    }
 
 
 def streams_under_interrupts(llm, picks, count: int, seed: int, faults: dict, checked: list) -> None:

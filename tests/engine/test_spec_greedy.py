@@ -90,7 +90,7 @@ def test_copying_workload_accepts_and_rejects_and_matches_plain(tiny, plain):
     assert_all_blocks_free(llm)
 
 
-@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lens=st.lists(st.integers(1, 60), min_size=1, max_size=4),
     outs=st.lists(st.integers(1, 24), min_size=4, max_size=4),
