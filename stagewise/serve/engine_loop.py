@@ -97,6 +97,7 @@ class EngineLoop:
         self._num_waiting = 0  # submitted and not yet scheduled (inbox + scheduler's waiting)
         self._accepting = True
         self._stopping = False
+        self._aborting_all = False  # the drain time is over: every request left is aborted
         self._live: dict[str, Handle] = {}  # request id -> handle, for requests in the engine
         self.step_index = 0  # engine steps run so far
         if metrics is not None and mode == "paged":
@@ -130,6 +131,13 @@ class EngineLoop:
     def stop_accepting(self) -> None:
         with self._cond:
             self._accepting = False
+
+    def abort_all(self) -> None:
+        """End every request in flight at the next step boundary (their streams end, blocks free)."""
+        with self._cond:
+            self._accepting = False
+            self._aborting_all = True
+            self._cond.notify()
 
     def num_in_flight(self) -> int:
         """Requests submitted and not finished."""
@@ -167,10 +175,18 @@ class EngineLoop:
                 self._cond.wait()
             if self._stopping:
                 return None
-            new, aborts = list(self._inbox), list(self._aborts)
-            self._inbox.clear()
-            self._aborts.clear()
-            return new, aborts
+            return self._take_messages()
+
+    def _take_messages(self) -> tuple[list[Handle], list[Handle]]:
+        """(new handles, handles to abort), under the condition's lock; after abort_all(), all."""
+        new, aborts = list(self._inbox), list(self._aborts)
+        self._inbox.clear()
+        self._aborts.clear()
+        if self._aborting_all:
+            aborts += [h for h in self._live.values() if h not in aborts]
+            for h in new + aborts:
+                h.aborted = True
+        return new, aborts
 
     def _run_paged(self) -> None:
         runner = self.llm.engine
@@ -230,11 +246,9 @@ class EngineLoop:
                 with self._cond:  # requests that arrived meanwhile wait for the next batch
                     if self._stopping:
                         return
-                    pending += [h for h in self._inbox]
-                    self._inbox.clear()
-                    aborts = list(self._aborts)
-                    self._aborts.clear()
-                for h in aborts:
+                    new, aborts = self._take_messages()
+                    pending += new
+                for h in aborts + [h for h in pending if h.aborted]:
                     if not h.done:
                         self._finish(h, "abort", None)
                 pending = [h for h in pending if not h.done]
@@ -265,8 +279,10 @@ class EngineLoop:
     def _static_aborts(self) -> None:
         """Static batching cannot drop a row: an aborted request's row runs on as padding."""
         with self._cond:
-            aborts = list(self._aborts)
-            self._aborts.clear()
+            if not (self._aborts or self._aborting_all):
+                return
+            new, aborts = self._take_messages()
+            self._inbox.extendleft(reversed(new))  # arrivals wait for the next batch
         for h in aborts:
             if not h.done:
                 if h.request.request_id in self._live:

@@ -16,6 +16,7 @@ the wait.
 
 import socket
 import sys
+import threading
 
 import uvicorn
 
@@ -50,14 +51,21 @@ def url_of(sock: socket.socket) -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling the engine loop to refuse new requests as soon as a signal arrives."""
+    """uvicorn's server; on the first signal the engine loop refuses new requests and, after the
+    drain time, aborts the ones left, so every handler ends by itself (uvicorn waits for them)."""
 
-    def __init__(self, config: uvicorn.Config, on_exit):
+    def __init__(self, config: uvicorn.Config, engine_loop, drain_timeout: float):
         super().__init__(config)
-        self._on_exit = on_exit
+        self._engine_loop = engine_loop
+        self._drain_timeout = drain_timeout
+        self._timer = None
 
     def handle_exit(self, sig, frame) -> None:
-        self._on_exit()
+        self._engine_loop.stop_accepting()
+        if self._timer is None:
+            self._timer = threading.Timer(self._drain_timeout, self._engine_loop.abort_all)
+            self._timer.daemon = True
+            self._timer.start()
         super().handle_exit(sig, frame)
 
 
@@ -66,11 +74,13 @@ def run(app, sock: socket.socket, drain_timeout: float = 5.0, log_level: str = "
     config = uvicorn.Config(
         app,
         log_level=log_level,
-        timeout_graceful_shutdown=drain_timeout,  # then uvicorn cancels the handlers: their requests abort
+        # a backstop: the engine loop has aborted every request by drain_timeout, so the handlers end
+        # by themselves; only one stuck elsewhere is cancelled (their requests abort then too)
+        timeout_graceful_shutdown=drain_timeout + 10,
         lifespan="on",
         access_log=False,
     )
-    server = _Server(config, app.state.server.loop.stop_accepting)
+    server = _Server(config, app.state.server.loop, drain_timeout)
     try:
         server.run(sockets=[sock])
     finally:
