@@ -10,6 +10,7 @@ import pytest
 
 from stagewise import LLM, SamplingParams
 from stagewise.config import EngineConfig
+from stagewise.serve.replay import load_run
 from stagewise.trace.export import TRACE_SCHEMA, to_chrome, to_json
 from stagewise.trace.render_table import render_markdown
 from stagewise.trace.tracer import Tracer
@@ -187,6 +188,7 @@ def test_cli_json_and_chrome_files(tmp_path):
     res = run_cli("Hello", "--model", "tiny", "--max-tokens", "2", "--format", "json", "--out", str(out))
     assert res.returncode == 0, res.stderr
     jsonschema.validate(json.loads(out.read_text()), TRACE_SCHEMA)
+    assert len(load_run(out)["steps"]) == 2  # `stagewise view t.json` replays it: every step has its view
     chrome = tmp_path / "c.json"
     res = run_cli("Hello", "--model", "tiny", "--max-tokens", "2", "--format", "chrome", "--out", str(chrome))
     assert res.returncode == 0 and "traceEvents" in json.loads(chrome.read_text())
