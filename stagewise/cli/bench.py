@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stagewise.bench.progress import bench_display
+from stagewise.cli import options
 from stagewise.errors import StagewiseError
 from stagewise.files import atomic_paths, check_writable, check_writable_folder
 
@@ -328,6 +329,8 @@ def soak(
     max_num_seqs: int = typer.Option(8, help="most requests running at once"),
     seed: int = typer.Option(0, help="workload seed"),
     overwrite: bool = OVERWRITE,
+    speculative_config: str | None = options.SPECULATIVE_CONFIG,
+    speculative: str | None = options.SPECULATIVE,
 ):
     """Thousands of mixed requests through one engine: nothing lost, outputs as if alone, memory flat, blocks free."""
     from stagewise.bench.soak import SoakSettings, plot_soak, run_soak, soak_table
@@ -340,6 +343,7 @@ def soak(
         num_kv_blocks=positive(kv_blocks, "--kv-blocks", 24),
         max_num_seqs=positive(max_num_seqs, "--max-num-seqs", 8),
         seed=seed,
+        speculative=options.speculative_arg(speculative_config, speculative),
     )
     from stagewise.bench.modes import refuse_weightless
 
@@ -409,6 +413,48 @@ def serve(
     finish(console, result, serve_table(result), plot_serve, out_dir, name)
     if failures(result):
         raise StagewiseError("some requests failed or were lost (see the notes and serve.json)")
+
+
+@bench_app.command()
+def spec(
+    model: str = MODEL,
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    backend: str = BACKEND,
+    threads: int | None = THREADS,
+    quantization: str | None = typer.Option(
+        None, help="weight formats: auto (packed GGUF), none (float32) (default auto,none; quick: one)"
+    ),
+    methods: str = typer.Option("ngram,draft", help="proposers compared with plain decoding"),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-k", help="k: guesses per step"),
+    max_tokens: int | None = typer.Option(None, help="greedy tokens per prompt (default 128; quick 8)"),
+    draft_layers: str = typer.Option("0-3,26-29", help="layers of the target the truncated draft keeps"),
+    repeats: int | None = typer.Option(None, help="timed runs per prompt and system (default 2; quick 1)"),
+    overwrite: bool = OVERWRITE,
+):
+    """Speculative decoding (n-gram, draft model) vs plain decoding: copy-heavy and free prose, batch 1."""
+    from stagewise.bench.spec import SpecSettings, check_settings, quick_settings, run_spec
+    from stagewise.bench.spec_report import plot_spec, spec_table
+
+    console, out_dir = setup(threads, out, quick)
+    base = quick_settings(model) if quick else SpecSettings(model=model)
+    settings = SpecSettings(
+        **asdict(base)
+        | dict(
+            backend=check_backend(backend),
+            formats=split_names(quantization, "--quantization") if quantization else base.formats,
+            methods=split_names(methods, "--methods"),
+            num_speculative_tokens=positive(num_speculative_tokens, "--num-speculative-tokens", 4),
+            max_tokens=positive(max_tokens, "--max-tokens", base.max_tokens),
+            draft_layers=draft_layers,
+            repeats=positive(repeats, "--repeats", base.repeats),
+        )
+    )
+    check_settings(settings)
+    name = check_result_files(out_dir, "spec", asdict(settings), overwrite, quick and out is None)
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
+        result = run_spec(settings, progress=progress)
+    finish(console, result, spec_table(result), plot_spec, out_dir, name)
 
 
 def main() -> None:
