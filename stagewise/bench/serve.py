@@ -86,8 +86,13 @@ def check_settings(settings: ServeSettings) -> None:
             raise StagewiseError(f"unknown mode '{mode}'; use {', '.join(MODES)}")
     if not settings.modes or len(set(settings.modes)) != len(settings.modes):
         raise StagewiseError("--modes needs distinct modes, e.g. paged,kv")
-    if settings.url is not None and len(settings.modes) != 1:
-        raise StagewiseError("with --url, --modes names the one mode that server runs (e.g. --modes paged)")
+    if settings.url is not None:
+        if not settings.url.startswith(("http://", "https://")):
+            raise StagewiseError(f"--url must start with http:// or https://, got '{settings.url}'")
+        if len(settings.modes) != 1:
+            raise StagewiseError("with --url, --modes names the one mode that server runs (e.g. --modes paged)")
+        if settings.server_args or settings.threads:
+            raise StagewiseError("--server-arg and --threads set up the servers bench serve starts; not with --url")
     parse_rates(",".join(settings.request_rates))
     for name in ("num_prompts", "max_num_seqs"):
         if getattr(settings, name) < 1:
