@@ -47,6 +47,8 @@ def generate(
     tensor_parallel_size: int = options.TENSOR_PARALLEL_SIZE,
     recalibrate: bool = options.RECALIBRATE,
     quantization: str = options.QUANTIZATION,
+    speculative_config: str | None = options.SPECULATIVE_CONFIG,
+    speculative: str | None = options.SPECULATIVE,
 ):
     """Generate text, streaming it as it is produced."""
     from stagewise.bench.progress import load_status
@@ -64,6 +66,7 @@ def generate(
         stop=tuple(stop),
         ignore_eos=ignore_eos,
     )
+    spec = options.speculative_arg(speculative_config, speculative)
     with load_status():  # a line per load phase on stderr (a terminal only)
         llm = LLM(
             model,
@@ -76,6 +79,7 @@ def generate(
             tensor_parallel_size=tensor_parallel_size,
             recalibrate=recalibrate,
             quantization=quantization,
+            speculative_config=spec,
         )
     with llm:  # under tensor parallelism: the workers end with the command, however it ends
         _stream_to_stdout(llm, prompts, params, chat, stats)
@@ -87,7 +91,7 @@ def _stream_to_stdout(llm, prompts: list[str], params, chat: bool, stats: bool) 
 
     clocks = stream_texts(llm.stream(prompts, params, chat=chat), prompts)
     if stats:
-        print_stats(clocks)
+        print_stats(clocks, speculative=llm.last_stats if llm.speculative_config else None)
 
 
 @app.command()

@@ -54,3 +54,26 @@ def parse_stage_backends(items: list[str]) -> dict[str, str]:
         stage, backend = item.split("=", 1)
         out[stage.strip()] = backend.strip()
     return out
+
+
+SPECULATIVE_CONFIG = typer.Option(
+    None,
+    "--speculative-config",
+    help='speculative decoding as JSON, vLLM style: \'{"method": "ngram", "num_speculative_tokens": 4, '
+    '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH}\' (paged mode)',
+)
+SPECULATIVE = typer.Option(
+    None, "--speculative", help="speculative decoding, short: ngram:K or draft:PATH:K (paged mode)"
+)
+
+
+def speculative_arg(config_json: str | None, shorthand: str | None) -> str | None:
+    """The one speculative setting given (--speculative-config or --speculative), checked."""
+    if config_json is not None and shorthand is not None:
+        raise StagewiseError("give --speculative-config or --speculative, not both")
+    value = config_json if config_json is not None else shorthand
+    if value is not None:
+        from stagewise.engine.speculative.config import parse_speculative_config
+
+        parse_speculative_config(value)  # a bad value is one line now, before the model loads
+    return value

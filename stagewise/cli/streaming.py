@@ -102,6 +102,24 @@ def stats_table(clocks: list[RequestClock]) -> FitTable:
     return FitTable("per request, as this command saw it", cols, rows, caption=Text(caption) if caption else None)
 
 
-def print_stats(clocks: list[RequestClock]) -> None:
-    """The table on stderr: stdout keeps only the generated text (it may be piped)."""
-    Console(stderr=True).print(stats_table(clocks))
+def print_stats(clocks: list[RequestClock], speculative=None) -> None:
+    """The table on stderr: stdout keeps only the generated text (it may be piped).
+
+    `speculative`: the run's RunStats when speculative decoding was on: one more line says how
+    many guesses were verified and kept."""
+    console = Console(stderr=True)
+    console.print(stats_table(clocks))
+    if speculative is not None:
+        console.print(Text(spec_line(speculative)))
+
+
+def spec_line(stats) -> str:
+    """The speculative line of `--stats`: guesses verified, kept, and kept per verify step (each
+    verify step adds one token of the target's own)."""
+    if not stats.spec_draft_tokens:
+        return "speculative decoding: no guesses were made (nothing repeated to look up)"
+    return (
+        f"speculative decoding: {stats.spec_draft_tokens} guesses verified, "
+        f"{stats.spec_accepted_tokens} kept (acceptance {100 * stats.spec_acceptance_rate:.1f}%), "
+        f"{stats.spec_mean_accepted:.2f} kept per verify step (+1 token of the target's own)"
+    )
