@@ -20,6 +20,9 @@ The two modes:
 Under static batching the TTFT of a request depends on when it arrives: at an idle server, only its
 own prefill; just after a batch started, the whole rest of that batch first. Its tail (p99) runs far
 from its median. Continuous batching takes it in at the next step, so its TTFT stays near the median.
+That difference shows most at a *low* rate, where most requests find the server idle (the median
+is one prefill) and a few land in a running batch (the tail is a whole batch): hence the default
+rates start at 0.1 req/s. At high rates both queue, and the medians grow too.
 
 The workload is seeded: prompt and output lengths are drawn once and reused at every rate and in
 every mode; greedy, `ignore_eos`, a `max_tokens` per request, so every request makes exactly that
@@ -61,10 +64,10 @@ class ServeSettings:
     model: str = "smollm2-135m"  # preset, .gguf or Hugging Face directory (also gives the workload's tokenizer)
     url: str | None = None  # an already running server; None = start one per mode
     modes: tuple[str, ...] = ("paged", "kv")  # serve --mode values (with url: the mode that server runs)
-    request_rates: tuple[str, ...] = ("0.5", "1", "2", "inf")  # requests per second; inf = all at t = 0
-    num_prompts: int = 32  # requests per rate
-    prompt_tokens: tuple[int, int] = (32, 128)  # prompt length range (uniform)
-    output_tokens: tuple[int, int] = (32, 128)  # max_tokens range (uniform)
+    request_rates: tuple[str, ...] = ("0.1", "1", "inf")  # requests per second; inf = all at t = 0
+    num_prompts: int = 24  # requests per rate
+    prompt_tokens: tuple[int, int] = (16, 32)  # prompt length range (uniform)
+    output_tokens: tuple[int, int] = (16, 40)  # max_tokens range (uniform)
     max_num_seqs: int = 8  # the server's seats: most running requests, and the static batch size
     backend: str = "torch"  # the server's stage tier
     threads: int | None = None  # the server's torch threads (OMP_NUM_THREADS); None = its default

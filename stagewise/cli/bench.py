@@ -362,11 +362,11 @@ def serve(
     url: str | None = typer.Option(None, help="a running server to target (default: start one per mode)"),
     modes: str = typer.Option("paged,kv", help="serve --mode values: paged (continuous), kv (static batches)"),
     request_rates: str | None = typer.Option(
-        None, help="Poisson rates in req/s (default 0.5,1,2,inf; inf = all at once)"
+        None, help="Poisson rates in req/s (default 0.1,1,inf; inf = all at once)"
     ),
-    num_prompts: int | None = typer.Option(None, help="requests per rate (default 32; quick 6)"),
-    prompt_tokens: str | None = typer.Option(None, help="prompt length range LOW-HIGH (default 32-128; quick 16-32)"),
-    output_tokens: str | None = typer.Option(None, help="output length range LOW-HIGH (default 32-128; quick 4-8)"),
+    num_prompts: int | None = typer.Option(None, help="requests per rate (default 24; quick 6)"),
+    prompt_tokens: str | None = typer.Option(None, help="prompt length range LOW-HIGH (default 16-32; quick 16-32)"),
+    output_tokens: str | None = typer.Option(None, help="output length range LOW-HIGH (default 16-40; quick 4-8)"),
     max_num_seqs: int = typer.Option(8, help="the server's seats: most running requests = static batch size"),
     backend: str = BACKEND,
     threads: int | None = typer.Option(None, help="the server's torch threads (default: its own choice)"),
@@ -390,14 +390,14 @@ def serve(
         modes=split_names(modes, "--modes"),
         request_rates=parse_rates(request_rates)
         if request_rates
-        else (Q["request_rates"] if quick else ("0.5", "1", "2", "inf")),
-        num_prompts=positive(num_prompts, "--num-prompts", Q["num_prompts"] if quick else 32),
+        else (Q["request_rates"] if quick else ServeSettings.request_rates),
+        num_prompts=positive(num_prompts, "--num-prompts", Q["num_prompts"] if quick else ServeSettings.num_prompts),
         prompt_tokens=parse_range(prompt_tokens, "--prompt-tokens")
         if prompt_tokens
-        else (Q["prompt_tokens"] if quick else (32, 128)),
+        else (Q["prompt_tokens"] if quick else ServeSettings.prompt_tokens),
         output_tokens=parse_range(output_tokens, "--output-tokens")
         if output_tokens
-        else (Q["output_tokens"] if quick else (32, 128)),
+        else (Q["output_tokens"] if quick else ServeSettings.output_tokens),
         max_num_seqs=positive(max_num_seqs, "--max-num-seqs", 8),
         backend=check_backend(backend),
         threads=threads,
