@@ -291,7 +291,9 @@ class EngineLoop:
 
     def _deliver(self, results: list[tuple]) -> None:
         now = time.perf_counter()
-        for req, token, delta in results:
+        # a speculative step may give a request several tokens: only its last one can end it
+        last = {id(req): i for i, (req, _, _) in enumerate(results)}
+        for i, (req, token, delta) in enumerate(results):
             h = self._live.get(req.request_id)
             if h is None or h.done:
                 continue
@@ -301,9 +303,10 @@ class EngineLoop:
             if token is None:  # the step failed because of this request
                 self._finish(h, "error", req.error or "the request failed in an engine step")
                 continue
+            finished = req.finished and last[id(req)] == i
             reason = req.finish_reason.value if req.finish_reason else None
-            h.push(Event(delta, token, req.finished, reason if req.finished else None))
-            if req.finished:
+            h.push(Event(delta, token, finished, reason if finished else None))
+            if finished:
                 self._finish(h, reason, None, push=False)
 
     def _mark_started(self, h: Handle) -> None:
