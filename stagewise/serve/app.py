@@ -53,6 +53,13 @@ class ServerState:
     metrics: ServerMetrics
     model_name: str  # the name clients pass as "model"
     api_key: str | None  # required as a bearer token under /v1 when set
+    hub: object | None = None  # the live view's ViewHub, or None
+
+    def begin_shutdown(self) -> None:
+        """A signal arrived: no new requests, and the live view's streams end (nothing waits on them)."""
+        self.loop.stop_accepting()
+        if self.hub is not None:
+            self.hub.close()
 
 
 def create_app(
@@ -67,7 +74,7 @@ def create_app(
     """An app serving `llm`; its engine loop starts and stops with the app (its lifespan)."""
     name = model_name or llm.describe()["name"]
     metrics = ServerMetrics(name)
-    state = ServerState(llm, EngineLoop(llm, mode, max_queue, metrics, hub), metrics, name, api_key)
+    state = ServerState(llm, EngineLoop(llm, mode, max_queue, metrics, hub), metrics, name, api_key, hub)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -75,6 +82,8 @@ def create_app(
         try:
             yield
         finally:
+            if hub is not None:
+                hub.close()
             state.loop.stop()
 
     routes = [

@@ -99,7 +99,7 @@ class EngineLoop:
         self._stopping = False
         self._aborting_all = False  # the drain time is over: every request left is aborted
         self._live: dict[str, Handle] = {}  # request id -> handle, for requests in the engine
-        self.step_index = 0  # engine steps run so far
+        self.step_index = 0  # the index of the next engine step (0 first, as in a trace)
         if metrics is not None and mode == "paged":
             metrics.baseline(llm.engine)
         self._thread = threading.Thread(target=self._run, name="stagewise-engine-loop", daemon=True)
@@ -198,9 +198,9 @@ class EngineLoop:
                 results, step_s = self._paged_step(runner, *work)
             if results is None:
                 continue
-            self.step_index += 1
             self._deliver(results)
             self._after_step(runner, step_s)
+            self.step_index += 1
 
     def _paged_step(self, runner, new: list[Handle], aborts: list[Handle]) -> tuple[list | None, float]:
         """New requests join, aborted ones leave, one step; -> (its results, seconds), or None."""

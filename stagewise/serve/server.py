@@ -54,14 +54,15 @@ class _Server(uvicorn.Server):
     """uvicorn's server; on the first signal the engine loop refuses new requests and, after the
     drain time, aborts the ones left, so every handler ends by itself (uvicorn waits for them)."""
 
-    def __init__(self, config: uvicorn.Config, engine_loop, drain_timeout: float):
+    def __init__(self, config: uvicorn.Config, state, drain_timeout: float):
         super().__init__(config)
-        self._engine_loop = engine_loop
+        self._state = state  # the app's ServerState
+        self._engine_loop = state.loop
         self._drain_timeout = drain_timeout
         self._timer = None
 
     def handle_exit(self, sig, frame) -> None:
-        self._engine_loop.stop_accepting()
+        self._state.begin_shutdown()
         if self._timer is None:
             self._timer = threading.Timer(self._drain_timeout, self._engine_loop.abort_all)
             self._timer.daemon = True
@@ -80,7 +81,7 @@ def run(app, sock: socket.socket, drain_timeout: float = 5.0, log_level: str = "
         lifespan="on",
         access_log=False,
     )
-    server = _Server(config, app.state.server.loop, drain_timeout)
+    server = _Server(config, app.state.server, drain_timeout)
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,7 +1,7 @@
 """`stagewise serve` as a real process: the URL line, the warning for --host 0.0.0.0, SIGTERM draining
-the requests in flight (one finishes, one is aborted at --drain-timeout) and exiting 143 with one
-line and no traceback; a port in use, a bad host or a bad option is one line and exit 2 (in-process:
-all before the model loads)."""
+the requests in flight (one finishes, one is aborted at --drain-timeout), writing the --record file
+and exiting 143 with one line and no traceback. In-process (all before the model loads): a port in
+use, a bad host or a bad option is one line and exit 2."""
 
 import json
 import os
@@ -40,8 +40,9 @@ def _stream(url: str, body: dict, out: dict) -> None:
         out["error"] = exc
 
 
-def test_sigterm_drains_then_aborts_and_exits_143():
-    proc = _serve("--host", "0.0.0.0", "--port", "0", "--drain-timeout", "1")
+def test_sigterm_drains_then_aborts_and_exits_143(tmp_path):
+    record = tmp_path / "run.json"
+    proc = _serve("--host", "0.0.0.0", "--port", "0", "--drain-timeout", "1", "--record", str(record))
     try:
         line = proc.stdout.readline()  # the URL line, printed once the socket listens
         assert line.startswith("serving tiny (paged) at http://0.0.0.0:"), line + proc.stderr.read()
@@ -75,6 +76,8 @@ def test_sigterm_drains_then_aborts_and_exits_143():
     # the long one (1000 tokens: well over a second of steps) was aborted at the drain timeout
     assert long["done"] and "error" in long["chunks"][-1], long["chunks"][-1]
     assert "stopped before the request finished" in long["chunks"][-1]["error"]["message"]
+    trace = json.loads(record.read_text())  # --record wrote the run on the way out
+    assert trace["steps"] and trace["model"]["recorded_by"] == "stagewise serve --record"
 
 
 def _invoke(argv, monkeypatch, capsys) -> tuple[int, str]:

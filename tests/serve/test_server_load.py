@@ -181,3 +181,21 @@ def test_static_batching_mode_gives_the_same_greedy_text(tiny, references):
         for (prompt, n), (text, _, used) in zip(jobs, results):
             assert used == n and text == references[(prompt, n)]
         assert server.state.loop.num_in_flight() == 0
+
+
+def test_the_live_view_gets_one_snapshot_per_engine_step(tiny):
+    from stagewise.serve.view import ViewHub
+
+    hub = ViewHub()
+    seen = []
+    hub.subscribe(lambda snap: seen.append(snap) if snap is not None else None)
+    llm = LLM(tiny)
+    with running_server(llm, hub=hub) as server:
+        body = {"prompt": "Watch me", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        steps = llm.engine.stats.steps
+        assert [s["step"] for s in seen] == list(range(steps))  # one per step, in order, from 0
+        assert seen[-1]["finished"] and seen[-1]["finished"][0]["finish_reason"] == "length"
+        assert httpx.get(server.url + "/api/snapshot").json()["step"] == steps - 1
+        page = httpx.get(server.url + "/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
