@@ -46,6 +46,7 @@ from stagewise.bench.serve_client import (
     parse_rates,
     rate_value,
     run_arrivals,
+    server_counters,
     summarize_results,
 )
 from stagewise.bench.serve_process import ServerProcess
@@ -207,21 +208,25 @@ def run_serve(settings: ServeSettings, progress=None) -> dict:
                 started[mode].start()
             for server in started.values():
                 server.wait_ready()
+        counters = {}
         for mode in settings.modes:
             url = started[mode].url if started else settings.url
             runs += _run_mode(settings, mode, url, warm, work, progress)
+            counters[mode] = server_counters(url, settings.api_key)  # the server's own totals, warm-up included
         for server in started.values():
             server.terminate()  # all drain at once
         for mode, server in started.items():
             server.stop()
             servers[mode] = {"command": server.command[1:], "ready_s": server.ready_s, "exit_code": server.exit_code}
+        for mode in settings.modes:
+            servers.setdefault(mode, {"url": settings.url})["metrics"] = counters[mode]
     summary = {MODES[m]: {r["rate"]: r["summary"] for r in runs if r["mode"] == m} for m in settings.modes}
     result = {
         "benchmark": "serve",
         "machine": machine_info(),
         "settings": asdict(settings) | {"api_key": None},
         "static_batching": STATIC_RULE,
-        "servers": servers or {settings.modes[0]: {"url": settings.url}},
+        "servers": servers,
         "workload": {
             "prompt_tokens": [p for _, p, _ in work[0]],  # of the first rate's prompts (tags differ by a digit)
             "max_tokens": [n for _, n in lengths],

@@ -236,3 +236,30 @@ def summarize_results(results: list[RequestResult], start: float) -> dict:
         "latency_ms_p99": percentile(latency, 99),
         "usage_reported": all(r.completion_tokens is not None for r in ok),
     }
+
+
+COUNTERS = ("generation_tokens", "prompt_tokens", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits")
+
+
+def server_counters(base_url: str, api_key: str | None = None) -> dict:
+    """The server's own totals from GET /metrics (Prometheus text): tokens, preemptions, prefix-cache
+    hits, finished requests by reason; {} when it has no /metrics. A cross-check of the client's counts."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=30.0)
+        response.raise_for_status()
+        families = list(text_string_to_metric_families(response.text))
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out = {}
+    for family in families:
+        name = family.name.removeprefix("stagewise:")
+        for sample in family.samples:
+            if sample.name.endswith("_total") and name in COUNTERS:
+                out[name] = sample.value
+            elif name == "request_success" and sample.name.endswith("_total"):
+                out[f"finished_{sample.labels.get('finished_reason')}"] = sample.value
+    return out

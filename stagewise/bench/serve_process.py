@@ -50,6 +50,7 @@ class ServerProcess:
         self.exit_code: int | None = None
         self.ready_s: float | None = None  # seconds from the start to the first healthy answer
         self._started = 0.0  # perf_counter time of the last start
+        self._terminated = False  # SIGTERM sent to the current process
 
     def start(self) -> "ServerProcess":
         """Launch the server (returns at once; `wait_ready` waits for it)."""
@@ -58,6 +59,7 @@ class ServerProcess:
         self.command += ["--host", "127.0.0.1", "--port", str(port)]
         self.url = f"http://127.0.0.1:{port}"
         self._started = time.perf_counter()
+        self._terminated = False
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self
@@ -103,9 +105,11 @@ class ServerProcess:
         )
 
     def terminate(self) -> None:
-        """Send SIGTERM (the server drains, then exits); `stop` waits for it."""
-        if self.proc is not None and self.proc.poll() is None:
+        """Send SIGTERM once (the server drains, then exits; a second signal would cut the drain short);
+        `stop` waits for it."""
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
             self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait for the drain, SIGKILL only if it does not end; returns the exit status."""

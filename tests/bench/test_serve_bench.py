@@ -85,8 +85,12 @@ def test_quick_run_against_real_servers_loses_nothing(tmp_path):
         assert s["usage_reported"] and s["output_tokens"] == sum(data["workload"]["max_tokens"])
         assert all(r["tokens"] == r["max_tokens"] and r["finish_reason"] == "length" for r in run["requests"])
         assert 0 < s["ttft_ms_p50"] <= s["ttft_ms_p99"] and s["output_tok_per_s"] > 0
+    made = 2 * sum(data["workload"]["max_tokens"]) + 2 * 4  # two rates, and the two warm-up requests
     for server in data["servers"].values():
         assert server["exit_code"] in (0, 143) and server["command"][:3] == ["-m", "stagewise.cli", "serve"]
+        assert server["metrics"]["generation_tokens"] == made  # the server's own count agrees
+    paged = data["servers"]["paged"]["metrics"]
+    assert paged["prefix_cache_queries"] > 0 and paged["prefix_cache_hits"] == 0  # the tags: no block shared
 
 
 def test_a_server_that_cannot_start_is_one_line(tmp_path):
