@@ -45,6 +45,8 @@ from stagewise.serve.engine_loop import EngineLoop, Handle
 from stagewise.serve.metrics import CONTENT_TYPE, ServerMetrics
 from stagewise.serve.protocol import APIError, ParsedRequest
 
+MAX_BODY_BYTES = 16 * 2**20  # a request body larger than this is refused (413) while it arrives
+
 
 @dataclasses.dataclass
 class ServerState:
@@ -173,7 +175,14 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _read_json(request: Request):
-    raw = await request.body()
+    """The body as JSON; one larger than MAX_BODY_BYTES is refused (413) before it is all read."""
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB")
+        parts.append(part)
+    raw = b"".join(parts)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -184,8 +193,7 @@ async def _complete(request: Request, chat: bool) -> Response:
     state = _state(request)
     _check_key(request, state)
     body = await _read_json(request)
-    llm = state.llm
-    parsed = protocol.parse_request(body, chat=chat, model_name=state.model_name, max_model_len=llm.max_model_len)
+    parsed = protocol.parse_request(body, chat=chat, model_name=state.model_name)
     req = await run_in_threadpool(_make_request, state, parsed)
     handle = Handle(req, asyncio.get_running_loop())
     state.loop.submit(handle)  # 503 when the queue is full

@@ -13,6 +13,9 @@ answers with OpenAI's error JSON:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "top_p", "code": null}}
 
+A model name other than the one served is answered 404 `model_not_found`, as
+OpenAI answers it; a request without "model" gets the served one.
+
 Fields that the API defines but this engine cannot honour (`n` > 1, `logprobs`,
 `echo`, presence / frequency penalties, `logit_bias`) are refused by name
 rather than silently ignored; fields nobody defined are ignored, as OpenAI does.
@@ -164,7 +167,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def parse_request(body, *, chat: bool, model_name: str, max_model_len: int) -> ParsedRequest:
+def parse_request(body, *, chat: bool, model_name: str) -> ParsedRequest:
     """Check an OpenAI completion (or chat completion) request; -> what the engine needs."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")

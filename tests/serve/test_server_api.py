@@ -198,6 +198,11 @@ def test_bad_input_is_refused_naming_the_field(server, what, path, body, status,
     assert words in error["message"], error["message"]
 
 
+def test_an_oversized_body_is_refused_413(server):
+    r = _post(server, "/v1/completions", b'{"prompt": "' + b"x" * (17 * 2**20) + b'"}', raw=True)
+    assert r.status_code == 413 and "MiB" in r.json()["error"]["message"]
+
+
 def test_the_client_sees_the_errors_and_the_server_serves_on(server, client):
     with pytest.raises(openai.BadRequestError, match="top_p"):
         client.completions.create(model="tiny", prompt="hi", top_p=7)

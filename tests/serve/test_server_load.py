@@ -3,6 +3,7 @@ duplicated and every KV block free afterwards; a client that disconnects mid-str
 (503); --api-key (401); static batching (--mode kv) giving the same greedy text."""
 
 import asyncio
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -199,3 +200,18 @@ def test_the_live_view_gets_one_snapshot_per_engine_step(tiny):
         assert httpx.get(server.url + "/api/snapshot").json()["step"] == steps - 1
         page = httpx.get(server.url + "/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+
+
+def _cpu_ticks(native_id: int) -> int:
+    """user + system clock ticks a thread of this process has run (Linux /proc)."""
+    fields = open(f"/proc/self/task/{native_id}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads Linux /proc")
+def test_an_idle_server_sleeps_instead_of_spinning(server):
+    thread = server.state.loop._thread
+    assert server.engine_idle()
+    before = _cpu_ticks(thread.native_id)
+    time.sleep(1.0)
+    assert _cpu_ticks(thread.native_id) - before <= 1  # a spinning loop would burn ~100 ticks a second
