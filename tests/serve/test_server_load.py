@@ -1,8 +1,10 @@
 """`stagewise serve` under load and misbehaving clients: 100+ concurrent streams with none lost or
 duplicated and every KV block free afterwards; a client that disconnects mid-stream; a full queue
-(503); --api-key (401); static batching (--mode kv) giving the same greedy text."""
+(503); --api-key (401); static batching (--mode kv) giving the same greedy text; a request that fails
+in an engine step (an error for it, the others untouched); the live view's hook; an idle loop."""
 
 import asyncio
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,8 +41,6 @@ def references(tiny):
 
 async def _stream_one(http: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[str, int, int]:
     """One streaming client: -> (text, chunks with text, completion tokens from the usage chunk)."""
-    import json
-
     body = {
         "model": "tiny",
         "prompt": prompt,
@@ -215,3 +215,33 @@ def test_an_idle_server_sleeps_instead_of_spinning(server):
     before = _cpu_ticks(thread.native_id)
     time.sleep(1.0)
     assert _cpu_ticks(thread.native_id) - before <= 1  # a spinning loop would burn ~100 ticks a second
+
+
+def test_a_request_that_fails_in_a_step_ends_with_an_error_and_the_others_go_on(tiny, references):
+    llm = LLM(tiny)
+    make_request = llm.make_request
+
+    def poisoning(prompt, params, chat=False):
+        if prompt.startswith("poison"):  # valid when checked, then made to fail in every step it joins
+            object.__setattr__(params, "top_k", 10**20)  # (int64 overflow when the sampling tensors are built)
+        return make_request(prompt, params, chat=chat)
+
+    llm.make_request = poisoning
+    good = (PROMPTS[0], 12)
+    with running_server(llm) as server:
+
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as http:
+                healthy = _stream_one(http, server.url, *good)
+                whole = http.post(server.url + "/v1/completions", json={"prompt": "poison whole", "max_tokens": 4})
+                streamed = http.post(
+                    server.url + "/v1/completions", json={"prompt": "poison stream", "max_tokens": 4, "stream": True}
+                )
+                return await asyncio.gather(healthy, whole, streamed)
+
+        (text, _, used), whole, streamed = asyncio.run(main())
+        assert (text, used) == (references[good], 12)  # the healthy one is untouched
+        assert whole.status_code == 500 and "failed in an engine step" in whole.json()["error"]["message"]
+        events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "failed in an engine step" in json.loads(events[-2])["error"]["message"]
+        assert server.engine_idle()
