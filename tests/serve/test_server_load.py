@@ -169,7 +169,7 @@ def test_api_key(tiny):
         assert httpx.get(server.url + "/health").status_code == 200  # open, as in vLLM
 
 
-def test_static_batching_mode_gives_the_same_greedy_text(tiny, references):
+def test_static_batching_mode_gives_the_same_greedy_text_and_drops_a_leaver(tiny, references):
     llm = LLM(tiny, mode="kv", engine_config=EngineConfig(max_num_seqs=4))
     jobs = [(PROMPTS[i % len(PROMPTS)], 4 + i % 9) for i in range(10)]
     with running_server(llm, mode="kv") as server:
@@ -182,6 +182,14 @@ def test_static_batching_mode_gives_the_same_greedy_text(tiny, references):
         for (prompt, n), (text, _, used) in zip(jobs, results):
             assert used == n and text == references[(prompt, n)]
         assert server.state.loop.num_in_flight() == 0
+        body = {"prompt": "Long", "max_tokens": 900, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+                assert next(x for x in response.iter_lines() if x.startswith("data: "))
+        _wait(lambda: server.state.loop.num_in_flight() == 0)  # a static row aborted: the batch ends early
+        assert 'finished_reason="abort"' in httpx.get(server.url + "/metrics").text
+        short = httpx.post(server.url + "/v1/completions", json={"prompt": "next", "max_tokens": 3}, timeout=30)
+        assert short.json()["usage"]["completion_tokens"] == 3
 
 
 def test_the_live_view_gets_one_snapshot_per_engine_step(tiny):
