@@ -55,7 +55,9 @@ def trace(
         True, "--timing/--no-timing", help="measure wall times (--no-timing: none in any format, reproducible)"
     ),
     compact: bool | None = typer.Option(
-        None, "--compact/--full", help=f"tree: one short line per stage (default below {COMPACT_BELOW} columns)"
+        None,
+        "--compact/--full",
+        help=f"tree and table: short shape labels, one line per stage (default below {COMPACT_BELOW} columns)",
     ),
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", "--tp", help="split the model over N ranks; the trace shows every rank"
@@ -159,10 +161,10 @@ def render(
         console = Console(
             file=buffer, width=terminal.width, force_terminal=terminal.is_terminal, color_system=terminal.color_system
         )
+    short = console.width < COMPACT_BELOW if compact is None else compact
     if fmt == "table":
-        view = render_table(tracer, layers, steps, stages)
+        view = render_table(tracer, layers, steps, stages, compact=short)
     else:
-        short = console.width < COMPACT_BELOW if compact is None else compact
         view = render_tree(
             tracer, layers=layers, steps=steps, stages=stages, with_time=timing, decode=decode, compact=short
         )

@@ -81,16 +81,17 @@ def is_weight(name: str) -> bool:
     return name in ("weight", "cos_sin_cache") or name.startswith("w_") or "." in name
 
 
-def _tensor_lists(rec: StageRecord, compact: bool) -> tuple[str, str]:
+def tensor_lists(rec: StageRecord, compact: bool, sep: str = " ") -> tuple[str, str]:
+    """(inputs, outputs) as text; `sep` joins a name and its shape (compact: bare sizes, no weights)."""
     inputs = [t for t in rec.inputs if not t.name.startswith("sampling.")]
     if not compact:
-        ins = ", ".join(f"{t.name} {t.label()}" for t in inputs)
-        return ins, ", ".join(f"{t.name} {t.label()}" for t in rec.outputs)
+        ins = ", ".join(f"{t.name}{sep}{t.label()}" for t in inputs)
+        return ins, ", ".join(f"{t.name}{sep}{t.label()}" for t in rec.outputs)
     shown = (t for t in inputs if t.name not in STEP_METADATA and not is_weight(t.name))
-    ins = ", ".join(f"{n} {label}" for n, label in _kv_pairs(shown))
+    ins = ", ".join(f"{n}{sep}{label}" for n, label in _kv_pairs(shown))
     if _same_shapes(rec):
         return ins, "same"
-    return ins, ", ".join(f"{n} {label}" for n, label in _kv_pairs(rec.outputs))
+    return ins, ", ".join(f"{n}{sep}{label}" for n, label in _kv_pairs(rec.outputs))
 
 
 def stage_line(rec: StageRecord, with_time: bool, compact: bool = False) -> Text:
@@ -99,7 +100,7 @@ def stage_line(rec: StageRecord, with_time: bool, compact: bool = False) -> Text
     line = Text()
     line.append(f"{rec.stage:<9}" if compact else f"{rec.stage:<10}", style="bold cyan")
     line.append(f" {rec.backend:<5}" if compact else f" {rec.backend:<6}", style="dim")
-    ins, outs = _tensor_lists(rec, compact)
+    ins, outs = tensor_lists(rec, compact)
     if "text" in rec.scalars:  # tokenize: show the text it reads
         ins = f"text {rec.scalars['text']!r}" + (f", {ins}" if ins else "")
     line.append(f" {ins}")

@@ -87,3 +87,27 @@ def test_shape_only_trace_has_no_text_and_no_time(preset):
     assert "placeholder id: shape only, not a model's output" in tree
     assert "text so far" not in tree and "endoftext" not in tree and " ms" not in tree
     assert "ttft_ms" not in first["json"] and "placeholders" in first["json"]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-3.2-1b"])  # 1B: shape-only, vocab 128256
+def test_table_at_80_columns_keeps_every_shape_whole(tiny, preset):
+    """`trace --format table` on a projector: compact labels, each tensor's shape on one line, no number cut."""
+    from stagewise.trace.render_table import render_table
+    from stagewise.trace.render_tree import tensor_lists
+
+    llm = LLM(tiny) if preset == "tiny" else LLM(preset, engine_config=EngineConfig(num_kv_blocks=64))
+    tracer = trace_of(llm)
+    text = printed(render_table(tracer, layers="all", compact=True), 80)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80
+    records = [r for s in tracer.steps for r in s.stages] + list(tracer.prelude)
+    for rec in records:
+        ins, outs = tensor_lists(rec, compact=True, sep="")
+        for label in (ins + ", " + outs).split(", "):
+            if label:
+                assert any(label.rstrip(",") in line for line in lines), label  # whole, never folded
+    assert ("ms" in lines[2]) == (preset == "tiny")  # the untimed shape-only table has no empty ms column
+    for word in ("step 0 · layer 0", "step 1 · final"):
+        assert word in text
+    wide = printed(render_table(tracer, layers="all"), 400)  # the full table is unchanged: axis names shown
+    assert "[num_tokens=" in wide
