@@ -31,6 +31,14 @@ blocks at once. After a step whose forward pass was interrupted,
 `recover_interrupted_step()` preempts every running request (recompute is
 always correct) and unnames the blocks the step named before writing them.
 
+Speculative decoding (engine/speculative/): before scheduling, the runner may
+give a decoding request k guesses (`req.spec_token_ids`). It then needs 1 + k
+query tokens (its last token, then the guesses), counted against the budget
+like any others; when the budget or the free blocks are short, the guesses are
+cut first (down to none: a plain decode step). Only verified tokens name
+blocks in the prefix cache: blocks are named up to `num_tokens` here, and the
+runner names the accepted guesses' blocks after verification.
+
 When a step fails for some request, the engine runs each request of that step
 by itself (`schedule_alone`) to find which one it was; `fail()` then removes
 that request with finish reason "error".
