@@ -190,3 +190,22 @@ def test_proposals_use_the_requests_sampling_rules(target, tiny):
     seen = torch.zeros(1, logits.shape[-1], dtype=torch.bool)
     tensors = SamplingTensors.from_params([hot.params], seen, [0], [hot.seed], "cpu")
     torch.testing.assert_close(b.probs, processed_probs(logits, tensors), atol=1e-5, rtol=1e-4)
+
+
+def test_a_truncated_draft_of_the_target_shares_its_weights(target, tiny):
+    """model = the target's own name and draft_num_layers = 1: its first layer, no second copy."""
+    config = SpeculativeConfig(method="draft_model", model="tiny", num_speculative_tokens=2, draft_num_layers=1)
+    proposer = make_proposer(config, target)
+    assert proposer.loaded.config.num_layers == 1 and len(proposer.loaded.weights.layers) == 1
+    assert proposer.loaded.weights.layers[0] is tiny.weights.layers[0]  # shared, not loaded
+    assert proposer.loaded.weights.lm_head is tiny.weights.lm_head
+    assert "first 1 of 2 layers" in proposer.loaded.source
+    req = target.make_request(PROMPTS[0], GREEDY)
+    (proposal,) = proposer.propose([req], [2])
+    assert len(proposal.token_ids) == 2
+    proposer.close()
+    too_many = dataclasses.replace(config, draft_num_layers=3)
+    with pytest.raises(StagewiseError, match="draft_num_layers=3, but the draft model .* has 2"):
+        make_proposer(too_many, target)
+    with pytest.raises(StagewiseError, match="draft_num_layers must be an int >= 1"):
+        SpeculativeConfig(method="draft_model", model="tiny", draft_num_layers=0)

@@ -4,6 +4,7 @@
     proposal.py  Proposal and the Proposer protocol every proposer follows
     ngram.py     prompt lookup (the last n tokens searched for earlier in the text)
     draft.py     a smaller draft model with its own paged KV cache
+    draft_load.py  loading the draft (or the target's own first layers), the vocabulary check
     verify.py    the verify step: target probabilities per row, the rejection sampler
 
 `make_proposer(config, target_llm)` builds the proposer a config names.

@@ -37,6 +37,9 @@ class SpeculativeConfig:
     # guesses) so free prose, where lookups rarely hit, pays almost nothing for speculation
     adaptive: bool = True
     draft_quantization: str = "none"  # draft_model: weight format of the draft ("none" or "auto")
+    # draft_model: keep only the draft's first N layers (then its final norm and LM head): a
+    # truncated-layer draft, e.g. the target itself cut short; None = every layer
+    draft_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         method = ALIASES.get(self.method, self.method) if isinstance(self.method, str) else None
@@ -65,6 +68,11 @@ class SpeculativeConfig:
             raise StagewiseError(
                 "speculative_config.model must name the draft model (a preset or a path) "
                 "for method draft_model"
+            )
+        n = self.draft_num_layers
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise StagewiseError(
+                f"speculative_config.draft_num_layers must be an int >= 1 or null, got {n!r}"
             )
         if self.model is not None and not isinstance(self.model, str):
             raise StagewiseError(f"speculative_config.model must be a string, got {self.model!r}")

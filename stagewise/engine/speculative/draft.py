@@ -47,7 +47,7 @@ steps, and the proposed tokens are in them.
 import torch
 
 from stagewise.engine.request import Request
-from stagewise.engine.speculative.draft_checks import check_same_vocabulary
+from stagewise.engine.speculative.draft_load import check_same_vocabulary, load_draft
 from stagewise.engine.speculative.proposal import Proposal
 from stagewise.kv.block_manager import BlockManager
 from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
@@ -55,7 +55,7 @@ from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.quantized import prepare_for
-from stagewise.models.registry import LoadedModel, load_model
+from stagewise.models.registry import LoadedModel
 from stagewise.runtime import to_device
 from stagewise.sampling_params import SamplingTensors
 from stagewise.stages import STAGES
@@ -94,8 +94,7 @@ class DraftModelProposer:
     ):
         t_loaded, ecfg = target.loaded, target.engine_config
         if draft is None:
-            quantization = getattr(config, "draft_quantization", "none")
-            draft = load_model(config.model, t_loaded.device, t_loaded.dtype, quantization)
+            draft = load_draft(config, t_loaded)
         check_same_vocabulary(t_loaded, draft)
         self.loaded = draft
         self.num_speculative_tokens = config.num_speculative_tokens  # k, the most drafts per step
@@ -127,6 +126,8 @@ class DraftModelProposer:
     def propose(self, requests: list[Request], num_tokens: list[int]) -> list[Proposal]:
         """One Proposal per request: up to num_tokens[i] tokens continuing req.all_token_ids."""
         proposals = [Proposal([], None) for _ in requests]
+        if self.model.device.type == "meta":  # a shape-only draft has no numbers to guess from
+            return proposals
         work = []  # (index in requests, request, its tokens, k)
         for i, (req, k) in enumerate(zip(requests, num_tokens)):
             tokens = req.all_token_ids

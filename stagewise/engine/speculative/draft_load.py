@@ -1,4 +1,10 @@
-"""Can this model draft for that one? Both must speak the same token ids.
+"""Loading the draft model, and checking that it can draft for the target.
+
+`load_draft` loads `speculative_config.model` on the target's device in its
+dtype — or, when it names the target itself, shares the target's weights — and
+keeps its first `draft_num_layers` layers when asked (`truncated`).
+
+Can this model draft for that one? Both must speak the same token ids.
 
 Speculative decoding hands the draft model's token ids straight to the target:
 the target verifies draft id 1734 as *its* id 1734. That is only meaningful
@@ -15,8 +21,11 @@ pass; models with merely similar vocabularies do not.
 file to replace.
 """
 
+from dataclasses import replace
+from pathlib import Path
+
 from stagewise.errors import StagewiseError
-from stagewise.models.registry import LoadedModel
+from stagewise.models.registry import LoadedModel, load_model
 
 
 def _shown(token: str) -> str:
@@ -58,3 +67,46 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
             f"draft model {draft.source} cannot draft for {target.source}: its vocabulary differs "
             f"({difference}); speculative decoding needs the same tokenizer"
         )
+
+
+def names_target(model: str, target: LoadedModel) -> bool:
+    """Does `model` (a preset name or a path) name the target's own weights?"""
+    if model == target.config.name:
+        return True
+    try:
+        return Path(model).expanduser().resolve() == Path(target.source).resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def truncated(model: LoadedModel, num_layers: int) -> LoadedModel:
+    """The first `num_layers` blocks of `model`, then its final norm and LM head (no copy).
+
+    Early layers already point the residual stream roughly where the last ones take it, so
+    a model cut short is a draft that agrees with its full self more often than chance."""
+    total = model.config.num_layers
+    if num_layers > total:
+        raise StagewiseError(
+            f"speculative_config.draft_num_layers={num_layers}, but the draft model "
+            f"{model.source} has {total} layers"
+        )
+    return replace(
+        model,
+        config=replace(model.config, num_layers=num_layers),
+        weights=replace(model.weights, layers=model.weights.layers[:num_layers]),
+        source=f"{model.source} (first {num_layers} of {total} layers)",
+    )
+
+
+def load_draft(config, target: LoadedModel) -> LoadedModel:
+    """`config.model` on the target's device in its dtype; cut to `config.draft_num_layers`.
+
+    A draft that names the target itself shares the target's weights (and their format) instead
+    of loading a second copy: with draft_num_layers it is the target's own first layers."""
+    if names_target(config.model, target):
+        draft = target
+    else:
+        quantization = getattr(config, "draft_quantization", "none")
+        draft = load_model(config.model, target.device, target.dtype, quantization)
+    num_layers = getattr(config, "draft_num_layers", None)
+    return draft if num_layers is None else truncated(draft, num_layers)
