@@ -5,13 +5,18 @@
                                  draft's q rows, or None for a point mass (n-gram)
 
 The engine asks before each step's scheduling (`propose`), so the scheduler
-knows how many query tokens each speculating request needs (1 + k'); after
-the step's verification `on_verified` lets a proposer with state (the draft
-model's KV cache) rewind or catch up: `req.all_token_ids` then ends with the
-accepted drafts and the target's own token, `req.spec_token_ids` still holds
-the drafts that were verified and `req.last_num_accepted` says how many of
-them were kept. `on_removed` drops a request's state (finished, aborted,
-failed or preempted).
+knows how many query tokens each speculating request needs (1 + k'). After
+every step that gave a running request tokens (a verify step, a plain decode
+step, its first token after the prompt) `on_verified` lets a proposer with
+state (the draft model's KV cache) rewind or catch up: `req.all_token_ids`
+then ends with the accepted drafts and the target's own token,
+`req.spec_token_ids` still holds the drafts that were verified (empty when
+none were) and `req.last_num_accepted` says how many of them were kept. A
+request that finished gets no `on_verified`, only `on_removed`, which drops
+its state (finished, aborted, failed or preempted). Proposals are asked for
+decoding requests only (all tokens but the last computed, at least one
+output token); `propose` may be asked again for a request that was not
+scheduled the last time (the token budget), with the same tokens.
 """
 
 from dataclasses import dataclass
