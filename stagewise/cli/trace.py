@@ -16,6 +16,7 @@ import sys
 import typer
 from rich.console import Console
 
+from stagewise.cli import options
 from stagewise.errors import StagewiseError
 from stagewise.files import check_writable, write_text_atomic
 
@@ -71,6 +72,8 @@ def trace(
         help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed "
         "(4/8 bits; the fast CPU tier computes them in bfloat16)",
     ),
+    speculative_config: str | None = options.SPECULATIVE_CONFIG,
+    speculative: str | None = options.SPECULATIVE,
 ):
     """Print every tensor shape through a run, step by step."""
     from stagewise.bench.progress import load_status
@@ -96,6 +99,7 @@ def trace(
     if out is not None:
         check_writable(out)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
+    spec = options.speculative_arg(speculative_config, speculative)
     with load_status():  # a line per load phase on stderr (a terminal only)
         llm = LLM(
             model,
@@ -107,6 +111,7 @@ def trace(
             tensor_parallel_size=tensor_parallel_size,
             recalibrate=recalibrate,
             quantization=quantization,
+            speculative_config=spec,
         )
     if layer_ranges is not None:
         layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", llm.describe()["name"])
