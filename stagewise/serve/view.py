@@ -48,7 +48,7 @@ def page_html(mode: str, run_name: str = "") -> str:
     """The page, told whether it is live (a server's /api/events) or a replay (/api/run of `run_name`)."""
     text = resources.files("stagewise.serve").joinpath("static", PAGE).read_text(encoding="utf-8")
     attrs = f'data-mode="{mode}"' + (f' data-run="{html.escape(run_name)}"' if run_name else "")
-    return text.replace('data-mode="live"', attrs, 1)
+    return text.replace('<body data-mode="live">', f"<body {attrs}>", 1)
 
 
 class ViewHub:
