@@ -141,14 +141,17 @@ for s in trace["steps"]:
 #   only: 2-3 tokens per step, one per running request.
 #
 # The tracer's JSON (`stagewise.trace.export.to_json`, schema
-# `stagewise.trace` v1) is what this table was read from. Step 3 of it (the
+# `stagewise.trace` v2) is what this table was read from. Step 3 of it (the
 # mixed prefill + decode step), one key per line, without the per-stage shape
-# records:
+# records and without `view` — the whole engine after the step (queues, every
+# request, every block's owner), which `stagewise view run.json` replays in a
+# browser:
 
 # %%
 for key, value in trace["steps"][3].items():
-    if key not in ("stages", "start_us", "dur_us"):
+    if key not in ("stages", "start_us", "dur_us", "view"):
         print(f"{key!r}: {json.dumps(value)}")
+print("view queues after the step:", trace["steps"][3]["view"]["queues"])
 
 # %% [markdown]
 # `batch` is what the forward pass received: all scheduled tokens of all
