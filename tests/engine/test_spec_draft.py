@@ -62,8 +62,7 @@ def test_a_draft_that_is_the_target_proposes_its_greedy_continuation(target, tin
             truth = continuations[requests.index(req)]
             done = len(req.output_token_ids)
             assert proposal.token_ids == truth[done : done + k], (req.prompt, done)
-            assert proposal.probs.shape == (k, tiny.config.vocab_size)
-            assert proposal.probs.argmax(-1).tolist() == proposal.token_ids  # one-hot q rows
+            assert proposal.probs is None  # greedy guesses are point masses
             fed = len(req.all_token_ids) + k - 1  # the tokens and drafts 1 .. k-1 were fed
             accepted = rng.randint(0, k)  # the verifier keeps `accepted`, then its own token
             req.output_token_ids += truth[done : done + accepted + 1]
@@ -179,11 +178,11 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line(target, tiny):
 
 
 def test_proposals_use_the_requests_sampling_rules(target, tiny):
-    """q of a greedy request is one-hot at its token; q of a sampled one is processed_probs."""
+    """A greedy request's guess is a point mass (no q); q of a sampled one is processed_probs."""
     proposer = DraftModelProposer(draft_config(k=1), target, draft=tiny)
     greedy, hot = (target.make_request(PROMPTS[0], p) for p in (GREEDY, SamplingParams(seed=1)))
     a, b = proposer.propose([greedy, hot], [1, 1])
-    assert a.probs[0, a.token_ids[0]] == 1 and a.probs.sum() == 1
+    assert a.probs is None and len(a.token_ids) == 1
 
     batch = ForwardBatch.from_sequences([hot.all_token_ids], [0], torch.device("cpu"))
     logits = target.model.forward(batch, NoKVCache.of(batch))
@@ -209,3 +208,16 @@ def test_a_truncated_draft_of_the_target_shares_its_weights(target, tiny):
         make_proposer(too_many, target)
     with pytest.raises(StagewiseError, match="draft_num_layers must be an int >= 1"):
         SpeculativeConfig(method="draft_model", model="tiny", draft_num_layers=0)
+
+
+def test_greedy_guesses_with_a_repetition_penalty_see_the_guesses_before_them(target, tiny):
+    """A draft that is the target, greedy with penalty 1.5: its k guesses are the target's next
+    k tokens only if each guess counts the ones before it as seen, as plain decoding does."""
+    params = SamplingParams(max_tokens=6, temperature=0, repetition_penalty=1.5, ignore_eos=True)
+    expected = target.generate(PROMPTS[2], params)[0].token_ids
+    proposer = DraftModelProposer(draft_config(k=5), target, draft=tiny)
+    req = target.make_request(PROMPTS[2], params)
+    req.output_token_ids.append(expected[0])
+    (proposal,) = proposer.propose([req], [5])
+    assert proposal.token_ids == expected[1:6] and proposal.probs is None
+    proposer.close()

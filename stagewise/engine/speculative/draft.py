@@ -24,8 +24,9 @@ target's. For each request it remembers which tokens its cache holds
 
 Each draft token is drawn from the request's own sampling rules (repetition
 penalty — drafts already made count as seen —, temperature, min_p, top-k,
-top-p: `stages.sampling.processed_probs`); greedy requests take the argmax.
-The rows q it was drawn from come back with it: the rejection sampler accepts
+top-p: `stages.sampling.processed_probs`); greedy requests take the argmax
+(a point mass: no q rows come back). The rows q a sampled token was drawn
+from come back with it: the rejection sampler accepts
 d_i with probability min(1, p(d_i) / q(d_i)), which keeps the output exactly
 the target's distribution whatever the draft's quality. Randomness: the draw of
 the draft token at position p uses a generator seeded by
@@ -61,7 +62,7 @@ from stagewise.sampling_params import SamplingTensors
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import stage_of
-from stagewise.stages.sampling import processed_probs, stream_seed
+from stagewise.stages.sampling import apply_repetition_penalty, processed_probs, stream_seed
 
 DRAFT_SEED_SALT = 0x5DEECE66D_D4AF7  # xor-ed into a request's seed: the draft's own random stream
 
@@ -150,7 +151,7 @@ class DraftModelProposer:
             new, q = self._draw(logits, reqs, [drafts[i] for i, *_ in chunks], positions)
             for row, (i, *_rest) in enumerate(chunks):
                 drafts[i].append(new[row])
-                rows[i].append(q[row])
+                rows[i].append(None if q is None else q[row])
             k_of = {i: k for i, _, _, k in work}
             chunks = [  # the next pass: the drafts just made, one token each
                 (i, req, [drafts[i][-1]], pos)
@@ -158,7 +159,9 @@ class DraftModelProposer:
                 if len(drafts[i]) < k_of[i]
             ]
         for i, *_ in work:
-            proposals[i] = Proposal(drafts[i], torch.stack(rows[i]))  # [k', vocab]
+            greedy = requests[i].params.greedy  # its guesses are point masses: no q rows
+            q_rows = None if greedy else torch.stack(rows[i])  # [k', vocab]
+            proposals[i] = Proposal(drafts[i], q_rows)
             self.num_proposed += len(drafts[i])
         return proposals
 
@@ -241,8 +244,9 @@ class DraftModelProposer:
         requests: list[Request],
         drafted: list[list[int]],
         positions: list[int],
-    ) -> tuple[list[int], torch.Tensor]:
-        """logits [B, vocab] -> one token per row, and the distributions q [B, vocab] drawn from."""
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """logits [B, vocab] -> one token per row, and the distributions q [B, vocab] drawn from
+        (None when every row is greedy: a greedy guess is a point mass, the verifier needs no q)."""
         vocab = logits.shape[-1]
         params = [r.params for r in requests]
         if any(p.repetition_penalty != 1.0 for p in params):
@@ -254,6 +258,13 @@ class DraftModelProposer:
         sampling = SamplingTensors.from_params(
             params, seen, offsets=positions, seeds=[r.seed for r in requests], device=logits.device
         )
+        if all(sampling.greedy_rows):  # the argmax of the penalized logits; no softmax needed
+            penalized = logits.float()  # [B, vocab]
+            if sampling.any_penalty:
+                penalized = apply_repetition_penalty(
+                    penalized, sampling.seen, sampling.repetition_penalty
+                )
+            return penalized.argmax(dim=-1).tolist(), None
         q = processed_probs(logits, sampling)  # [B, vocab] float32; greedy rows one-hot
         tokens = q.argmax(dim=-1)  # [B]: exact for greedy rows, redrawn below for the others
         for row, greedy in enumerate(sampling.greedy_rows):
