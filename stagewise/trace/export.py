@@ -93,7 +93,7 @@ _VIEW_REQUEST = {
         "status": {"enum": ["waiting", "running", "finished"]},
         "blocks": _BLOCK_IDS,
         "num_scheduled": {"type": "integer", "minimum": 0},
-        "phase": {"enum": ["prefill", "prefill chunk", "decode", None]},
+        "phase": {"enum": ["prefill", "prefill chunk", "decode", "verify", None]},  # verify: speculative decoding
     },
 }
 VIEW_SCHEMA = {  # engine/snapshot.py's dict: one per step, the live page's and the replay's input
