@@ -62,7 +62,7 @@ def _request_entry(req: Request, blocks: list[int]) -> dict:
         "status": req.status.value,
         "blocks": blocks,  # block-table row, in logical order
         "num_scheduled": 0,  # tokens computed for it in this step
-        "phase": None,  # "prefill", "prefill chunk" or "decode" when scheduled
+        "phase": None,  # "prefill", "prefill chunk", "decode" or "verify" when scheduled
         "text_tail": text[-TEXT_TAIL:],
     }
 
@@ -96,9 +96,10 @@ def engine_snapshot(runner, *, step_index: int, step_stats: dict | None, now: fl
             entry = requests[req.request_id] = _request_entry(req, [])
             reason = req.finish_reason.value if req.finish_reason else None
             finished.append({"request_id": req.request_id, "finish_reason": reason})
-        phase = _phase(req, s.num_new_tokens, s.samples)
+        # a verify step (speculative decoding): the last token and its guesses, a decode's work
+        phase = "verify" if s.num_spec_tokens else _phase(req, s.num_new_tokens, s.samples)
         entry["num_scheduled"], entry["phase"] = s.num_new_tokens, phase
-        if phase == "decode":
+        if phase in ("decode", "verify"):
             decode += s.num_new_tokens
         else:
             prefill += s.num_new_tokens

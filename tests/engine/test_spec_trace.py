@@ -19,12 +19,14 @@ def test_a_verify_step_in_the_trace(tiny):
     vocab, hidden = tiny.config.vocab_size, tiny.config.hidden_size
     for step in verify_steps:
         rows = 0
+        assert step.view["budget"]["decode_tokens"] + step.view["budget"]["prefill_tokens"] == (step.num_tokens)
         for r in step.requests:
             k = len(r.get("draft_token_ids", []))
             if r["phase"] == "verify":
                 assert 1 <= k <= 3 and r["num_scheduled"] == 1 + k
                 assert 0 <= r["accepted"] <= k and len(r["kept_token_ids"]) <= r["accepted"] + 1
                 assert step.sampled[r["request_id"]] == r["kept_token_ids"][-1]
+                assert step.view["requests"][r["request_id"]]["phase"] == "verify"  # live view
             rows += 1 + k
         head = next(rec for rec in step.stages if rec.stage == "lm_head")
         hidden_in = next(t for t in head.inputs if t.name == "hidden")
