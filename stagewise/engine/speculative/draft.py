@@ -211,19 +211,15 @@ class DraftModelProposer:
         """chunks: (index, request, tokens to feed, first position) -> logits [B, vocab] of each
         chunk's last token; the fed tokens' K/V are stored in the draft cache."""
         bs, device = self.cache.block_size, self.model.batch_device
-        ids, positions, slots, q_lens, seq_lens, table_rows = [], [], [], [], [], []
+        slots, q_lens, seq_lens, table_rows = [], [], [], []
         for _, req, fed, start in chunks:
             blocks = self.block_manager.block_ids(req.request_id)
-            span = range(start, start + len(fed))
-            ids += fed
-            positions += span
+            span = range(start, start + len(fed))  # the fed tokens' positions
             slots += [blocks[p // bs] * bs + p % bs for p in span]  # slot of each fed token
             q_lens.append(len(fed))
             seq_lens.append(start + len(fed))
             table_rows.append(self.cache.write_row(req.request_id, blocks))
-            held = self.held[req.request_id]
-            self.held[req.request_id] = held[:start] + fed
-        batch = ForwardBatch.from_sequences(
+        batch = ForwardBatch.from_sequences(  # input_ids [T], positions [T], cu_seqlens_q [B+1]
             [fed for _, _, fed, _ in chunks], [start for *_, start in chunks], device
         )
         max_blocks = max(-(-n // bs) for n in seq_lens)
@@ -236,7 +232,10 @@ class DraftModelProposer:
             slot_mapping=slots,
             cu_seqlens_q=batch.cu_seqlens_q,
         )
-        return self.model.forward(batch, PagedKVStep(self.cache, metadata))  # [B, vocab]
+        logits = self.model.forward(batch, PagedKVStep(self.cache, metadata))  # [B, vocab]
+        for _, req, fed, start in chunks:  # only now do the cached K/V hold these tokens
+            self.held[req.request_id] = self.held[req.request_id][:start] + fed
+        return logits
 
     def _draw(
         self,
