@@ -208,6 +208,8 @@ def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> li
     out.append(_matmul("down_proj", tokens, hidden, inter, dtype, target))
     out.append(_matmul("lm_head", seqs, cfg.vocab_size, hidden, dtype, target, gather=True))
     out.extend(_sampling(seqs, cfg.vocab_size, dtype))
+    if phase.q_len == 1:  # a decode step may verify speculative drafts
+        out.extend(_rejection_sampling(cfg.vocab_size))
     for launch in out:  # the plan's constexprs complete the arguments (tiles come from each config)
         launch.args.update(launch.plan.constexprs)
     return out + quantized_launches(model, phase, dtype, target)
@@ -239,6 +241,26 @@ def _sampling(batch: int, vocab: int, dtype) -> list[Launch]:
             module, function = kernel.fn.__module__, kernel.fn.__name__
             launches.append(Launch("sampling", f"sampling {label}", module, function, args, plan))
     return launches
+
+
+def _rejection_sampling(vocab: int, k: int = 4) -> list[Launch]:
+    """The rejection sampler of a speculative step (kernels/rejection_sampling.py), k drafts per
+    sequence, with and without draft probabilities; float32 whatever the model's dtype."""
+    import triton
+
+    from stagewise.kernels import rejection_sampling as rs
+
+    f32, i32, i64, u8 = _ptr(torch.float32), _ptr(torch.int32), _ptr(torch.int64), _ptr(torch.uint8)
+    out = []
+    for has_q in (False, True):
+        args = dict(draft_ptr=i64, cu_ptr=i32, q_ptr=f32, q_row_stride=vocab, p_ptr=f32, p_row_stride=vocab)
+        args.update(greedy_ptr=u8, uniform_ptr=f32, exp_ptr=f32, exp_row_stride=vocab, out_ptr=i64)
+        args.update(out_row_stride=k + 1, count_ptr=i32, vocab=vocab)
+        constexprs = dict(HAS_Q=has_q, BLOCK=rs.block_for(vocab))
+        plan = LaunchPlan("rejection_sampling", constexprs, (triton.Config({}, num_warps=4, num_stages=3),))
+        label = "rejection_sampling" + (" (draft probs)" if has_q else " (point mass)")
+        out.append(Launch("rejection_sampling", label, rs.__name__, "_rejection_sample_kernel", args, plan))
+    return out
 
 
 def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Target) -> list[Launch]:

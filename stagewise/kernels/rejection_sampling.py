@@ -50,6 +50,11 @@ NAME = "rejection_sampling"
 BLOCK = 1024  # tokens per block of a pass over a vocabulary row (fp32: 4 KB in registers)
 
 
+def block_for(vocab: int) -> int:
+    """Tokens per block of a pass over the vocabulary: BLOCK, or the vocab rounded up to 2^n."""
+    return min(BLOCK, triton.next_power_of_2(max(vocab, 16)))
+
+
 @triton.jit
 def _argmax_row(row_ptr, vocab, BLOCK: tl.constexpr):
     """The first index of the largest p in one row: a pass in blocks, earlier blocks win ties."""
@@ -226,6 +231,6 @@ def rejection_sample(
         count_ptr=counts,
         vocab=vocab,
         HAS_Q=draft_probs is not None and num_draft > 0,
-        BLOCK=min(BLOCK, triton.next_power_of_2(max(vocab, 16))),
+        BLOCK=block_for(vocab),
     )
     return out, counts
