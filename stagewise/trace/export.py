@@ -203,6 +203,9 @@ def mark_shape_only(tracer: Tracer) -> None:
     """A meta-device trace: no decoded text (there is none), a note that the sampled ids are placeholders."""
     for step in tracer.steps:
         step.text = {}
+        if step.view is not None:  # nor in the engine's view of it
+            requests = {rid: {**r, "text_tail": ""} for rid, r in step.view["requests"].items()}
+            step.view = {**step.view, "requests": requests}
     tracer.model = {**tracer.model, "shape_only": True}
     tracer.summary = {**tracer.summary, "note": SHAPE_ONLY_NOTE}
 
