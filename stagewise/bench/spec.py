@@ -88,7 +88,7 @@ class SpecSettings:
     methods: tuple[str, ...] = METHODS  # proposers ("ngram", "draft")
     num_speculative_tokens: int = 4  # k, the most guesses per step
     max_tokens: int = 128  # greedy tokens per prompt (the answer may end earlier)
-    draft_layers: str = "0-3,26-29"  # layers the truncated draft keeps (of the target's)
+    draft_layers: str = "0-7,22-29"  # layers the truncated draft keeps (of the target's)
     repeats: int = 2  # timed runs per (prompt, system), alternating the systems
     step_repeats: int = 20  # timed forward passes per step shape in the verify-cost measurement
     step_context: int = 256  # tokens already in the cache when the step costs are measured
@@ -114,14 +114,14 @@ def check_settings(s: SpecSettings) -> None:
 
 
 def parse_layers(text: str) -> list[int]:
-    """'0-3,26-29' -> [0, 1, 2, 3, 26, 27, 28, 29]."""
+    """'0-2,27-29' -> [0, 1, 2, 27, 28, 29]."""
     out: list[int] = []
     try:
         for part in text.split(","):
             low, _, high = part.strip().partition("-")
             out += range(int(low), int(high or low) + 1)
     except ValueError:
-        raise StagewiseError(f"--draft-layers must look like 0-3,26-29, got '{text}'") from None
+        raise StagewiseError(f"--draft-layers must look like 0-7,22-29, got '{text}'") from None
     if not out or sorted(set(out)) != out or out[0] < 0:
         raise StagewiseError(f"--draft-layers must be increasing layer numbers, got '{text}'")
     return out
@@ -232,7 +232,7 @@ def _measure(settings, fmt, prompts, llms, systems, progress) -> list[dict]:
                         "output_tokens": n,
                         "latency_s": m.latency,
                         "tokens_per_s": n / m.latency,  # TTFT (the prefill) included
-                        "decode_tokens_per_s": (n - 1) / decode_s if decode_s > 0 else None,
+                        "decode_s": decode_s,  # first token -> last token
                         "draft_tokens": m.num_draft_tokens,
                         "accepted_tokens": m.num_accepted_tokens,
                         "spec_steps": m.num_spec_steps,
@@ -261,15 +261,22 @@ def summarize(runs: list[dict], settings: SpecSettings) -> dict:
                     / sum(r["latency_s"] for r in rs if r["repeat"] == i)
                     for i in range(settings.repeats)
                 ]
+                decode_rep = [  # after the first token: the decode steps only (the prefill is shared)
+                    sum(r["output_tokens"] - 1 for r in rs if r["repeat"] == i)
+                    / sum(r["decode_s"] for r in rs if r["repeat"] == i)
+                    for i in range(settings.repeats)
+                ]
                 cell[system] = {
                     "tokens_per_s": statistics.median(per_rep),
+                    "decode_tokens_per_s": statistics.median(decode_rep),
                     "acceptance_rate": kept / drafted if drafted else None,
                     "mean_accepted_per_step": kept / spec_steps if spec_steps else None,
                     "draft_tokens": drafted,
                 }
-            base = cell["none"]["tokens_per_s"]
+            base, base_decode = (cell["none"][key] for key in ("tokens_per_s", "decode_tokens_per_s"))
             for stats in cell.values():
                 stats["speedup"] = stats["tokens_per_s"] / base
+                stats["decode_speedup"] = stats["decode_tokens_per_s"] / base_decode
     return out
 
 

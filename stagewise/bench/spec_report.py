@@ -8,8 +8,9 @@ def _num(value, fmt: str) -> str:
 
 
 def spec_table(result: dict):
-    """Per format, workload and system: tokens/s, speed-up, acceptance, tokens kept per verify step;
-    then the verify step's cost against a decode step per format."""
+    """Per format, workload and system: tokens/s (TTFT included) and decode tokens/s (after the
+    first token), each with its speed-up, acceptance, guesses kept per verify step; then the
+    verify step's cost against a decode step per format."""
     from rich.console import Group
 
     from stagewise.trace.fit import Col, FitTable
@@ -25,6 +26,8 @@ def spec_table(result: dict):
                         system,
                         _num(s["tokens_per_s"], ".1f"),
                         _num(s["speedup"], ".2f") + "x",
+                        _num(s["decode_tokens_per_s"], ".1f"),
+                        _num(s["decode_speedup"], ".2f") + "x",
                         _num(s["acceptance_rate"], ".0%"),
                         _num(s["mean_accepted_per_step"], ".2f"),
                     ]
@@ -34,6 +37,8 @@ def spec_table(result: dict):
         Col("speculation"),
         Col("tokens/s", "right"),
         Col("vs none", "right"),
+        Col("decode tok/s", "right"),
+        Col("vs none ", "right"),
         Col("accepted", "right"),
         Col(f"kept/step (of {k})", "right"),
     ]
@@ -60,7 +65,8 @@ def spec_table(result: dict):
 
 
 def plot_spec(result: dict, path) -> None:
-    """Left: tokens/s per format and workload, one bar per system. Right: step cost per format."""
+    """Left: decode tokens/s per format and workload, one bar per system, labelled with the
+    speed-up over no speculation. Right: the two step costs per format."""
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 1]})
@@ -69,14 +75,14 @@ def plot_spec(result: dict, path) -> None:
     width = 0.8 / len(systems)
     for j, system in enumerate(systems):
         xs = [i + (j - (len(systems) - 1) / 2) * width for i in range(len(groups))]
-        ys = [result["summary"][fmt][kind][system]["tokens_per_s"] for fmt, kind in groups]
+        ys = [result["summary"][fmt][kind][system]["decode_tokens_per_s"] for fmt, kind in groups]
         bars = left.bar(xs, ys, width, label=system, color=f"C{j}")
         for bar, (fmt, kind) in zip(bars, groups):
-            speedup = result["summary"][fmt][kind][system]["speedup"]
+            speedup = result["summary"][fmt][kind][system]["decode_speedup"]
             left.annotate(f"{speedup:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                           ha="center", va="bottom", fontsize=7)  # fmt: skip
     left.set_xticks(range(len(groups)), [f"{fmt}\n{kind}" for fmt, kind in groups])
-    left.set_ylabel("tokens/s (batch 1, greedy)")
+    left.set_ylabel("decode tokens/s (after the first token)")
     left.set_title(f"speculative decoding, k = {result['settings']['num_speculative_tokens']}")
     left.legend(fontsize=8)
     fmts = list(result["verify_step"])

@@ -52,34 +52,38 @@ def _forward(model, cache, row: int, tokens: list[int], start: int, all_rows: bo
 
 
 @torch.inference_mode()
-def step_cost(loaded: LoadedModel, backend: str, context: int, k: int, repeats: int) -> dict:
-    """Median ms of a decode step (1 row) and a verify step (k + 1 rows) at `context` tokens."""
+def step_costs(loaded: LoadedModel, backend: str, context: int, rows: list[int], repeats: int) -> dict[int, float]:
+    """Median ms of one step over `n` query tokens at `context` tokens of cache, for each n in
+    `rows` (the LM head on all n rows when n > 1, as a verify step runs it)."""
     ops = StageOps(backend)
     prepare_for(loaded.weights, ops.backends)
     model = LlamaModel(loaded, ops)
-    max_len = context + k + 1
+    max_len = context + max(rows)
     num_blocks = -(-max_len // BLOCK)
     cache = PagedKVCache(loaded.config, num_blocks, BLOCK, 1, max_len, loaded.dtype, loaded.device, model.batch_device)
     row = cache.write_row("bench", list(range(num_blocks)))  # block i of the sequence is block i
-    vocab = loaded.config.vocab_size
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (max_len,), generator=generator).tolist()
+    ids = torch.randint(0, loaded.config.vocab_size, (max_len,), generator=generator).tolist()
     _forward(model, cache, row, ids[:context], 0, False)  # the context's K/V, once
-    shapes = {"decode": ids[context : context + 1], "verify": ids[context : context + k + 1]}
-    times: dict[str, list[float]] = {name: [] for name in shapes}
-    for i in range(2 * repeats + 2):  # alternate the shapes; the first round is a warm-up
-        for name in shapes if i % 2 == 0 else reversed(list(shapes)):
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    for i in range(repeats + 1):  # alternate the shapes, forwards then backwards; round 0 warms up
+        for n in rows if i % 2 == 0 else rows[::-1]:
             start = time.perf_counter()
-            _forward(model, cache, row, shapes[name], context, all_rows=name == "verify")
-            if i >= 2:
-                times[name].append(1000 * (time.perf_counter() - start))
-    decode, verify = (statistics.median(times[name]) for name in ("decode", "verify"))
+            _forward(model, cache, row, ids[context : context + n], context, all_rows=n > 1)
+            if i > 0:
+                times[n].append(1000 * (time.perf_counter() - start))
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def step_cost(loaded: LoadedModel, backend: str, context: int, k: int, repeats: int) -> dict:
+    """A decode step (1 row) against a verify step (k + 1 rows) at `context` tokens, in ms."""
+    ms = step_costs(loaded, backend, context, [1, k + 1], repeats)
     return {
         "context": context,
         "verify_rows": k + 1,
-        "decode_ms": decode,
-        "verify_ms": verify,
-        "verify_over_decode": verify / decode,
+        "decode_ms": ms[1],
+        "verify_ms": ms[k + 1],
+        "verify_over_decode": ms[k + 1] / ms[1],
     }
 
 

@@ -428,8 +428,10 @@ def spec(
     methods: str = typer.Option("ngram,draft", help="proposers compared with plain decoding"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-k", help="k: guesses per step"),
     max_tokens: int | None = typer.Option(None, help="greedy tokens per prompt (default 128; quick 8)"),
-    draft_layers: str = typer.Option("0-3,26-29", help="layers of the target the truncated draft keeps"),
+    draft_layers: str = typer.Option("0-7,22-29", help="layers of the target the truncated draft keeps"),
     repeats: int | None = typer.Option(None, help="timed runs per prompt and system (default 2; quick 1)"),
+    prompts_per_kind: int | None = typer.Option(None, help="first N prompts of each workload (default 3; quick 1)"),
+    step_repeats: int | None = typer.Option(None, help="timed passes per step shape (default 20; quick 2)"),
     overwrite: bool = OVERWRITE,
 ):
     """Speculative decoding (n-gram, draft model) vs plain decoding: copy-heavy and free prose, batch 1."""
@@ -448,6 +450,8 @@ def spec(
             max_tokens=positive(max_tokens, "--max-tokens", base.max_tokens),
             draft_layers=draft_layers,
             repeats=positive(repeats, "--repeats", base.repeats),
+            prompts_per_kind=positive(prompts_per_kind, "--prompts-per-kind", base.prompts_per_kind),
+            step_repeats=positive(step_repeats, "--step-repeats", base.step_repeats),
         )
     )
     check_settings(settings)
