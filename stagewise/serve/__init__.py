@@ -8,7 +8,9 @@ running batch at the next step. The pieces, one file each:
                  response objects and OpenAI's error JSON
 - `engine_loop`  ONE background thread that steps the engine; requests reach it
                  through a bounded queue, tokens go back to each request's asyncio queue
+- `handle`       one request in flight: its engine `Request` and that asyncio queue
 - `metrics`      the Prometheus counters, gauges and histograms of `GET /metrics`
 - `app`          the Starlette application: its routes and how a response streams
 - `server`       binding the socket, running uvicorn, draining on Ctrl-C / SIGTERM
+- `view`, `replay`  the live view of the scheduler and KV blocks (a browser page), and its replay
 """

@@ -41,7 +41,8 @@ from starlette.routing import Route
 
 from stagewise.errors import StagewiseError
 from stagewise.serve import protocol
-from stagewise.serve.engine_loop import EngineLoop, Handle
+from stagewise.serve.engine_loop import EngineLoop
+from stagewise.serve.handle import Handle
 from stagewise.serve.metrics import CONTENT_TYPE, ServerMetrics
 from stagewise.serve.protocol import APIError, ParsedRequest
 

@@ -39,45 +39,14 @@ The loop owns the engine of the `LLM` it serves: nothing else may step that
 `LLM` while the server runs.
 """
 
-import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from stagewise.engine.kv_runner import KVRunner
-from stagewise.engine.request import FinishReason, Request, RequestStatus
+from stagewise.engine.request import FinishReason, RequestStatus
+from stagewise.serve.handle import Event, Handle
 from stagewise.serve.protocol import APIError
-
-
-@dataclass(frozen=True)
-class Event:
-    """What the engine thread hands a request's handler: one token's text, or the end."""
-
-    text: str  # newly settled text (may be empty: a character or stop string still incomplete)
-    token_id: int | None  # the sampled token; None on an error / abort event
-    finished: bool  # the request's last event
-    finish_reason: str | None  # "stop", "length", "abort" or "error" when finished
-    error: str | None = None  # with "error": one line saying what failed
-
-
-class Handle:
-    """One request in flight: the engine's `Request` and the asyncio queue its handler reads."""
-
-    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop):
-        self.request = request
-        self.events: asyncio.Queue[Event] = asyncio.Queue()  # read by the handler only
-        self._loop = loop  # the handler's event loop
-        self.started = False  # scheduled at least once (no longer counted as waiting)
-        self.aborted = False  # abort() was asked for
-        self.done = False  # its last event was sent (engine thread only)
-
-    def push(self, event: Event) -> None:
-        """From the engine thread: queue an event and wake the handler."""
-        try:
-            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed (server shutting down): nobody listens
-            pass
 
 
 class EngineLoop:
