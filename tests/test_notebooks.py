@@ -29,6 +29,7 @@ EXPECTED = [
     "11_roofline",
     "12_triton_kernels",
     "13_tensor_parallel",
+    "15_speculative_decoding",
 ]
 FORBIDDEN = [
     (r"@triton\.jit", "defines a Triton kernel"),

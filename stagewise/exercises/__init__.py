@@ -15,10 +15,10 @@ the notebook. `notebooks/solutions/` holds solved versions, and
 answers, which must fail).
 """
 
-from stagewise.exercises import engine_checks, stage_checks
+from stagewise.exercises import engine_checks, spec_checks, stage_checks
 from stagewise.exercises.core import CheckResult, run_check
 
-CHECKS = {**stage_checks.CHECKS, **engine_checks.CHECKS}  # "NN.name" -> check function
+CHECKS = {**stage_checks.CHECKS, **engine_checks.CHECKS, **spec_checks.CHECKS}  # "NN.name" -> check function
 
 
 def result(name: str, student_fn) -> CheckResult:

@@ -101,6 +101,12 @@ PLAUSIBLE_BUGS = {
     "10.static_rows": lambda p, o, seats: (sum(a + b - 1 for a, b in zip(p, o)), 0),  # as if there were no padding
     "03.kv_bytes_per_token": lambda cfg, b: cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * b,  # K only
     "13.decode_allreduces": lambda cfg, batch, b: (batch * cfg.hidden_size * b, 2 * cfg.num_layers),  # no embedding
+    "15.greedy_accept": lambda drafts, p: [*drafts, int(p[-1].argmax())],  # keeps every guess
+    "15.rejection_step": lambda p, q, x, u, e: (
+        (True, x)  # forgets q: accepts when u < p(x)
+        if u < p[x]
+        else (False, int(torch.where(p > 0, p / e, -1.0).argmax()))
+    ),  # and redraws from p, not p - q
     "13.valid_tp_sizes": lambda cfg: [  # KV heads must divide: forgets that N may replicate them
         n
         for n in range(1, cfg.num_heads + 1)

@@ -1,0 +1,300 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 15 · Speculative decoding: guess cheaply, verify in one step
+#
+# The seeds' chapter 8 is an asymmetry. A decode step streams *every weight*
+# from memory to produce one token per sequence, so the arithmetic units sit
+# idle; a step over a few more query tokens reads the same weights once and
+# costs about the same. Speculative decoding spends that idle arithmetic:
+#
+# 1. a cheap **proposer** guesses the next k tokens (here: an n-gram lookup in
+#    the text so far, or a small draft model);
+# 2. the target model runs **one verify step** over the last real token plus
+#    the k guesses: k + 1 query rows, and the LM head on all of them;
+# 3. the **rejection sampler** keeps the longest run of guesses the target
+#    agrees with, plus one token of the target's own.
+#
+# Every step therefore produces between 1 and k + 1 tokens, and the text is
+# exactly what the target alone would write: identical for greedy decoding,
+# identically *distributed* for sampling.
+#
+# Path: motivation (what a step of n rows costs, measured) -> the acceptance
+# arithmetic -> the rejection sampler, proved by simulation -> the n-gram
+# proposer at work on a real prompt, traced -> exercises.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): fewer step shapes and
+# repeats, fewer simulated draws, a shorter generated answer. What each
+# section shows is the same.
+#
+# *The seeds* are the two source articles this project is built from: the README names them and
+# what they cover (section "The seeds: the two source articles").
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import torch
+
+from stagewise import LLM, SamplingParams
+from stagewise.bench.spec import WORKLOADS
+from stagewise.bench.spec_steps import step_costs
+from stagewise.config import PRESETS, EngineConfig
+from stagewise.models.registry import load_model
+from stagewise.stages import STAGES
+from stagewise.trace.tracer import Tracer
+
+# %matplotlib inline
+
+QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
+loaded = load_model("smollm2-135m", device="cpu")  # float32 weights on the CPU
+tok = loaded.tokenizer
+
+# %% [markdown]
+# ## 1. What does a step of n query tokens cost?
+#
+# `step_costs` (from `bench spec`) times the target's forward pass over the
+# paged KV cache for **one** sequence with a fixed context already cached,
+# feeding n new tokens at once, the LM head on all n rows (as a verify step
+# runs it). n = 1 is an ordinary decode step. If each extra row cost as much
+# as a whole step, the curve would follow the dashed line `n x decode`.
+
+# %%
+rows = [1, 2, 5] if QUICK else [1, 2, 3, 5, 9, 17, 33]
+costs = step_costs(loaded, "torch", context=128, rows=rows, repeats=2 if QUICK else 10)
+for n in rows:
+    print(f"{n:>2} rows: {costs[n]:7.1f} ms  ({costs[n] / costs[1]:.2f}x a decode step)")
+
+fig, ax = plt.subplots(figsize=(6.5, 4))
+ax.plot(rows, [costs[n] for n in rows], marker="o", label="measured step")
+ax.plot(rows, [n * costs[1] for n in rows], linestyle="--", color="gray", label="n x decode step")
+ax.set_xlabel("query rows in the step (1 + k guesses)")
+ax.set_ylabel("ms per step")
+ax.set_title("one sequence, 128 tokens of context (float32, torch tier)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# While the weights dominate the bytes a step reads, the extra rows are
+# nearly free: the same weights are streamed once whether they multiply one
+# row or five. The gap between the two curves is what speculation can win.
+# Where the extra rows are not free (they cost arithmetic, and attention over
+# the cache for several query rows takes the prefill path), the ratio printed
+# above is the price of a verify step.
+
+# %% [markdown]
+# ## 2. The acceptance arithmetic
+#
+# Suppose each guess is kept with probability a, independently, and a step
+# carries k guesses. The step yields guess 1 with probability a, guesses 1
+# and 2 with probability a^2, ..., and always one token of the target's own,
+# so the expected number of tokens per step is
+#
+#     E = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)
+#
+# With step cost c(k) = (cost of k + 1 rows) / (cost of 1 row), speculation
+# pays when E / c(k) > 1 (ignoring what the proposer itself costs: nothing
+# for an n-gram lookup, a few small forwards for a draft model).
+
+
+# %%
+def expected_tokens(a: float, k: int) -> float:
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+generator = torch.Generator().manual_seed(0)
+a, k = 0.7, 4
+kept = torch.rand(20000, k, generator=generator) < a  # each guess kept with probability a
+run = torch.cumprod(kept.int(), dim=1).sum(dim=1)  # the run of guesses kept before the first miss
+print(f"a={a}, k={k}: formula {expected_tokens(a, k):.3f}, simulated {float(run.float().mean()) + 1:.3f}")
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+ks = [n - 1 for n in rows if n > 1]
+for a in (0.5, 0.7, 0.8, 0.9):
+    left.plot(range(0, 9), [expected_tokens(a, k) for k in range(0, 9)], marker=".", label=f"a = {a}")
+    right.plot(ks, [expected_tokens(a, k) / (costs[k + 1] / costs[1]) for k in ks], marker="o", label=f"a = {a}")
+left.set_xlabel("k guesses per step")
+left.set_ylabel("expected tokens per step")
+left.legend()
+right.axhline(1.0, color="gray", linestyle=":")
+right.set_xlabel("k guesses per step")
+right.set_ylabel("speed-up over plain decoding")
+right.set_title("E(a, k) / measured step cost", fontsize=10)
+right.legend()
+plt.show()
+
+# %% [markdown]
+# High acceptance makes long guesses pay; at low acceptance the extra rows are
+# mostly wasted, and a proposer should guess fewer tokens or none (the n-gram
+# proposer here backs off a request whose guesses keep failing).
+
+# %% [markdown]
+# ## 3. The rejection sampler, proved by simulation
+#
+# For sampling, "the target agrees" is a coin flip. A guess x drawn from the
+# proposer's distribution q is kept with probability min(1, p(x) / q(x)); when
+# it is not, the replacement is drawn from the residual max(0, p - q),
+# normalised. Then the token that comes out is distributed exactly as p:
+#
+#     P(y) = q(y) min(1, p(y)/q(y)) + P(reject) max(0, p(y) - q(y)) / Z
+#          = min(p(y), q(y)) + max(0, p(y) - q(y)) = p(y)
+#
+# because Z, the residual's mass, equals P(reject) = 1 - sum min(p, q). The
+# stage `rejection_sampling` does this for a whole batch (its docstring has
+# the proof in full). Its randomness is an input: a uniform u per guess for
+# the accept test, and Exp(1) noise E per sequence for the one draw, made by
+# the *exponential race* argmax r / E (distributed as r, no normalising).
+#
+# Below: many one-guess sequences with a q that is far from p. The tokens that
+# come out follow p, not q.
+
+# %%
+p = torch.tensor([0.45, 0.25, 0.15, 0.10, 0.05])
+q = torch.tensor([0.05, 0.10, 0.15, 0.30, 0.40])  # the proposer prefers what the target does not
+n, vocab = (3000 if QUICK else 30000), 5
+g = torch.Generator().manual_seed(1)
+guesses = torch.multinomial(q, n, replacement=True, generator=g)  # [n]: one guess per sequence
+out, counts = STAGES["rejection_sampling"].naive(
+    draft_token_ids=guesses,
+    cu_num_draft_tokens=torch.arange(n + 1, dtype=torch.int32),  # one guess each
+    draft_probs=q.repeat(n, 1),  # [n, V]
+    target_probs=torch.stack([p, torch.full((vocab,), 1 / vocab)]).repeat(n, 1),  # [2n, V]: guess row, bonus row
+    is_greedy=torch.zeros(n, dtype=torch.bool),
+    uniform=torch.rand(n, generator=g),
+    exponential=torch.empty(n, vocab).exponential_(generator=g),
+)
+first = out[:, 0]  # the token at the guessed position: the kept guess, or its replacement
+freq = torch.bincount(first, minlength=vocab).double() / n
+chi2 = float((((freq - p) ** 2) / p).sum() * n)
+kept_share, theory = float((counts == 2).double().mean()), float(torch.minimum(p, q).sum())
+print(f"kept {kept_share:.1%} of the guesses (theory: sum of min(p, q) = {theory:.1%})")
+print(f"chi-square against p: {chi2:.1f} (4 degrees of freedom; above 18.5 happens 1 time in 1000 when the law is p)")
+
+fig, ax = plt.subplots(figsize=(6.5, 3.8))
+xs = torch.arange(vocab)
+ax.bar(xs - 0.27, q, 0.27, label="q (the proposer)", color="tab:orange")
+ax.bar(xs, freq, 0.27, label="tokens out (measured)", color="tab:green")
+ax.bar(xs + 0.27, p, 0.27, label="p (the target)", color="tab:blue")
+ax.set_xlabel("token")
+ax.set_ylabel("probability")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The Triton version (`stagewise.kernels.rejection_sampling`: one program per
+# sequence walks its guesses, then one pass over the vocabulary makes the
+# draw) must give the *same tokens*, not just the same distribution: it sees
+# the same random numbers and computes the same float32 operations. On a CPU
+# it runs in Triton's interpreter, so the batch here is small.
+
+# %%
+# seven sequences of 0-3 guesses over the tiny model's 512-token vocabulary (draft q given)
+inputs = STAGES["rejection_sampling"].example_inputs(PRESETS["tiny"], 7, torch.device("cpu"), torch.float32)
+want = STAGES["rejection_sampling"].naive(**inputs)
+got = STAGES["rejection_sampling"].triton(**inputs)
+same = torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+print("tokens out per sequence (naive):", want[1].tolist(), "| triton gives the same tokens:", same)
+
+# %% [markdown]
+# ## 4. The n-gram proposer at work
+#
+# Prompt lookup needs no second model: take the last n tokens of the text
+# (prompt and answer so far), find where they occurred before, and guess the
+# k tokens that followed there. When the answer copies the prompt (quoting,
+# summarising, editing code) the guesses are often right. The prompt below
+# asks SmolLM2 to repeat a passage; the trace shows each verify step's guesses
+# and how many the target kept.
+
+# %%
+_, prompt = WORKLOADS["copy"][0]
+params = SamplingParams(max_tokens=16 if QUICK else 80, temperature=0)
+ecfg = EngineConfig(max_num_seqs=1, max_model_len=512)
+plain = LLM(loaded, engine_config=ecfg).generate(prompt, params, chat=True)[0]
+spec_llm = LLM(loaded, engine_config=ecfg, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+with Tracer(timing=False) as tracer:
+    spec = spec_llm.generate(prompt, params, chat=True)[0]
+print("identical to plain greedy decoding:", spec.token_ids == plain.token_ids)
+print(f"{len(spec.token_ids)} tokens in {len(tracer.steps)} steps (plain decoding: one step per token)")
+per_step = []
+for s in tracer.steps:
+    (r,) = s.requests
+    if r["phase"] == "verify":
+        guesses = tok.decode(r["draft_token_ids"])
+        kept = tok.decode(r["kept_token_ids"])
+        print(f"step {s.index:>2}: guessed {guesses!r:<40} kept {r['accepted']} + 1 -> {kept!r}")
+    per_step.append(len(r["kept_token_ids"]) if r["phase"] == "verify" else 1)
+m = spec.metrics
+print(f"acceptance {m.acceptance_rate:.0%}, {m.mean_accepted_tokens:.2f} guesses kept per verify step")
+
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.bar(range(len(per_step)), per_step, color="tab:green")
+ax.set_xlabel("engine step")
+ax.set_ylabel("tokens produced")
+ax.set_title("n-gram speculation on a quoting prompt: several tokens per step", fontsize=10)
+plt.show()
+
+# %% [markdown]
+# ## Takeaways
+#
+# * A decode step is bound by reading the weights; a few more query rows in
+#   the same step cost little (measured in section 1), which is what
+#   speculative decoding spends.
+# * Expected tokens per step with acceptance a and k guesses:
+#   (1 - a^(k+1)) / (1 - a). Divide by the verify step's cost to get the
+#   speed-up; low acceptance calls for shorter guesses or none.
+# * Rejection sampling keeps the output's law exactly the target's: accept
+#   with min(1, p/q), otherwise draw from max(0, p - q). Greedy is the special
+#   case "keep while it is the argmax".
+# * The randomness is an input tensor, so the textbook loop and the fused
+#   Triton kernel give the same tokens.
+# * Prompt lookup (n-gram) costs nothing and shines when the answer copies
+#   its prompt.
+#
+# ## Exercises
+#
+# Each task has a stub to fill in and a check cell below it. The check runs your
+# function and the rejection sampler stage on the same inputs and prints
+# **PASS**, **FAIL** with the first difference, or **not yet** while the stub is
+# untouched. Solutions: `notebooks/solutions/nb15.py`.
+#
+# **1. Greedy acceptance.** `drafts` (k guessed token ids) and `target_probs
+# [k + 1, V]` -> the tokens the step keeps: guesses while each equals the
+# argmax of its row, then the target's argmax at the first wrong guess (or, if
+# all k were right, the argmax of the last row).
+
+# %%
+from stagewise.exercises import check  # noqa: E402
+
+
+def my_greedy_accept(drafts: list[int], target_probs: torch.Tensor) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("15.greedy_accept", my_greedy_accept)
+
+# %% [markdown]
+# **2. The rejection step.** `p [V]` (target), `q [V]` (proposer), the guess
+# `x`, its uniform `u` in [0, 1) and the noise `exponential [V]` -> `(accepted,
+# token)`: keep x when `u * q[x] < p[x]`; otherwise draw from the residual
+# max(0, p - q) by the exponential race, `argmax(r / exponential)` over the
+# tokens with r > 0 (and from p itself if the residual is zero everywhere).
+
+
+# %%
+def my_rejection_step(p: torch.Tensor, q: torch.Tensor, x: int, u: float, exponential: torch.Tensor):
+    raise NotImplementedError
+
+
+# %%
+check("15.rejection_step", my_rejection_step)
