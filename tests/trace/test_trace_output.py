@@ -3,6 +3,7 @@
 the same bytes in every format, run after run, with no decoded text for placeholder ids."""
 
 import io
+import json
 
 import pytest
 from rich.console import Console
@@ -74,7 +75,26 @@ def test_no_timing_is_byte_identical_in_every_format(tiny):
     first, second = (renders(trace_of(LLM(tiny, engine_config=ecfg), timing=False), str) for _ in range(2))
     for fmt in FORMATS:
         assert first[fmt] == second[fmt], fmt
-    assert " ms" not in first["tree"] and "ttft" not in first["json"] and "TTFT" not in first["tree"]
+    assert " ms" not in first["tree"] and "TTFT" not in first["tree"]
+    assert not timed_values(json.loads(first["json"])), "an untimed trace carries a measured time"
+
+
+TIME_KEYS = ("ttft_ms", "tbt_ms", "tps", "output_tokens_per_s", "latency_s")
+
+
+def timed_values(doc) -> list:
+    """(key, value) of every measured time in a JSON document: a time key whose value is not null.
+    (A step's `dur_us` untimed counts stage calls, and `start_us` numbers them: not times.)"""
+    found = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key in TIME_KEYS and value is not None:
+                found.append((key, value))
+            found += timed_values(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            found += timed_values(item)
+    return found
 
 
 @pytest.mark.parametrize("preset", ["llama-3.2-1b"])
@@ -86,7 +106,7 @@ def test_shape_only_trace_has_no_text_and_no_time(preset):
     tree = first["tree"]
     assert "placeholder id: shape only, not a model's output" in tree
     assert "text so far" not in tree and "endoftext" not in tree and " ms" not in tree
-    assert "ttft_ms" not in first["json"] and "placeholders" in first["json"]
+    assert not timed_values(json.loads(first["json"])) and "placeholders" in first["json"]
 
 
 @pytest.mark.parametrize("preset", ["tiny", "llama-3.2-1b"])  # 1B: shape-only, vocab 128256
