@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from stagewise import LLM, SamplingParams
 from stagewise.config import EngineConfig
+from tests.engine.spec_models import one_thread  # noqa: F401 - a fixture: one torch thread
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "7", "!"]
 
@@ -90,7 +91,7 @@ def test_copying_workload_accepts_and_rejects_and_matches_plain(tiny, plain):
     assert_all_blocks_free(llm)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lens=st.lists(st.integers(1, 60), min_size=1, max_size=4),
     outs=st.lists(st.integers(1, 24), min_size=4, max_size=4),

@@ -16,6 +16,7 @@ from stagewise.engine.request import Request
 from stagewise.engine.speculative.verify import verify
 from stagewise.engine.text_stream import TextStream
 from stagewise.models.ops import StageOps
+from tests.engine.spec_models import one_thread  # noqa: F401 - a fixture: one torch thread
 from tests.engine.test_spec_greedy import ngram, repetitive_prompt
 
 MENU = [

@@ -4,6 +4,7 @@ import random
 
 from stagewise import LLM, SamplingParams
 from stagewise.trace import Tracer
+from tests.engine.spec_models import one_thread  # noqa: F401 - a fixture: one torch thread
 from tests.engine.test_spec_greedy import ngram, repetitive_prompt
 
 
