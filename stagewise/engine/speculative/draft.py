@@ -25,14 +25,14 @@ target's. For each request it remembers which tokens its cache holds
 Each draft token is drawn from the request's own sampling rules (repetition
 penalty — drafts already made count as seen —, temperature, min_p, top-k,
 top-p: `stages.sampling.processed_probs`); greedy requests take the argmax
-(a point mass: no q rows come back). The rows q a sampled token was drawn
-from come back with it: the rejection sampler accepts
-d_i with probability min(1, p(d_i) / q(d_i)), which keeps the output exactly
-the target's distribution whatever the draft's quality. Randomness: the draw of
-the draft token at position p uses a generator seeded by
-`stream_seed(seed ^ DRAFT_SEED_SALT, p)`, a stream of its own per request (the
-target's draws use the unsalted seed), so the same seed proposes the same
-tokens alone or batched with any others.
+(a point mass: no q rows come back). A sampled token comes back with the row
+q it was drawn from: the rejection sampler accepts d_i with probability
+min(1, p(d_i) / q(d_i)), which keeps the output exactly the target's
+distribution whatever the draft's quality — provided d_i really is a draw from
+the q it is checked with. Randomness: the draft token at position p is drawn
+with a generator seeded by `stream_seed(seed ^ DRAFT_SEED_SALT, p)`, a stream
+per request and position apart from the sampler's and the verifier's, so the
+same seed proposes the same tokens alone or batched with any others.
 
 After verification (`on_verified`) the cache is cut back to the longest
 prefix of what it holds that is still the request's text: the accepted
