@@ -2,9 +2,7 @@
 and what `stagewise view` refuses. The page itself is tested in a browser: test_view_browser.py."""
 
 import json
-import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -229,16 +227,31 @@ def test_page_is_self_contained():
     assert '<body data-mode="replay" data-run="a&amp;b.json">' in page_html("replay", run_name="a&b.json")
 
 
-def test_view_command_refuses_a_bad_file_in_one_line(tmp_path):
+V1 = '{"schema": "stagewise.trace", "version": 1, "steps": []}'
+V1_WHY = " is trace format version 1; stagewise view replays version 2 (record the run again with this stagewise)"
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (None, ": no such file"),
+        ("{", " is not JSON (line 1: Expecting property name enclosed in double quotes)"),
+        (V1, V1_WHY),
+    ],
+)
+def test_view_command_refuses_a_bad_file_in_one_line(content, why, tmp_path, monkeypatch, capsys):
+    """The command in-process (its main() with its own argv): exit 2, one line, before any socket."""
+    from stagewise import cli
+
     bad = tmp_path / "run.json"
-    bad.write_text('{"schema": "stagewise.trace", "version": 1, "steps": []}')
-    env = {**os.environ, "STAGEWISE_QUIET": "1", "NO_COLOR": "1"}
-    res = subprocess.run(
-        [sys.executable, "-m", "stagewise.cli", "view", str(bad)], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert res.returncode == 2 and res.stdout == ""
-    why = "is trace format version 1; stagewise view replays version 2 (record the run again with this stagewise)"
-    assert res.stderr.strip().splitlines() == [f"error: {bad} {why}"]
+    if content is not None:
+        bad.write_text(content)
+    monkeypatch.setattr(sys, "argv", ["stagewise", "view", str(bad)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == ""
+    assert err.strip().splitlines() == [f"error: {bad}{why}"]
 
 
 @pytest.mark.model
