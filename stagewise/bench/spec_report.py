@@ -30,6 +30,7 @@ def spec_table(result: dict):
                         _num(s["decode_speedup"], ".2f") + "x",
                         _num(s["acceptance_rate"], ".0%"),
                         _num(s["mean_accepted_per_step"], ".2f"),
+                        "yes" if s["identical"] else "NO",
                     ]
                 )
     cols = [
@@ -41,6 +42,7 @@ def spec_table(result: dict):
         Col("vs none ", "right"),
         Col("accepted", "right"),
         Col(f"kept/step (of {k})", "right"),
+        Col("same text", "right"),
     ]
     main = FitTable(f"bench spec: k = {k}, batch 1, greedy", cols, rows, keys=2)
     step_rows = [
