@@ -107,9 +107,22 @@ def serve(
             print("warning: listening on every interface with no authentication (add --api-key KEY)", file=sys.stderr)
         try:
             server.run(app, sock, drain_timeout=drain_timeout)
+        except KeyboardInterrupt:  # stopped by Ctrl-C / SIGTERM: every request has ended by now
+            _ignore_further_signals()
+            raise
         finally:
             if recorder is not None:
                 recorder.close()
+
+
+def _ignore_further_signals() -> None:
+    """The server has stopped and the command is exiting (130 / 143): a second signal now (a
+    supervisor that sends SIGTERM twice) would only cut the exit short, with a traceback from
+    some finalizer or death by the signal. Ignored handlers survive Python's finalization."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _view(llm, mode: str, record: str | None):

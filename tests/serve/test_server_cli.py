@@ -40,6 +40,15 @@ def _stream(url: str, body: dict, out: dict) -> None:
         out["error"] = exc
 
 
+def _keep_signalling(proc: subprocess.Popen) -> None:
+    while proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
 def test_sigterm_drains_then_aborts_and_exits_143(tmp_path):
     record = tmp_path / "run.json"
     proc = _serve("--host", "0.0.0.0", "--port", "0", "--drain-timeout", "1", "--record", str(record))
@@ -64,6 +73,10 @@ def test_sigterm_drains_then_aborts_and_exits_143(tmp_path):
         while not short.get("chunks") and time.monotonic() < deadline:
             time.sleep(0.005)  # the short request runs before the signal (its first token came)
         proc.send_signal(signal.SIGTERM)
+        # a supervisor that keeps sending SIGTERM: the drain goes on, and neither the exit nor
+        # Python's finalization is cut short (no traceback, no death by the signal)
+        repeater = threading.Thread(target=_keep_signalling, args=(proc,), daemon=True)
+        repeater.start()
         for r in readers:
             r.join(60)
         out, err = proc.communicate(timeout=60)
