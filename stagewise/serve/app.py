@@ -144,6 +144,9 @@ def _check_key(request: Request, state: ServerState) -> None:
 
 
 async def health(request: Request) -> JSONResponse:
+    loop = _state(request).loop
+    if not loop.alive():
+        return JSONResponse({"status": "error", "error": loop.failure or "the engine loop is not running"}, 503)
     return JSONResponse({"status": "ok"})
 
 

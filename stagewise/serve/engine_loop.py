@@ -39,6 +39,7 @@ The loop owns the engine of the `LLM` it serves: nothing else may step that
 `LLM` while the server runs.
 """
 
+import sys
 import threading
 import time
 from collections import deque
@@ -82,7 +83,7 @@ class EngineLoop:
         """Queue a request; APIError 503 when the queue is full or the server is stopping."""
         with self._cond:
             if not self._accepting:
-                raise APIError(503, "the server is shutting down; no new requests")
+                raise APIError(503, self.failure or "the server is shutting down; no new requests")
             if self._num_waiting >= self.max_queue:
                 raise APIError(503, f"the request queue is full ({self.max_queue} waiting); retry later")
             self._num_waiting += 1
@@ -92,7 +93,7 @@ class EngineLoop:
     def abort(self, handle: Handle) -> None:
         """The client left: drop the request at the next step boundary (idempotent)."""
         with self._cond:
-            if not handle.aborted:
+            if not handle.aborted and not handle.done:  # (done: it ended; nothing to drop)
                 handle.aborted = True
                 self._aborts.append(handle)
                 self._cond.notify()
@@ -128,14 +129,25 @@ class EngineLoop:
 
     # ---- the engine thread ----
 
+    def alive(self) -> bool:
+        """The engine thread runs (GET /health answers 503 otherwise)."""
+        return self._thread.is_alive() and self.failure is None
+
+    failure: str | None = None  # why the engine thread ended early, if it did
+
     def _run(self) -> None:
         try:
             if self.mode == "paged":
                 self._run_paged()
             else:
                 self._run_static()
+        except BaseException as exc:  # a bug here must not leave a server that accepts and never answers
+            self.failure = f"the engine loop stopped ({type(exc).__name__}: {exc})"
+            print(f"error: {self.failure}", file=sys.stderr)
+            with self._cond:
+                self._accepting = False
         finally:
-            self._end_all("abort", None)
+            self._end_all("error" if self.failure else "abort", self.failure)
 
     def _wait_for_work(self, busy) -> tuple[list[Handle], list[Handle]] | None:
         """Sleep until there is something to do; -> (new handles, aborted handles), None to stop."""

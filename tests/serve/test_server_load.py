@@ -254,3 +254,21 @@ def test_a_request_that_fails_in_a_step_ends_with_an_error_and_the_others_go_on(
         events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and "failed in an engine step" in json.loads(events[-2])["error"]["message"]
         assert server.engine_idle()
+
+
+def test_if_the_engine_loop_dies_the_server_says_so_instead_of_hanging(tiny, capfd):
+    llm = LLM(tiny)
+    with running_server(llm) as server:
+        loop = server.state.loop
+
+        def broken(results):
+            raise RuntimeError("a bug in the loop")
+
+        loop._deliver = broken  # the thread's next step raises outside any request's blame
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 500 and "engine loop stopped" in r.json()["error"]["message"]
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503 and "a bug in the loop" in health.json()["error"]
+        again = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+        assert again.status_code == 503 and "engine loop stopped" in again.json()["error"]["message"]
+    assert "error: the engine loop stopped (RuntimeError: a bug in the loop)" in capfd.readouterr().err
