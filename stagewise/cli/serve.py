@@ -60,6 +60,8 @@ def serve(
     tensor_parallel_size: int = options.TENSOR_PARALLEL_SIZE,
     recalibrate: bool = options.RECALIBRATE,
     quantization: str = options.QUANTIZATION,
+    speculative_config: str | None = options.SPECULATIVE_CONFIG,
+    speculative: str | None = options.SPECULATIVE,
 ):
     """Serve the model over HTTP with the OpenAI API (completions, chat, streaming), /metrics and a live view."""
     from stagewise.bench.progress import load_status
@@ -76,6 +78,7 @@ def serve(
         raise StagewiseError(f"--max-queue must be >= 1, got {max_queue}")
     if not drain_timeout >= 0:
         raise StagewiseError(f"--drain-timeout must be >= 0 seconds, got {drain_timeout}")
+    spec = options.speculative_arg(speculative_config, speculative)
     sock = server.bind(host, port)  # first: a port in use is known before the model loads
     engine_config = EngineConfig(
         max_num_seqs=max_num_seqs,
@@ -97,6 +100,7 @@ def serve(
             tensor_parallel_size=tensor_parallel_size,
             recalibrate=recalibrate,
             quantization=quantization,
+            speculative_config=spec,
         )
     with llm:
         hub, recorder = _view(llm, mode, record)

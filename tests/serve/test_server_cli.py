@@ -119,6 +119,7 @@ def test_port_in_use_is_one_line_and_exit_2(monkeypatch, capsys):
         (["--mode", "naive"], "--mode must be paged or kv"),
         (["--max-queue", "0"], "--max-queue must be >= 1"),
         (["--mode", "kv", "--record", "x.json"], "--record needs --mode paged"),
+        (["--speculative", "bogus"], "--speculative expects ngram:K"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(argv, words, monkeypatch, capsys, tmp_path):

@@ -272,3 +272,17 @@ def test_if_the_engine_loop_dies_the_server_says_so_instead_of_hanging(tiny, cap
         again = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
         assert again.status_code == 503 and "engine loop stopped" in again.json()["error"]["message"]
     assert "error: the engine loop stopped (RuntimeError: a bug in the loop)" in capfd.readouterr().err
+
+
+def test_speculative_decoding_behind_the_server_gives_the_same_greedy_text(tiny, references):
+    llm = LLM(tiny, speculative_config="ngram:3")  # several tokens of a request may come from one step
+    jobs = [(PROMPTS[i % len(PROMPTS)], 4 + i % 9) for i in range(6)]
+    with running_server(llm) as server:
+
+        async def main():
+            async with httpx.AsyncClient(timeout=120) as http:
+                return await asyncio.gather(*(_stream_one(http, server.url, p, n) for p, n in jobs))
+
+        for (prompt, n), (text, _, used) in zip(jobs, asyncio.run(main())):
+            assert used == n and text == references[(prompt, n)]
+        assert server.engine_idle()
