@@ -143,6 +143,10 @@ class StreamedRequest:
     token_ids: list[int] = field(default_factory=list)  # output tokens, in order
     token_times: list[float] = field(default_factory=list)  # perf_counter seconds each token reached the caller
     first_scheduled_time: float | None = None  # unseen by the caller (RequestMetrics then uses the first token)
+    # speculative decoding's counters are the engine's, unseen by the caller: none here
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0
 
     def metrics(self) -> RequestMetrics:
         return RequestMetrics.of(self)  # the engine's definitions of TTFT, TBT, latency and tokens/s
