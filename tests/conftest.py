@@ -14,6 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracle must never reach a hu
 os.environ.setdefault("STAGEWISE_QUIET", "1")
 # The CPU GEMM calibration cache (stages/gemm_torch_cache.py) of this session, never the user's home
 os.environ.setdefault("STAGEWISE_CACHE_DIR", tempfile.mkdtemp(prefix="stagewise-test-cache-"))
+# ... and kept although the suite's own workers share the cores (a busy machine's timing is not cached otherwise)
+os.environ.setdefault("STAGEWISE_BUSY_SHARE", "1")
 os.environ.setdefault("STAGEWISE_DEBUG_CHECKS", "1")  # launchers also check values (ranges, order): host reads
 if not torch.cuda.is_available():  # Triton kernels run in the CPU interpreter, whatever imports triton first
     os.environ.setdefault("TRITON_INTERPRET", "1")

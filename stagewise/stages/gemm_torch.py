@@ -226,7 +226,7 @@ def calibrate_cached(
     with load_phase("calibrating the CPU GEMM forms (once per machine and model shape)"):
         calibrate(weights, passes)
     others = CPU_FORMS.others_share
-    if others is not None and others > cpu_load.BUSY_SHARE:
+    if others is not None and others > cpu_load.busy_share():
         gemm_torch_cache.notice(
             f"other processes used {others:.0%} of the CPU while the GEMM forms were timed; "
             "their choice is used for this run only and measured again next time"

@@ -18,8 +18,8 @@ def counted(tmp_path, monkeypatch):
     """A fresh CPU_FORMS, the cache in tmp_path, and the list of (M, weights) each measurement got."""
     monkeypatch.setenv(gemm_torch_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(gemm_torch, "CPU_FORMS", gemm_torch.CpuForms())
-    # the suite's workers share the cores: here every measurement counts as quiet (the busy case has its own test)
-    monkeypatch.setattr(cpu_load, "BUSY_SHARE", 1.0)
+    # the suite's workers share the cores: every measurement counts as quiet (conftest; the busy case: test_cpu_load)
+    monkeypatch.setenv(cpu_load.BUSY_SHARE_ENV, "1")
     calls = []
     real = gemm_torch.time_forms
 
