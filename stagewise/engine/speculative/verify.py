@@ -106,6 +106,7 @@ def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list
     for req in requests:
         cu.append(cu[-1] + len(req.spec_token_ids))
     uniform, exponential = _randomness(requests, vocab, device)
+    max_k = max((len(r.spec_token_ids) for r in requests), default=0)
     tokens, counts = ops(
         rejection_sampling,
         draft_token_ids=torch.tensor(drafts, dtype=torch.int64, device=device),  # [num_draft]
@@ -115,6 +116,7 @@ def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list
         is_greedy=torch.tensor([r.params.greedy for r in requests], device=device),  # [num_seqs]
         uniform=uniform,  # [num_draft]
         exponential=exponential,  # [num_seqs, V]
+        max_num_draft_tokens=max_k,  # known on the host: the launcher reads nothing back
     )  # -> [num_seqs, max_k + 1], [num_seqs]
     # the step's one device -> host read: the kept tokens, with their counts in front
     table = torch.cat([counts.to(torch.int64)[:, None], tokens], dim=1).tolist()
