@@ -10,6 +10,7 @@ for the step the slider points at. Nothing leaves the machine: the page is one
 file with no external scripts or fonts.
 """
 
+import signal
 import sys
 from pathlib import Path
 
@@ -34,8 +35,31 @@ def view(
     app = replay_app(doc, run.name)
     print(f"replaying {run} ({len(doc['steps'])} steps) at {server.url_of(sock)}/  (Ctrl-C stops)", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1)
+    replay = _ReplayServer(config)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        replay.run(sockets=[sock])
     finally:
         sock.close()
         sys.stdout.flush()
+    if replay.stopped_by is not None:  # uvicorn stops on a signal and raises it again; if it did not, do it here
+        signal.raise_signal(replay.stopped_by)
+
+
+class _ReplayServer:
+    """uvicorn's server, remembering the signal that stopped it (Ctrl-C -> exit 130, SIGTERM -> 143)."""
+
+    def __init__(self, config):
+        import uvicorn
+
+        outer = self
+        self.stopped_by = None
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                outer.stopped_by = sig
+                super().handle_exit(sig, frame)
+
+        self._server = Server(config)
+
+    def run(self, sockets) -> None:
+        self._server.run(sockets=sockets)

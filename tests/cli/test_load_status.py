@@ -120,7 +120,7 @@ def test_bench_progress_goes_to_the_terminal_not_the_results(tmp_path, capsys, m
     threads = __import__("torch").get_num_threads()
     try:
         soak(model="tiny", out=str(tmp_path), quick=True, threads=None, num_requests=12, kv_blocks=24,
-             max_num_seqs=8, seed=0, overwrite=False)  # fmt: skip
+             max_num_seqs=8, seed=0, overwrite=False, speculative_config=None, speculative=None)  # fmt: skip
     finally:
         __import__("torch").set_num_threads(threads)
     shown, out = read(), capsys.readouterr().out
