@@ -242,11 +242,16 @@ def test_ctrl_c_shuts_every_rank_down(tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.cli.test_cli_interrupt import ENV, cpu_seconds
+    from tests.cli.test_cli_interrupt import AS_FROM_A_TERMINAL, ENV, cpu_seconds
 
     args = ["generate", "hi", "--model", "tiny", "--tp", "2", "--mode", "naive", "--max-tokens", "1000", "--ignore-eos"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stagewise.cli", *args],
+        [
+            sys.executable,
+            "-c",
+            AS_FROM_A_TERMINAL,
+            *args,
+        ],  # Ctrl-C's handler even when the suite runs in the background
         cwd=tmp_path,
         env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         stdout=subprocess.PIPE,

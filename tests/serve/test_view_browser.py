@@ -192,7 +192,9 @@ def test_live_page_follows_the_engine_and_replays_the_same(browser, tiny, tmp_pa
     recorder.close()
 
     # the recording, replayed by `stagewise view`, shows the same page at the same steps
-    cmd = [sys.executable, "-m", "stagewise.cli", "view", str(record), "--port", "0"]
+    from tests.cli.test_cli_interrupt import AS_FROM_A_TERMINAL  # Ctrl-C's handler even when run in the background
+
+    cmd = [sys.executable, "-c", AS_FROM_A_TERMINAL, "view", str(record), "--port", "0"]
     env = {**os.environ, "STAGEWISE_QUIET": "1", "NO_COLOR": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
