@@ -11,7 +11,6 @@ from rich.console import Console
 
 from stagewise.cli import options
 from stagewise.cli.command import run_command
-from stagewise.cli.options import parse_dtype, parse_stage_backends
 
 app = typer.Typer(
     add_completion=False,
@@ -51,8 +50,6 @@ def generate(
     speculative: str | None = options.SPECULATIVE,
 ):
     """Generate text, streaming it as it is produced."""
-    from stagewise.bench.progress import load_status
-    from stagewise.engine.llm import LLM
     from stagewise.sampling_params import SamplingParams
 
     params = SamplingParams(
@@ -67,20 +64,19 @@ def generate(
         ignore_eos=ignore_eos,
     )
     spec = options.speculative_arg(speculative_config, speculative)
-    with load_status():  # a line per load phase on stderr (a terminal only)
-        llm = LLM(
-            model,
-            backend=backend,
-            mode=mode,
-            device=device,
-            dtype=parse_dtype(dtype),
-            stage_backends=parse_stage_backends(stage_backend),
-            special_tokens=special_tokens,
-            tensor_parallel_size=tensor_parallel_size,
-            recalibrate=recalibrate,
-            quantization=quantization,
-            speculative_config=spec,
-        )
+    llm = options.load_llm(
+        model,
+        dtype=dtype,
+        stage_backend=stage_backend,
+        backend=backend,
+        mode=mode,
+        device=device,
+        special_tokens=special_tokens,
+        tensor_parallel_size=tensor_parallel_size,
+        recalibrate=recalibrate,
+        quantization=quantization,
+        speculative_config=spec,
+    )
     with llm:  # under tensor parallelism: the workers end with the command, however it ends
         _stream_to_stdout(llm, prompts, params, chat, stats)
 

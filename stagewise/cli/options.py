@@ -77,3 +77,13 @@ def speculative_arg(config_json: str | None, shorthand: str | None) -> str | Non
 
         parse_speculative_config(value)  # a bad value is one line now, before the model loads
     return value
+
+
+def load_llm(model: str, *, dtype: str | None, stage_backend: list[str], **settings):
+    """`LLM(model, ...)` for a command: the dtype and per-stage tiers parsed from their options, and a
+    status line per load phase on stderr (a terminal only). `settings` are LLM's other keywords."""
+    from stagewise.bench.progress import load_status
+    from stagewise.engine.llm import LLM
+
+    with load_status():
+        return LLM(model, dtype=parse_dtype(dtype), stage_backends=parse_stage_backends(stage_backend), **settings)

@@ -64,10 +64,7 @@ def serve(
     speculative: str | None = options.SPECULATIVE,
 ):
     """Serve the model over HTTP with the OpenAI API (completions, chat, streaming), /metrics and a live view."""
-    from stagewise.bench.progress import load_status
-    from stagewise.cli.options import parse_dtype, parse_stage_backends
     from stagewise.config import EngineConfig
-    from stagewise.engine.llm import LLM
     from stagewise.errors import StagewiseError
     from stagewise.serve import server
     from stagewise.serve.app import create_app
@@ -87,21 +84,20 @@ def serve(
         max_model_len=max_model_len,
         enable_prefix_caching=prefix_caching,
     )
-    with load_status():  # a line per load phase on stderr (a terminal only)
-        llm = LLM(
-            model,
-            backend=backend,
-            mode=mode,
-            device=device,
-            dtype=parse_dtype(dtype),
-            stage_backends=parse_stage_backends(stage_backend),
-            engine_config=engine_config,
-            special_tokens=special_tokens,
-            tensor_parallel_size=tensor_parallel_size,
-            recalibrate=recalibrate,
-            quantization=quantization,
-            speculative_config=spec,
-        )
+    llm = options.load_llm(
+        model,
+        dtype=dtype,
+        stage_backend=stage_backend,
+        backend=backend,
+        mode=mode,
+        device=device,
+        engine_config=engine_config,
+        special_tokens=special_tokens,
+        tensor_parallel_size=tensor_parallel_size,
+        recalibrate=recalibrate,
+        quantization=quantization,
+        speculative_config=spec,
+    )
     with llm:
         hub, recorder = _view(llm, mode, record)
         app = create_app(llm, mode=mode, max_queue=max_queue, api_key=api_key, hub=hub, model_name=served_model_name)
