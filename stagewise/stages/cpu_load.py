@@ -14,8 +14,10 @@ idle (`/proc/stat`, first line, in clock ticks). Over a measurement,
 
 is the share of every core's time that went to someone else: about 0 on a
 quiet machine, whatever number of threads this process used; near 1 - 1/n
-when n equal jobs share the machine. Where `/proc/stat` does not exist the
-share is unknown (None).
+when n equal jobs share the machine. The kernel counts in ticks (usually 100
+per second per core), so a window of a few ticks cannot tell 0% from 20%: a
+window shorter than `MIN_TICKS` of all cores' time, or a machine without
+`/proc/stat`, leaves the share unknown (None).
 """
 
 import os
@@ -27,6 +29,9 @@ BUSY_SHARE = 0.25  # others used more than this share of the machine: the timing
 # its own processes) sets this to a larger share, 1 to trust every timing; its cache is its own
 # (STAGEWISE_CACHE_DIR)
 BUSY_SHARE_ENV = "STAGEWISE_BUSY_SHARE"
+# Fewer ticks than this (0.25 s on 2 cores at 100 Hz) and one tick more or less moves the share by
+# over 2%: too short a window to call the machine quiet or busy
+MIN_TICKS = 50
 
 
 def busy_share() -> float:
@@ -68,8 +73,8 @@ class LoadProbe:
         if machine is None or end is None:
             return
         busy, total = end[0] - machine[0], end[1] - machine[1]
-        if total <= 0:
-            return
+        if total < MIN_TICKS:
+            return  # too short to tell: unknown
         ticks_per_s = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         own = (time.process_time() - cpu) * ticks_per_s
         self.others = min(1.0, max(0.0, (busy - own) / total))
