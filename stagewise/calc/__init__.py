@@ -4,6 +4,7 @@ Short modules, read in this order:
 
 - `hardware`         peak FLOP/s, memory bandwidth and capacity of a few GPUs, and a probe of this machine
 - `counts`           parameters, FLOPs and KV-cache bytes: exact counts and the seeds' shortcuts
+- `weight_formats`   bytes per weight of a storage format (4- and 8-bit blocks, floats) or of a GGUF's tensors
 - `steps`            prefill / decode / naive steps on the roofline, and the largest batch that fits
 - `seeds`            the seeds' worked numbers (Llama 3 405B) next to ours
 - `roofline`         the facade: `analyze()`, `summarize()`

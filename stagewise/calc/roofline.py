@@ -17,6 +17,7 @@ The pieces, each a short module that reads top to bottom:
 - `counts`  parameters, FLOPs and KV bytes; exact counts and the seeds' shortcuts
 - `steps`   one prefill / decode / naive step on the roofline; memory capacity
 - `seeds`   the seeds' worked numbers next to ours (`seeds_worked_examples()`)
+- `weight_formats`  bytes per weight of a storage format (q4_1, q8_0, bf16, ...) or of a GGUF's tensors
 
 Every number is a `Quantity` (value, unit, formula), so `summarize()` is a
 JSON-ready dict and `stagewise calc --explain` can show each formula.
@@ -33,6 +34,7 @@ from stagewise.calc.counts import (
     linear_coefficient,
     linear_flops,
     matmul_parameters,
+    num,
     parameters,
     seeds_attention_flops,
     seeds_linear_flops,
@@ -42,6 +44,7 @@ from stagewise.calc.counts import (
 from stagewise.calc.hardware import DTYPE_BYTES, HARDWARE, Hardware, canonical_dtype, probe_this_machine
 from stagewise.calc.seeds import Row, SeedsAssumptions, seeds_worked_examples
 from stagewise.calc.steps import Capacity, Step, capacity, decode_step, naive_step, prefill_step
+from stagewise.calc.weight_formats import WeightBytes
 from stagewise.config import PRESETS, ModelConfig, config_from_hf_dict
 from stagewise.errors import StagewiseError
 from stagewise.models.files import read_json_object
@@ -95,12 +98,14 @@ class Analysis:
     model: ModelConfig  # the architecture
     hardware: Hardware  # the machine
     dtype: str  # canonical compute/storage dtype ("bf16", ...)
-    dtype_bytes: int  # bytes per weight and per KV element
+    dtype_bytes: int  # bytes per KV element (and per weight, unless `weights` says otherwise)
+    weights: str  # the weights' storage format ("bf16", "q4_1", "<file> (per tensor)")
     context: int  # N, tokens in the sequence (the prompt for a prefill)
     batch: int  # B, sequences processed together
     parameters: Quantity  # exact parameter count
     matmul_parameters: Quantity  # weights a token is multiplied by (blocks + LM head)
     weight_bytes: Quantity  # weights in memory
+    bytes_per_weight: Quantity  # weight bytes / parameters (block formats: scales and minimums included)
     linear_coefficient: Quantity  # per-block matmul weights / hidden^2 (the seeds' 11)
     linear_flops_per_token: Quantity  # 2 * matmul parameters
     attention_flops_at_n: Quantity  # QK^T + PV for one token attending to N keys
@@ -119,8 +124,19 @@ class Analysis:
     capacity: Capacity  # largest batch whose KV fits next to the weights
 
 
-def analyze(config: ModelConfig, hardware: Hardware, context: int, batch: int = 1, dtype: str = "bf16") -> Analysis:
-    """Every number of the calculator for one (model, hardware, N, B, dtype)."""
+def analyze(
+    config: ModelConfig,
+    hardware: Hardware,
+    context: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+    weights: WeightBytes | None = None,
+) -> Analysis:
+    """Every number of the calculator for one (model, hardware, N, B, dtype).
+
+    `weights`: the weights' storage (`weight_formats.uniform` / `from_gguf`, e.g. 4-bit blocks
+    while the arithmetic and the KV cache stay in `dtype`); None stores them in `dtype` too.
+    """
     if context <= 0:
         raise StagewiseError(f"context must be > 0 tokens, got {context}")
     if batch <= 0:
@@ -130,19 +146,27 @@ def analyze(config: ModelConfig, hardware: Hardware, context: int, batch: int = 
     nbytes = DTYPE_BYTES[dt]
     cfg, L, hidden = config, config.num_layers, config.hidden_size
     seeds_lin, seeds_att = seeds_linear_flops(L, hidden, context), seeds_attention_flops(L, hidden, context, context)
-    args = (cfg, hardware, dt, nbytes, context, batch)
+    args = (cfg, hardware, dt, nbytes, context, batch, weights)
     prefill, decode, naive = prefill_step(*args), decode_step(*args), naive_step(*args)
+    held = weight_bytes(cfg, nbytes) if weights is None else weights.total()
+    per_weight = Quantity(
+        held.value / cfg.num_parameters(),
+        "B/weight",
+        f"weight bytes / parameters = {num(held.value)} / {num(cfg.num_parameters())}",
+    )
     ratio = naive.flops.value / decode.flops.value
     return Analysis(
         model=cfg,
         hardware=hardware,
         dtype=dt,
         dtype_bytes=nbytes,
+        weights=dt if weights is None else weights.name,
         context=context,
         batch=batch,
         parameters=parameters(cfg),
         matmul_parameters=matmul_parameters(cfg),
-        weight_bytes=weight_bytes(cfg, nbytes),
+        weight_bytes=held,
+        bytes_per_weight=per_weight,
         linear_coefficient=linear_coefficient(cfg),
         linear_flops_per_token=linear_flops(cfg, 1),
         attention_flops_at_n=attention_flops(cfg, context, 1),
@@ -160,13 +184,20 @@ def analyze(config: ModelConfig, hardware: Hardware, context: int, batch: int = 
         decode=decode,
         naive=naive,
         decode_tokens_per_s=Quantity(batch / decode.time.value, "tokens/s", "B / time per output token"),
-        capacity=capacity(cfg, hardware, nbytes, context),
+        capacity=capacity(cfg, hardware, nbytes, context, weights),
     )
 
 
-def summarize(config: ModelConfig, hardware: Hardware, context: int, batch: int = 1, dtype: str = "bf16") -> dict:
+def summarize(
+    config: ModelConfig,
+    hardware: Hardware,
+    context: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+    weights: WeightBytes | None = None,
+) -> dict:
     """`analyze()` as a JSON-ready dict: every Quantity is {"value", "unit", "formula"}."""
-    result = analyze(config, hardware, context, batch, dtype)
+    result = analyze(config, hardware, context, batch, dtype, weights)
     out = asdict(result)  # nested dataclasses (Quantity, Step, Hardware, ...) become dicts
     out["hardware"]["ridge_point"] = hardware.ridge_point(result.dtype)
     return out

@@ -12,6 +12,10 @@ weights among N tokens (intensity ~N, compute-bound), a decode step shares it
 among B sequences only, and each of them also reads its own KV cache
 (intensity ~1-2 at batch 1, memory-bound).
 
+The weights may be stored in another format than the compute dtype (`weights`, a
+`WeightBytes` from `weight_formats.py`: 4-bit blocks with bfloat16 arithmetic); without
+it they take `dtype_bytes` per weight, like the KV cache.
+
 Activations are not counted as memory traffic (they are small and often stay
 in cache); neither is the communication of a multi-GPU setup.
 """
@@ -28,6 +32,7 @@ from stagewise.calc.counts import (
     weight_bytes_streamed,
 )
 from stagewise.calc.hardware import Hardware
+from stagewise.calc.weight_formats import WeightBytes
 from stagewise.config import ModelConfig
 
 
@@ -56,6 +61,13 @@ def _scale(q: Quantity, factor: int, what: str) -> Quantity:
     return Quantity(q.value * factor, q.unit, f"{what} * ({q.formula})")
 
 
+def _streamed(cfg: ModelConfig, dtype_bytes: int, num_tokens: int, weights: WeightBytes | None) -> Quantity:
+    """Weight bytes a step over `num_tokens` tokens reads: in `weights`' format, else `dtype_bytes` each."""
+    if weights is None:
+        return weight_bytes_streamed(cfg, dtype_bytes, num_tokens)
+    return weights.streamed(num_tokens)
+
+
 def roofline(name: str, flops: Quantity, moved: Quantity, hw: Hardware, dtype: str) -> Step:
     """Put a step's FLOPs and bytes on the hardware's roofline."""
     peak, bw = hw.peak_flops(dtype), hw.memory_bandwidth
@@ -76,7 +88,15 @@ def roofline(name: str, flops: Quantity, moved: Quantity, hw: Hardware, dtype: s
     )
 
 
-def prefill_step(cfg: ModelConfig, hw: Hardware, dtype: str, dtype_bytes: int, context: int, batch: int) -> Step:
+def prefill_step(
+    cfg: ModelConfig,
+    hw: Hardware,
+    dtype: str,
+    dtype_bytes: int,
+    context: int,
+    batch: int,
+    weights: WeightBytes | None = None,
+) -> Step:
     """`batch` prompts of `context` tokens each, in one step; its time is the speed-of-light TTFT.
 
     FLOPs: every prompt token through every matmul, causal attention, logits
@@ -90,14 +110,22 @@ def prefill_step(cfg: ModelConfig, hw: Hardware, dtype: str, dtype_bytes: int, c
         attention_flops(cfg, context, new_tokens=context),
     )
     flops = _scale(per_seq, batch, f"B={batch}")
-    weights = weight_bytes_streamed(cfg, dtype_bytes, batch * context)
+    read = _streamed(cfg, dtype_bytes, batch * context, weights)
     per_token = kv_bytes_per_token(cfg, dtype_bytes).value
     kv_formula = f"KV written: B*N*KV/token = {batch}*{num(context)}*{num(per_token)}"
     kv = Quantity(per_token * context * batch, "B", kv_formula)
-    return roofline("prefill", flops, _add("weights + KV written", "B", weights, kv), hw, dtype)
+    return roofline("prefill", flops, _add("weights + KV written", "B", read, kv), hw, dtype)
 
 
-def decode_step(cfg: ModelConfig, hw: Hardware, dtype: str, dtype_bytes: int, context: int, batch: int) -> Step:
+def decode_step(
+    cfg: ModelConfig,
+    hw: Hardware,
+    dtype: str,
+    dtype_bytes: int,
+    context: int,
+    batch: int,
+    weights: WeightBytes | None = None,
+) -> Step:
     """One new token for each of `batch` sequences already `context` tokens long (its own included).
 
     FLOPs: one token through every matmul and the LM head, attention over N
@@ -111,14 +139,22 @@ def decode_step(cfg: ModelConfig, hw: Hardware, dtype: str, dtype_bytes: int, co
         attention_flops(cfg, context, new_tokens=1),
     )
     flops = _scale(per_seq, batch, f"B={batch}")
-    weights = weight_bytes_streamed(cfg, dtype_bytes, batch)
+    read = _streamed(cfg, dtype_bytes, batch, weights)
     per_token = kv_bytes_per_token(cfg, dtype_bytes).value
     kv_formula = f"KV read + written: B*(N+1)*KV/token = {batch}*{num(context + 1)}*{num(per_token)}"
     kv = Quantity(per_token * (context + 1) * batch, "B", kv_formula)
-    return roofline("decode", flops, _add("weights + KV read/written", "B", weights, kv), hw, dtype)
+    return roofline("decode", flops, _add("weights + KV read/written", "B", read, kv), hw, dtype)
 
 
-def naive_step(cfg: ModelConfig, hw: Hardware, dtype: str, dtype_bytes: int, context: int, batch: int) -> Step:
+def naive_step(
+    cfg: ModelConfig,
+    hw: Hardware,
+    dtype: str,
+    dtype_bytes: int,
+    context: int,
+    batch: int,
+    weights: WeightBytes | None = None,
+) -> Step:
     """One new token with no cache: the whole `context`-token sequence goes through the model again.
 
     FLOPs: the same as a prefill of N tokens, with the full N x N score matrix
@@ -132,7 +168,8 @@ def naive_step(cfg: ModelConfig, hw: Hardware, dtype: str, dtype_bytes: int, con
         attention_flops(cfg, context, new_tokens=context, causal=False),
     )
     flops = _scale(per_seq, batch, f"B={batch}")
-    return roofline("naive step", flops, weight_bytes_streamed(cfg, dtype_bytes, batch * context), hw, dtype)
+    moved = _streamed(cfg, dtype_bytes, batch * context, weights)
+    return roofline("naive step", flops, moved, hw, dtype)
 
 
 @dataclass(frozen=True)
@@ -145,11 +182,13 @@ class Capacity:
     max_batch_mha: Quantity  # the same with MHA
 
 
-def capacity(cfg: ModelConfig, hw: Hardware, dtype_bytes: int, context: int) -> Capacity:
+def capacity(
+    cfg: ModelConfig, hw: Hardware, dtype_bytes: int, context: int, weights: WeightBytes | None = None
+) -> Capacity:
     """The largest batch of `context`-token sequences whose KV cache fits in memory after the weights."""
-    weights = weight_bytes(cfg, dtype_bytes)
-    free = max(0, hw.memory_bytes - int(weights.value))
-    free_q = Quantity(free, "B", f"max(0, memory - weights) = max(0, {num(hw.memory_bytes)} - {num(weights.value)})")
+    held = weight_bytes(cfg, dtype_bytes) if weights is None else weights.total()
+    free = max(0, hw.memory_bytes - int(held.value))
+    free_q = Quantity(free, "B", f"max(0, memory - weights) = max(0, {num(hw.memory_bytes)} - {num(held.value)})")
     out = {}
     for key, mha in (("", False), ("_mha", True)):
         per_token = kv_bytes_per_token(cfg, dtype_bytes, mha=mha).value
@@ -158,4 +197,4 @@ def capacity(cfg: ModelConfig, hw: Hardware, dtype_bytes: int, context: int) -> 
         out["max_batch" + key] = Quantity(
             free // per_seq, "sequences", f"floor(free / KV per sequence) = floor({num(free)} / {num(per_seq)})"
         )
-    return Capacity(weights=weights, free_for_kv=free_q, **out)
+    return Capacity(weights=held, free_for_kv=free_q, **out)

@@ -7,6 +7,8 @@
     stagewise calc --hardware h100-seeds --seeds        # the seeds' worked numbers next to ours
     stagewise calc --model smollm2-135m --hardware probe --dtype fp32 --plot plots/
     stagewise calc --tp 8 --hardware h200 --interconnect nvlink4   # 405B split over 8 GPUs: per device
+    stagewise calc --model llama-3-8b --context 8192 --weights q4_0  # 4-bit weights, bf16 arithmetic
+    stagewise calc --model smollm2-135m --weights gguf --hardware probe --dtype fp32  # the file's own types
 
 The command only formats: every number comes from `stagewise.calc.roofline`.
 Run this module directly (`python -m stagewise.cli.calc`) for the same
@@ -22,6 +24,7 @@ from rich.console import Console
 from stagewise.calc.roofline import Analysis, Quantity, analyze, load_hardware, load_model_config, seeds_table
 from stagewise.calc.seeds import seeds_worked_examples
 from stagewise.calc.units import human, seconds, si
+from stagewise.calc.weight_formats import weight_bytes_of
 from stagewise.errors import StagewiseError
 from stagewise.files import check_writable, check_writable_folder, write_text_atomic
 from stagewise.trace.fit import Col, FitTable
@@ -78,7 +81,8 @@ def _print_analysis(console: Console, a: Analysis, explain: bool, tp: int = 1) -
         console.print(f"note: N={a.context:,} exceeds the model's {cfg.max_position_embeddings:,} positions (what-if)")
     rows = [
         ("parameters (exact)", a.parameters),
-        ("weights in memory", a.weight_bytes),
+        (f"weights in memory ({a.weights})", a.weight_bytes),
+        ("bytes per weight, on average (scales included)", a.bytes_per_weight),
         ("matmul weights per block / hidden^2 (seeds: 11)", a.linear_coefficient),
         ("linear FLOPs per token (2 x matmul params)", a.linear_flops_per_token),
         ("  seeds' 2P", a.seeds_linear_flops_per_token),
@@ -158,7 +162,12 @@ def calc(
     hardware: str = typer.Option("h100", help="h100, h200, a100, h100-seeds, or probe (measure this machine)"),
     context: int = typer.Option(100_000, help="N: tokens in the sequence (prompt length for the prefill)"),
     batch: int = typer.Option(1, help="B: sequences processed together"),
-    dtype: str = typer.Option("bf16", help="weights and KV cache dtype: bf16, fp16, fp32 or fp8"),
+    dtype: str = typer.Option("bf16", help="compute and KV cache dtype (and the weights', without --weights)"),
+    weights: str | None = typer.Option(
+        None,
+        help="the weights' storage: fp32, bf16, fp16, fp8, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, or gguf "
+        "(each tensor's own type in the --model .gguf file); default: --dtype",
+    ),
     devices: int = typer.Option(1, help="this many identical devices as one (ideal tensor parallelism)"),
     tp: int = typer.Option(
         1, "--tp", "--tensor-parallel-size", help="split the model over N devices: per-device memory, all-reduce cost"
@@ -185,12 +194,15 @@ def calc(
 
     if tp < 1:
         raise StagewiseError(f"--tp must be >= 1, got {tp}")
+    if tp > 1 and weights is not None:
+        raise StagewiseError("--weights is not modelled per device under --tp yet; drop one of the two")
     if tp > 1 and devices > 1:
         raise StagewiseError("give --tp (N devices with all-reduces) or --devices (N ideal devices as one), not both")
     link = get_interconnect(interconnect if interconnect is not None else default_interconnect(hardware))
     config = load_model_config(model)
+    stored = None if weights is None else weight_bytes_of(config, weights, dtype, model)
     hw = load_hardware(hardware).scaled(devices)
-    result = analyze(config, hw, context=context, batch=batch, dtype=dtype)
+    result = analyze(config, hw, context=context, batch=batch, dtype=dtype, weights=stored)
     tp_result = None
     if tp > 1:
         tp_result = analyze_tp(config, hw, tp, result.dtype, result.dtype_bytes, context, batch, link)
