@@ -67,6 +67,7 @@ class BatchingSettings:
     repeats: int = 1  # timed runs per system, alternating the systems
     seed: int = 0  # workload seed
     compare: tuple[str, ...] = ()  # extra systems: "transformers"
+    on_mismatch: str = "raise"  # different tokens between systems: "raise", or "record" them and time on
 
 
 QUICK = {"num_requests": 8, "prompt_tokens": (16, 64), "output_tokens": (8, 32), "max_num_seqs": 4}
@@ -239,7 +240,7 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
 
     total = len(workload.requests) * len(systems) * settings.repeats
     task = progress.add_task("batching", total=total) if progress is not None else None
-    runs, reference = [], None
+    runs, reference, mismatches = [], None, ([] if settings.on_mismatch == "record" else None)
     for rep, name in alternating(systems, settings.repeats):
         if progress is not None:
             progress.update(task, description=f"{name:>12}, run {rep + 1}/{settings.repeats}")
@@ -251,7 +252,7 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
             tokens = [r.token_ids for r in out["requests"]]
             reference = reference or (name, tokens)
             for i, (a, b) in enumerate(zip(reference[1], tokens)):
-                check_identical({reference[0]: a, f"{name} (run {rep + 1})": b}, f"request {i}")
+                check_identical({reference[0]: a, f"{name} (run {rep + 1})": b}, f"request {i}", mismatches)
         summary = summarize_run(out["requests"], workload) | out["extra"]
         runs.append(
             {
@@ -263,7 +264,10 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
                 "token_ids": [r.token_ids for r in out["requests"]],
             }
         )
-    return _result(settings, loaded, ecfg, workload, runs, reference, hf)
+    result = _result(settings, loaded, ecfg, workload, runs, reference, hf)
+    if mismatches:
+        result.update(outputs_identical=False, mismatches=mismatches)
+    return result
 
 
 def _result(settings, loaded, ecfg, workload, runs, reference, hf) -> dict:

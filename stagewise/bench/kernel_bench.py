@@ -259,6 +259,7 @@ def flash_decode_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: 
 def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: float) -> list[dict]:
     """RMSNorm (+ residual), RoPE, silu_and_mul, embedding, KV store: GB/s against the copy."""
     from stagewise.stages import STAGES
+    from stagewise.stages.attention_metadata import AttentionMetadata
     from stagewise.stages.ffn import silu_and_mul_naive
     from stagewise.stages.rope import build_cos_sin_cache
 
@@ -357,11 +358,12 @@ def row_kernel_cases(cfg: ModelConfig, sizes: Sizes, dtype, device, copy_gbs: fl
     vv = torch.randn(t, hkv, d, device=device, dtype=dtype)
     kc, vc = torch.zeros_like(kk), torch.zeros_like(vv)
     slots = torch.randperm(t, device=device)
+    meta = AttentionMetadata.build([t], [t], device, slot_mapping=slots.tolist())  # the stage's input
     st = STAGES["kv_store"]
-    tm, how = time_kernels([lambda: st.optimized(kk, vv, kc, vc, slots)], device, r)
-    nm = time_calls([lambda: st.naive(kk, vv, kc, vc, slots)], device, r)
+    tm, how = time_kernels([lambda: st.optimized(kk, vv, kc, vc, meta)], device, r)
+    nm = time_calls([lambda: st.naive(kk, vv, kc, vc, meta)], device, r)
     kc.zero_()
-    st.optimized(kk, vv, kc, vc, slots)
+    st.optimized(kk, vv, kc, vc, meta)
     err = rel_error(kc[slots], kk)
     rows.append(
         bandwidth_row(
