@@ -12,7 +12,10 @@ sm_90 (and sm_75 in fp16) in child processes (`compile_worker`), and judges:
 - an autotuned launch fails if a configuration its prune keeps does not fit
   the shared memory (the prune's estimate was wrong), or if none of them
   runs without spilling;
-- sm_75 is best effort: only the kernels in `targets.SM75_FP16` must pass there.
+- sm_75 is best effort: only the kernels in `targets.SM75_FP16` must pass there;
+- Hopper's attention tiles (`hopper_attention_findings`): on sm_90, 16-bit attention at
+  head_dim 128 must offer a tile of >= 64 keys that compiles clean (there wgmma keeps the K/V
+  tiles in shared memory; a register rule written for sm_80 offers only 32-key tiles).
 
 Identical compilations (same kernel, argument specialisation, constexprs,
 warps, stages and target) are compiled once. Nothing is cached across runs.
@@ -63,6 +66,7 @@ class Row:
     config: str  # tiles, warps, stages
     autotuned: bool  # one of several candidates the autotuner tries
     limit: int  # the target's shared memory per block
+    tiles: dict = field(default_factory=dict)  # the config's meta-parameters (BLOCK_M, ...)
     result: dict = field(default_factory=dict)  # from compile_worker
 
     @property
@@ -95,13 +99,18 @@ def _spec_key(value):
     return "one" if value == 1 else ("d16" if value % 16 == 0 else "i64" if abs(value) >= 2**31 else "i32")
 
 
-def build_jobs(cases: list[Case]) -> tuple[list[Row], list[dict], list[int]]:
-    """Rows (one per launch and config) and the distinct compile jobs; row_job[i] = job id of row i."""
+def build_jobs(cases: list[Case], kernels=None) -> tuple[list[Row], list[dict], list[int]]:
+    """Rows (one per launch and config) and the distinct compile jobs; row_job[i] = job id of row i.
+
+    kernels: only these kernel families (None: all).
+    """
     rows, jobs, row_job, seen, constexprs, shown = [], [], [], {}, {}, set()
     for case in cases:
         target = gpu_target(case.capability)
         phase = compile_specs.PHASES[case.phase]
         for launch in compile_specs.launches(case.model, phase, DTYPES[case.dtype], target):
+            if kernels is not None and launch.kernel not in kernels:
+                continue
             names, free = constexprs.setdefault(launch.function, _argument_kinds(launch.module, launch.function))
             for config in launch.plan.configs:
                 args = {**launch.args, **config.kwargs}
@@ -117,7 +126,9 @@ def build_jobs(cases: list[Case]) -> tuple[list[Row], list[dict], list[int]]:
                 if (case, launch.label, desc) in shown:
                     continue  # e.g. split-K candidates that differ only in their grid
                 shown.add((case, launch.label, desc))
-                rows.append(Row(case, launch.kernel, launch.label, desc, launch.plan.autotuned, target.shared_memory))
+                row = Row(case, launch.kernel, launch.label, desc, launch.plan.autotuned, target.shared_memory)
+                row.tiles = dict(config.kwargs)
+                rows.append(row)
                 row_job.append(seen[key])
     return rows, jobs, row_job
 
@@ -175,8 +186,8 @@ def run_jobs(jobs: list[dict], workers: int = 2, on_result=None) -> dict[int, di
     return results
 
 
-def run_gate(cases: list[Case], workers: int = 2, on_result=None, on_start=None) -> list[Row]:
-    rows, jobs, row_job = build_jobs(cases)
+def run_gate(cases: list[Case], workers: int = 2, on_result=None, on_start=None, kernels=None) -> list[Row]:
+    rows, jobs, row_job = build_jobs(cases, kernels)
     if on_start:
         on_start(len(jobs))
     results = run_jobs(jobs, workers, on_result)
@@ -205,6 +216,39 @@ def findings(rows: list[Row]) -> list[str]:
                 out.append(f"{where} [{row.config}]: spills {r['spills']} B/thread ({r['registers']} registers)")
         if group[0].autotuned and not any(row.clean for row in group):
             out.append(f"{where}: no autotune configuration fits without spilling")
+    return out + hopper_attention_findings(rows)
+
+
+HOPPER_ATTENTION_KERNELS = ("flash_attention", "paged_attention")
+HOPPER_MIN_KEYS = 64  # keys per tile sm_90 must offer for 16-bit attention at head_dim 128
+
+
+def hopper_attention_findings(rows: list[Row]) -> list[str]:
+    """sm_90, 16-bit, head_dim 128, prefill: each attention kernel offers a clean >= 64-key tile.
+
+    A tile of 32 keys halves the work per K/V load; that was the regression of a register rule
+    that counted K/V as registers on sm_90 (kernels/attention_common.tile_fits).
+    """
+    from stagewise.config import PRESETS
+
+    out = []
+    cases = {r.case for r in rows}
+    for case in sorted(cases, key=lambda c: (c.model, c.phase, c.dtype, c.capability)):
+        if case.capability != 90 or case.dtype == "fp32" or case.phase != "prefill":
+            continue
+        if PRESETS[case.model].head_dim != 128:
+            continue
+        for kernel in HOPPER_ATTENTION_KERNELS:
+            mine = [r for r in rows if r.case == case and r.kernel == kernel]
+            if not mine:
+                continue  # a filtered run (build_jobs(kernels=...)) that left this kernel out
+            wide = [r for r in mine if r.tiles.get("BLOCK_N", 0) >= HOPPER_MIN_KEYS]
+            where = f"{kernel} {case.model} {case.phase} {case.dtype} sm_90"
+            if not wide:
+                offered = ", ".join(r.config for r in mine)
+                out.append(f"{where}: no tile of >= {HOPPER_MIN_KEYS} keys offered (only {offered})")
+            elif not any(r.clean for r in wide):
+                out.append(f"{where}: no tile of >= {HOPPER_MIN_KEYS} keys compiles clean")
     return out
 
 

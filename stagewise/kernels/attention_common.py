@@ -348,11 +348,18 @@ def tile_fits(
     compile gate checks this stays at or above what Triton allocates.
 
     Registers: on tensor cores each thread holds its share of the fp32 accumulator [BLOCK_M, d]
-    and scores [BLOCK_M, BLOCK_N] (plus their 16-bit copies for the dots) and of the K/V tiles;
-    past ~160 32-bit words of that ptxas spills (measured: 152 clean, 176 spills). FMA dots (fp32,
-    pre-Ampere) keep whole operand rows per thread: they need BLOCK_M * BLOCK_N * d <= 512 per
-    thread (256 on sm_90, sm_75).
+    and scores [BLOCK_M, BLOCK_N] (plus their 16-bit copies for the dots); past ~160 32-bit words
+    of that ptxas spills (measured: 152 clean, 176 spills). Where the K/V tiles live depends on
+    the dot instruction:
 
+    - sm_80 / sm_89 `mma.sync` takes both operands from registers, so each thread also holds its
+      share of the K and V tiles [BLOCK_N, d]: they count against the 160 words.
+    - sm_90 `wgmma` reads its B operand (K^T for S = Q K^T, V for P V) straight from shared
+      memory: the K/V tiles stay there and cost no registers. A 16-bit head_dim-128 tile of
+      (128 rows, 64 keys, 8 warps) is 144 words on sm_90, but 176 counting K/V as on sm_80.
+
+    FMA dots (fp32, pre-Ampere) keep whole operand rows per thread: they need BLOCK_M * BLOCK_N * d
+    <= 512 per thread (256 on sm_90, sm_75).
     """
     if target.interpreter:
         return True
@@ -361,15 +368,16 @@ def tile_fits(
     shared = (
         max(num_stages - 1, 1) * kv + (block_m * head_dim + block_m * block_n) * size + block_m * 4
     )
-    if fma_dots(
-        dtype, target
-    ):  # measured: sm_90 (ptxas 13) and sm_75 spill at half what sm_80/89 hold
-        registers_ok = (
-            block_m * block_n * head_dim <= (512 if 80 <= target.capability < 90 else 256) * threads
-        )
+    if fma_dots(dtype, target):  # measured: sm_90 (ptxas 13) and sm_75 spill at half of sm_80/89
+        per_thread = 512 if 80 <= target.capability < 90 else 256
+        registers_ok = block_m * block_n * head_dim <= per_thread * threads
     else:
-        words = (block_m * head_dim * (4 + size) + block_m * block_n * (4 + size) + kv) // (
-            4 * threads
-        )
-        registers_ok = words <= 160
+        kv_in_registers = 0 if kv_tiles_in_shared_memory(target) else kv
+        words = block_m * head_dim * (4 + size) + block_m * block_n * (4 + size) + kv_in_registers
+        registers_ok = words // (4 * threads) <= 160
     return shared <= target.shared_memory and registers_ok
+
+
+def kv_tiles_in_shared_memory(target: Target) -> bool:
+    """Whether tensor-core dots read K/V tiles from shared memory (wgmma, sm_90) or registers."""
+    return not target.interpreter and target.capability == 90

@@ -274,6 +274,7 @@ KV_TILE_BYTES = 8 * 1024  # decode: bytes of one K (or V) tile, sets BLOCK_N (16
 TILES_16BIT = [
     (128, 64, 4, 3),
     (128, 64, 8, 3),
+    (128, 64, 8, 4),  # sm_90 at head_dim 128 (K/V in shared memory); small heads elsewhere
     (128, 32, 4, 3),
     (128, 32, 8, 3),
     (64, 64, 4, 3),

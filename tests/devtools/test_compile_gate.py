@@ -76,3 +76,34 @@ def test_pre_ampere_policy():
         check_target("not_a_proven_kernel", sm75, torch.float16)
     with pytest.raises(StagewiseError, match="7.5"):
         check_target("matmul", gpu_target(80).__class__(interpreter=False, capability=70), torch.float16)
+
+
+HOPPER_CASE = ("llama-3-8b", "prefill", "bf16", 90)  # 16-bit, head_dim 128: K/V tiles in shared memory
+
+
+def test_hopper_rule_catches_a_register_rule_that_counts_kv_on_sm90(monkeypatch):
+    """With sm_80's register rule on sm_90 (K/V counted as registers) only 32-key tiles are offered: the gate fails."""
+    from stagewise.devtools.compile_gate import Case, build_jobs, hopper_attention_findings
+    from stagewise.kernels import attention_common
+
+    kernels = {"flash_attention", "paged_attention"}
+    monkeypatch.setattr(attention_common, "kv_tiles_in_shared_memory", lambda target: False)
+    rows, _, _ = build_jobs([Case(*HOPPER_CASE)], kernels)
+    assert {r.tiles["BLOCK_N"] for r in rows} == {32}
+    problems = hopper_attention_findings(rows)
+    assert len(problems) == 2 and all("no tile of >= 64 keys offered" in p for p in problems)
+
+
+def test_hopper_offers_64_key_attention_tiles_and_one_compiles_clean():
+    """sm_90 offers >= 64-key tiles to both attention kernels (plans only); FlashAttention's smallest compiles
+    without spilling (one compile: the full sweep, benchmarks/compile_gate.md, compiles them all)."""
+    from stagewise.devtools.compile_gate import Case, build_jobs, hopper_attention_findings, run_jobs
+
+    rows, jobs, row_job = build_jobs([Case(*HOPPER_CASE)], {"flash_attention", "paged_attention"})
+    wide = [(r, j) for r, j in zip(rows, row_job) if r.tiles["BLOCK_N"] >= 64]
+    assert {r.kernel for r, _ in wide} == {"flash_attention", "paged_attention"}
+    cost = lambda rj: rj[0].tiles["BLOCK_M"] * rj[0].tiles["BLOCK_N"] * jobs[rj[1]]["num_stages"]
+    row, job = min((rj for rj in wide if rj[0].kernel == "flash_attention"), key=cost)
+    (row.result,) = run_jobs([jobs[job]], workers=1).values()
+    assert row.clean, f"{row.kernel} [{row.config}]: {row.result}"
+    assert hopper_attention_findings([row]) == []
