@@ -7,7 +7,7 @@
 # unchanged since its last complete run (a stamp in .venv; STAGEWISE_REINSTALL=1 forces a reinstall)
 PROMPT ?= The capital of France is
 
-.PHONY: install trace test check notebook lint compile-gate test-triton36
+.PHONY: install trace test check notebook notebooks-outputs lint compile-gate test-triton36
 install:
 	./scripts/install.sh
 
@@ -33,6 +33,13 @@ notebook: install
 	.venv/bin/python -m pip install -q jupyterlab
 	.venv/bin/python -m ipykernel install --user --name stagewise --display-name "Python (stagewise)"
 	.venv/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Execute every notebook and store its outputs (figures, printed numbers) in the committed .ipynb, with the
+# hash of its .py source in the metadata (tests/test_notebooks.py checks the hash; `make test` executes the
+# notebooks in memory and never rewrites them). QUICK=1: the smaller workloads (metadata mode "quick");
+# JOBS=N notebooks at once; NOTEBOOKS="00_pipeline 05_attention" only those
+notebooks-outputs: install
+	.venv/bin/python scripts/render_notebooks.py $(if $(QUICK),--quick) --jobs $(or $(JOBS),1) $(NOTEBOOKS)
 
 lint:
 	.venv/bin/ruff check stagewise tests

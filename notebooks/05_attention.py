@@ -536,18 +536,21 @@ def my_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
 check("05.causal_attention", my_causal_attention)
 
 # %% [markdown]
-# **2. The online softmax.** `scores [R, N]` (may contain `-inf`: masked),
-# `values [N, d]`, `block_n` -> `(out [R, d], m [R], l [R])`: walk the keys
-# `block_n` at a time keeping the running max `m`, the running sum
-# `l = sum exp(s - m)` and `acc`, rescaling by `alpha = exp(m_old - m_new)`
-# (careful with the very first tile, where `m_old` is `-inf`). Return
-# `acc / l` and the final `m` and `l`.
+# **2. One step of the online softmax.** The check owns the loop: it starts
+# from `m = -inf`, `l = 0`, `acc = 0` and hands your function one tile of keys
+# at a time. `my_online_step(m [R], l [R], acc [R, d], scores [R, n],
+# values [n, d])` returns the state after folding that tile in: the new
+# running max `m`, `l = alpha * l + sum exp(s - m_new)` and
+# `acc = alpha * acc + exp(s - m_new) @ values`, with `alpha = exp(m - m_new)`
+# (careful with the very first tile, where `m` is `-inf`; scores may hold
+# `-inf` for masked keys). After every tile the state must equal the softmax
+# statistics of the keys seen so far; at the end `acc / l` is the output.
 
 
 # %%
-def my_online_softmax(scores: torch.Tensor, values: torch.Tensor, block_n: int):
+def my_online_step(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor):
     raise NotImplementedError
 
 
 # %%
-check("05.online_softmax", my_online_softmax)
+check("05.online_softmax", my_online_step)

@@ -14,20 +14,11 @@ def my_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     return out
 
 
-def my_online_softmax(scores: torch.Tensor, values: torch.Tensor, block_n: int):
-    rows = scores.shape[0]
-    m = torch.full((rows,), float("-inf"), dtype=scores.dtype)
-    l = torch.zeros(rows, dtype=scores.dtype)  # noqa: E741 (the paper's name)
-    acc = torch.zeros(rows, values.shape[1], dtype=scores.dtype)
-    for start in range(0, scores.shape[1], block_n):
-        s = scores[:, start : start + block_n]
-        m_new = torch.maximum(m, s.max(dim=1).values)
-        alpha = torch.exp(m - m_new).nan_to_num(0.0)  # first tile: exp(-inf - x) = 0
-        p = torch.exp(s - m_new[:, None])
-        l = alpha * l + p.sum(dim=1)  # noqa: E741
-        acc = alpha[:, None] * acc + p @ values[start : start + block_n]
-        m = m_new
-    return acc / l[:, None], m, l
+def my_online_step(m, l, acc, scores, values):  # noqa: E741 (l is the paper's name)
+    m_new = torch.maximum(m, scores.max(dim=1).values)  # [R]
+    alpha = torch.exp(m - m_new).nan_to_num(0.0)  # the first tile: exp(-inf - x) = 0
+    p = torch.exp(scores - m_new[:, None])  # [R, n]
+    return m_new, alpha * l + p.sum(dim=1), alpha[:, None] * acc + p @ values
 
 
-SOLUTIONS = {"05.causal_attention": my_causal_attention, "05.online_softmax": my_online_softmax}
+SOLUTIONS = {"05.causal_attention": my_causal_attention, "05.online_softmax": my_online_step}

@@ -15,10 +15,15 @@ the notebook. `notebooks/solutions/` holds solved versions, and
 answers, which must fail).
 """
 
-from stagewise.exercises import engine_checks, spec_checks, stage_checks
+from stagewise.exercises import engine_checks, spec_checks, stage_checks, systems_checks
 from stagewise.exercises.core import CheckResult, run_check
 
-CHECKS = {**stage_checks.CHECKS, **engine_checks.CHECKS, **spec_checks.CHECKS}  # "NN.name" -> check function
+CHECKS = {
+    **stage_checks.CHECKS,
+    **engine_checks.CHECKS,
+    **systems_checks.CHECKS,
+    **spec_checks.CHECKS,
+}  # "NN.name" -> check function
 
 
 def result(name: str, student_fn) -> CheckResult:
@@ -28,11 +33,12 @@ def result(name: str, student_fn) -> CheckResult:
     return run_check(name, CHECKS[name], student_fn)
 
 
-def check(name: str, student_fn) -> bool:
-    """Run the check `name` on `student_fn`, print its one-line verdict, return True when it passed."""
-    outcome = result(name, student_fn)
-    print(outcome.line())
-    return outcome.passed
+def check(name: str, student_fn) -> None:
+    """Run the check `name` on `student_fn` and print its one-line verdict (`result` returns it instead).
+
+    It returns None, so a notebook cell ending in `check(...)` shows the verdict and nothing else.
+    """
+    print(result(name, student_fn).line())
 
 
 __all__ = ["CHECKS", "CheckResult", "check", "result"]

@@ -16,6 +16,7 @@ cell never crashes on an unsolved or wrong exercise:
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 class Mismatch(AssertionError):
@@ -54,6 +55,25 @@ def call(fn, *args, **kwargs):
         return answer(fn(*args, **kwargs))
     except NotImplementedError as err:
         raise NotYet(str(err) or "the stub still raises NotImplementedError") from None
+
+
+class _OpRecorder(TorchFunctionMode):
+    """Records the name of every torch function and Tensor method called under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)).rstrip("_"))  # exp_ (in place) counts as exp
+        return func(*args, **(kwargs or {}))
+
+
+def call_recording_ops(fn, *args, **kwargs):
+    """(answer, names of the torch ops it used): for checks about how a result is computed, not only what."""
+    with _OpRecorder() as recorder:
+        got = call(fn, *args, **kwargs)
+    return got, recorder.names
 
 
 def close(got, want: torch.Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-5) -> None:

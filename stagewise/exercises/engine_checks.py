@@ -16,7 +16,7 @@ from stagewise.calc.roofline import analyze
 from stagewise.calc.steps import roofline
 from stagewise.calc.tensor_parallel import INTERCONNECTS, analyze_tp
 from stagewise.config import PRESETS, EngineConfig
-from stagewise.exercises.core import call, close, equal, near
+from stagewise.exercises.core import Mismatch, call, call_recording_ops, close, equal, near
 from stagewise.kv.block_manager import BlockManager
 from stagewise.parallel.shard import valid_tp_sizes
 from stagewise.stages import STAGES
@@ -110,8 +110,17 @@ def check_slot_mapping(fn) -> str:
     k_cache = torch.zeros(num_blocks * block_size, Hkv, d)
     v_cache = torch.zeros_like(k_cache)
     for chunk in (range(0, 9), range(9, 13), range(13, 14)):  # a prefill, a chunk, a decode token
-        slots = torch.as_tensor(call(fn, list(block_ids), list(chunk), block_size), dtype=torch.long)
-        equal(slots.shape[0], len(chunk), "number of slots")
+        got = call(fn, list(block_ids), list(chunk), block_size)
+        try:
+            slots = torch.as_tensor(got, dtype=torch.long).reshape(-1)  # [len(chunk)]
+        except (TypeError, ValueError, RuntimeError):
+            raise Mismatch(f"positions {chunk.start}..{chunk.stop - 1}: want a list of ints, not {got!r:.50}") from None
+        equal(slots.shape[0], len(chunk), f"number of slots for positions {chunk.start}..{chunk.stop - 1}")
+        pool = num_blocks * block_size
+        outside = [(p, int(s)) for p, s in zip(chunk, slots) if not 0 <= s < pool]
+        if outside:
+            p, s = outside[0]
+            raise Mismatch(f"position {p} maps to slot {s}, outside the pool's {pool} slots (block * size + offset)")
         step = AttentionMetadata.build([len(chunk)], [chunk.stop], "cpu", slot_mapping=slots.tolist())
         new_k = k[chunk.start : chunk.stop]
         STAGES["kv_store"].naive(k=new_k, v=new_k, k_cache=k_cache, v_cache=v_cache, metadata=step)
@@ -201,8 +210,13 @@ def check_softmax_exp2(fn) -> str:
     g = torch.Generator().manual_seed(15)
     scores = torch.randn(4, 25, generator=g, dtype=torch.float64) * 10
     for scale in (1.0, 0.125):
-        close(call(fn, scores.clone(), scale), torch.softmax(scores * scale, dim=-1), f"scale {scale}", atol=1e-12)
-    return "softmax via exp2(x * log2(e)) equals torch.softmax"
+        got, ops = call_recording_ops(fn, scores.clone(), scale)
+        close(got, torch.softmax(scores * scale, dim=-1), f"scale {scale}", atol=1e-12)
+        used = sorted(ops & {"exp", "softmax", "log_softmax", "expm1", "sigmoid", "logsumexp"})
+        if used or "exp2" not in ops:
+            why = f"it calls {', '.join(used)}" if used else "it never calls exp2"
+            raise Mismatch(f"the values are right but {why}: compute every power with torch.exp2, as the kernels do")
+    return "softmax via exp2(x * log2(e)) equals torch.softmax, and exp2 is the only exponential it calls"
 
 
 # ---------------------------------------------------------------- 13 tensor parallelism

@@ -124,13 +124,38 @@ def _norm_inputs(seed: int):
     return x, residual, weight
 
 
+def _rounded_like(got, want: torch.Tensor, what: str) -> None:
+    """Raise Mismatch unless a half-precision `got` is `want` up to one rounding step per value.
+
+    The reference accumulates and scales in float32 and rounds once, at the end.
+    The same maths in bfloat16 / float16 rounds at every op, and some values land
+    two or more steps away (float16 squares of values near 1000 even overflow).
+    """
+    if not isinstance(got, torch.Tensor) or got.dtype != want.dtype:
+        kind = got.dtype if isinstance(got, torch.Tensor) else type(got).__name__
+        raise Mismatch(f"{what}: got {kind}, expected a {want.dtype} tensor (cast back to the input's dtype)")
+    close(got, want, what, atol=1e-2, rtol=1e-2)  # the shape, and no value far off
+    w = want.float().abs()
+    step = torch.nextafter(want.abs(), torch.full_like(want, float("inf"))).float() - w  # one rounding step
+    steps = (got.float() - want.float()).abs() / step
+    if (steps > 1.01).any():
+        raise Mismatch(
+            f"{what}: {int((steps > 1.01).sum())} of {want.numel()} values are {float(steps.max()):.0f} "
+            "rounding steps from the reference; compute the norm on x.float() and cast back before the weight"
+        )
+
+
 def check_rmsnorm(fn) -> str:
-    """my_rmsnorm(x, weight, eps) -> weight * x / sqrt(mean(x^2) + eps), per row."""
+    """my_rmsnorm(x, weight, eps) -> weight * x / sqrt(mean(x^2) + eps), per row, accumulated in float32."""
     for seed, eps in [(0, 1e-5), (1, 0.5)]:
         x, _, weight = _norm_inputs(seed)
         want, _ = STAGES["rmsnorm"].naive(x=x, weight=weight, eps=eps)
         close(call(fn, x.clone(), weight, eps), want, f"rmsnorm (eps {eps})", atol=1e-5, rtol=1e-4)
-    return "rows from 0.01 to 1000 in scale, two eps: equal to the rmsnorm stage"
+    for seed, dtype in [(2, torch.bfloat16), (3, torch.float16)]:
+        x, _, weight = (t.to(dtype) for t in _norm_inputs(seed))
+        want, _ = STAGES["rmsnorm"].naive(x=x, weight=weight, eps=1e-5)
+        _rounded_like(call(fn, x.clone(), weight, 1e-5), want, f"rmsnorm of {dtype} rows")
+    return "rows from 0.01 to 1000 in scale, two eps, float32 / bfloat16 / float16: equal to the rmsnorm stage"
 
 
 def check_add_rmsnorm(fn) -> str:
@@ -240,20 +265,37 @@ def check_causal_attention(fn) -> str:
 
 
 def check_online_softmax(fn) -> str:
-    """my_online_softmax(scores [R, N], values [N, d], block_n) -> (out [R, d], m [R], l [R])."""
+    """my_online_step(m [R], l [R], acc [R, d], scores [R, n], values [n, d]) -> (m, l, acc) after one tile.
+
+    The check owns the loop: it starts from m = -inf, l = 0, acc = 0, hands your
+    function one tile of keys at a time (tiles of uneven sizes) and compares the
+    state after every tile with the softmax statistics of the keys seen so far,
+    so a function that only sees the current tile cannot pass by taking a full
+    softmax of it.
+    """
     g = _gen(8)
-    for rows, n, block_n in [(3, 20, 8), (5, 33, 4), (2, 7, 16)]:
+    for rows, n, tiles in [(3, 20, [8, 8, 4]), (5, 33, [4, 1, 16, 12]), (2, 7, [7])]:
         scores = torch.randn(rows, n, generator=g, dtype=torch.float64) * 4
         scores[0, n // 2 :] = float("-inf")  # a row with masked keys, as under the causal mask
         values = torch.randn(n, 6, generator=g, dtype=torch.float64)
-        got = call(fn, scores.clone(), values, block_n)
-        if not isinstance(got, tuple) or len(got) != 3:
-            raise Mismatch("return a triple (out, m, l)")
-        m = scores.max(dim=1).values
-        close(got[0], torch.softmax(scores, dim=1) @ values, f"out ({rows}x{n}, tiles of {block_n})", atol=1e-9)
-        close(got[1], m, "final running max m", atol=1e-12)
-        close(got[2], torch.exp(scores - m[:, None]).sum(dim=1), "final running sum l", atol=1e-9)
-    return "3 score matrices (one row half masked) equal softmax(s) @ v"
+        m = torch.full((rows,), float("-inf"), dtype=torch.float64)
+        l, acc = torch.zeros(rows, dtype=torch.float64), torch.zeros(rows, 6, dtype=torch.float64)  # noqa: E741
+        end = 0
+        for size in tiles:
+            start, end = end, end + size
+            got = call(fn, m.clone(), l.clone(), acc.clone(), scores[:, start:end].clone(), values[start:end])
+            if not isinstance(got, tuple) or len(got) != 3:
+                raise Mismatch("return a triple (m, l, acc): the state after this tile")
+            m, l, acc = got  # noqa: E741
+            seen = scores[:, :end]  # [R, end]: every key folded in so far
+            m_want = seen.max(dim=1).values
+            p = torch.exp(seen - m_want[:, None])  # [R, end]
+            where = f"{rows}x{n} scores, after the tile of keys {start}..{end - 1}"
+            close(m, m_want, f"m {where}", atol=1e-12)
+            close(l, p.sum(dim=1), f"l {where}", atol=1e-9)
+            close(acc, p @ values[:end], f"acc {where}", atol=1e-9)
+        close(acc / l[:, None], torch.softmax(scores, dim=1) @ values, f"acc / l ({rows}x{n})", atol=1e-9)
+    return "3 score matrices (one row half masked), tiles of uneven sizes: the state equals softmax of the keys so far"
 
 
 # ---------------------------------------------------------------- 06 FFN

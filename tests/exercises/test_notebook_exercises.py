@@ -91,7 +91,73 @@ def _attention_without_mask(q, k, v, scale):
     return torch.einsum("hqk,khd->qhd", probs, vv)
 
 
+def _attention_on_new_key_only(cache, layer, q, k, v, scale):
+    group = q.shape[1] // k.shape[1]
+    return v.repeat_interleave(group, dim=1)  # softmax over one key is 1: forgot to append to the cache
+
+
+def _allocate_ignoring_owned(free_queue, ref_counts, row, num_tokens, block_size):
+    need = -(-num_tokens // block_size)  # forgets the blocks the row already holds
+    if need > len(free_queue):
+        return False
+    for _ in range(need):
+        row.append(free_queue.popleft())
+        ref_counts[row[-1]] = 1
+    return row
+
+
+def _free_head_first(free_queue, ref_counts, row):
+    returned = []
+    for block in row:  # head first: the shared prefix blocks come back before the private tail
+        ref_counts[block] -= 1
+        if ref_counts[block] == 0:
+            free_queue.append(block)
+            returned.append(block)
+    return returned
+
+
+def _prefix_covering_the_last_token(token_ids, block_size, cached):
+    hits, parent = [], None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):  # every full block
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+        if parent not in cached:
+            break
+        hits.append(cached[parent])
+    return hits
+
+
+def _schedule_admitting_after_preemption(running, waiting, budget, max_num_seqs, allocate, free):
+    scheduled, i = [], 0
+    while i < len(running) and budget > 0:
+        seq, n = running[i], min(running[i].num_tokens - running[i].num_computed_tokens, budget)
+        while not allocate(seq, n):
+            victim = running.pop()
+            free(victim)
+            victim.num_computed_tokens = 0
+            waiting.appendleft(victim)
+            if victim is seq:
+                break
+        if seq not in running:
+            break
+        scheduled.append((seq.request_id, n))
+        budget, i = budget - n, i + 1
+    while waiting and len(running) < max_num_seqs and budget > 0:  # admits even after a preemption
+        seq = waiting[0]
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if not allocate(seq, n):
+            break
+        running.append(waiting.popleft())
+        scheduled.append((seq.request_id, n))
+        budget -= n
+    return scheduled
+
+
 PLAUSIBLE_BUGS = {
+    "08.cached_attention": _attention_on_new_key_only,
+    "09.allocate": _allocate_ignoring_owned,
+    "09.free": _free_head_first,
+    "09.cached_prefix": _prefix_covering_the_last_token,
+    "10.schedule_step": _schedule_admitting_after_preemption,
     "02.rmsnorm": lambda x, w, eps: w * x / x.pow(2).mean(-1, keepdim=True).sqrt(),  # forgot eps
     "07.top_k": lambda p, k: (lambda kept: kept / kept.sum(-1, keepdim=True))(
         torch.zeros_like(p).scatter(-1, p.topk(k).indices, p.gather(-1, p.topk(k).indices))
@@ -119,6 +185,40 @@ PLAUSIBLE_BUGS = {
 def test_a_plausible_bug_fails(check_name):
     outcome = result(check_name, PLAUSIBLE_BUGS[check_name])
     assert outcome.status == "fail", outcome.line()
+
+
+def _online_step_of_one_tile(m, l, acc, scores, values):  # noqa: E741
+    """A full softmax of the tile it is handed, the running state ignored."""
+    m_tile = scores.max(dim=1).values
+    p = torch.exp(scores - m_tile[:, None])
+    return m_tile, p.sum(dim=1), p @ values
+
+
+# Answers that are right on the easy inputs but skip what the exercise is about: each must FAIL
+# with a readable line (the check's own message, never an exception from inside the package).
+SKIPS_THE_POINT = [
+    ("02.rmsnorm", lambda x, w, eps: w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), "rounding steps"),
+    (
+        "02.rmsnorm",
+        lambda x, w, eps: w.float() * x.float() / x.float().pow(2).mean(-1, keepdim=True).add(eps).sqrt(),
+        "cast back",
+    ),  # fmt: skip
+    ("05.online_softmax", _online_step_of_one_tile, "after the tile of keys 8..15"),
+    ("12.softmax_exp2", lambda s, scale: torch.softmax(s * scale, dim=-1), "calls softmax"),
+    ("12.softmax_exp2", lambda s, scale: (s * scale).exp() / (s * scale).exp().sum(-1, keepdim=True), "calls exp"),
+    (
+        "09.slot_mapping",
+        lambda block_ids, positions, size: [block_ids[p // size] * 2 * size + p for p in positions],
+        "outside the pool",
+    ),  # fmt: skip
+    ("09.slot_mapping", lambda block_ids, positions, size: "slots", "want a list of ints"),
+]
+
+
+@pytest.mark.parametrize(("check_name", "wrong", "says"), SKIPS_THE_POINT)
+def test_an_answer_that_skips_the_point_fails_readably(check_name, wrong, says):
+    outcome = result(check_name, wrong)
+    assert outcome.status == "fail" and says in outcome.message, outcome.line()
 
 
 def test_stubs_report_not_yet_and_errors_are_caught():
