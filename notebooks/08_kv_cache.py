@@ -405,3 +405,25 @@ def my_rows_computed(prompt_len: int, new_tokens: int) -> tuple[int, int]:
 
 # %%
 check("08.rows_computed", my_rows_computed)
+
+# %% [markdown]
+# **4. Write the cache.** The mechanism itself. The check runs the tiny model
+# one token per forward pass (the prompt too), and at every layer calls
+# `my_cached_attention(cache, layer, q, k, v, scale)` with this token's query
+# `q [1, H, d]` and its new key and value `k, v [1, Hkv, d]`. `cache[layer]`
+# is a dict `{"k": [n, Hkv, d], "v": [n, Hkv, d]}` holding the `n` tokens seen
+# so far (empty at first). Append the new K and V to it, then attend the one
+# query to every cached key: query head `h` reads KV head `h // (H // Hkv)`,
+# scores `q . k * scale`, softmax over the keys, weighted sum of the values;
+# return `[1, H, d]`. No mask is needed: the one query is the newest token, so
+# every cached key is in its past. The check compares your output and your
+# cache with the attention stage at every layer of every step, then the greedy
+# tokens with recompute's (the whole sequence each step, no cache).
+
+# %%
+def my_cached_attention(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    raise NotImplementedError
+
+
+# %%
+check("08.cached_attention", my_cached_attention)

@@ -13,9 +13,9 @@
 # %% [markdown]
 # # 09 · The paged KV cache: blocks, block tables, slots, prefix caching
 #
-# Notebook 08 showed that a KV cache turns each generation step from
-# O(N) work into O(1), and that it costs `2 * L * Hkv * d * bytes` of memory
-# per token. Now: *where* does that memory come from?
+# Notebook 08 showed that a KV cache cuts each generation step's linear
+# layers from O(N) work to O(1) per token and its attention from O(N^2) to
+# O(N), and that it costs `2 * L * Hkv * d * bytes` of memory per token. Now: *where* does that memory come from?
 #
 # The simple answer — give every request one contiguous region big enough for
 # its longest possible sequence — wastes memory twice. The output length is
@@ -547,3 +547,56 @@ def my_slot_mapping(block_ids: list[int], positions: list[int], block_size: int)
 
 # %%
 check("09.slot_mapping", my_slot_mapping)
+
+# %% [markdown]
+# **3. The allocator.** Now the block manager's own job, on plain values: the
+# pool's `free_queue` (a `deque` of block ids, least recently freed first),
+# `ref_counts` (one count per block: how many requests hold it) and one
+# request's block-table `row`. `my_allocate(free_queue, ref_counts, row,
+# num_tokens, block_size)` makes `row` hold `num_tokens` tokens: take the
+# blocks it lacks from the *front* of the queue, give each a count of 1, append
+# them to the row and return the row. When the queue is too short, change
+# nothing and return `False` (the scheduler then waits or preempts). The check
+# runs a random trace on a real `BlockManager` and calls your function on a
+# copy of its state before each `allocate`: same row, same queue, same counts.
+
+# %%
+def my_allocate(free_queue, ref_counts: list[int], row: list[int], num_tokens: int, block_size: int):
+    raise NotImplementedError
+
+
+# %%
+check("09.allocate", my_allocate)
+
+# %% [markdown]
+# **4. Freeing.** `my_free(free_queue, ref_counts, row)`: the request is done
+# (or preempted). Drop its reference on each block, *last block first*; a
+# block whose count reaches 0 goes to the back of the free queue (a block of a
+# shared prefix, still held by another request, stays out). Empty the row and
+# return the block ids you put back, in order. The trace shares prompt
+# prefixes, so some blocks have counts above 1.
+
+# %%
+def my_free(free_queue, ref_counts: list[int], row: list[int]) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("09.free", my_free)
+
+# %% [markdown]
+# **5. The prefix-cache lookup.** `cached` maps a full block's hash to its
+# block id. A block's hash names its whole prefix: `h_0 = hash((None,
+# tuple(tokens[0:bs])))`, `h_i = hash((h_{i-1}, tuple(tokens[i*bs:(i+1)*bs])))`.
+# `my_cached_prefix(token_ids, block_size, cached)` returns the block ids of
+# the longest run of hits from the start, stopping at the first miss, and never
+# covering the last token (its logits are needed, so it must be computed: a
+# 16-token prompt of 4-token blocks can reuse at most 3 blocks).
+
+# %%
+def my_cached_prefix(token_ids: list[int], block_size: int, cached: dict) -> list[int]:
+    raise NotImplementedError
+
+
+# %%
+check("09.cached_prefix", my_cached_prefix)

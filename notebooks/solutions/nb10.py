@@ -18,4 +18,38 @@ def my_continuous_rows(prompt_lens: list[int], output_lens: list[int]) -> int:
     return sum(p + o - 1 for p, o in zip(prompt_lens, output_lens))
 
 
-SOLUTIONS = {"10.static_rows": my_static_rows, "10.continuous_rows": my_continuous_rows}
+def my_schedule(running, waiting, budget, max_num_seqs, allocate, free):
+    scheduled, preempted = [], False
+    i = 0
+    while i < len(running) and budget > 0:  # 1) running requests, first come first served
+        seq = running[i]
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)  # a whole prompt, a chunk or 1
+        while not allocate(seq, n):  # no room: preempt the newest running request
+            victim = running.pop()
+            free(victim)
+            victim.num_computed_tokens = 0  # recompute: its K/V are gone
+            waiting.appendleft(victim)  # and it is the first to come back
+            preempted = True
+            if victim is seq:
+                break
+        if seq not in running:  # it preempted itself: nothing else fits this step
+            break
+        scheduled.append((seq.request_id, n))
+        budget -= n
+        i += 1
+    while waiting and not preempted and len(running) < max_num_seqs and budget > 0:  # 2) admit
+        seq = waiting[0]
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if not allocate(seq, n):
+            break  # the head of the queue waits, and everyone behind it
+        running.append(waiting.popleft())
+        scheduled.append((seq.request_id, n))
+        budget -= n
+    return scheduled
+
+
+SOLUTIONS = {
+    "10.static_rows": my_static_rows,
+    "10.continuous_rows": my_continuous_rows,
+    "10.schedule_step": my_schedule,
+}
