@@ -461,6 +461,42 @@ def spec(
     finish(console, result, spec_table(result), plot_spec, out_dir, name)
 
 
+@bench_app.command()
+def quant(
+    model: str = MODEL,
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    threads: int | None = THREADS,
+    systems: str = typer.Option("float32,packed,transformers,llama.cpp", help="systems compared"),
+    llamacpp: str | None = typer.Option(
+        None, help="node_modules holding node-llama-cpp (runs scripts/llamacpp_decode.mjs; else skipped)"
+    ),
+    max_tokens: int | None = typer.Option(None, help="greedy tokens per prompt (default 64; quick 4)"),
+    repeats: int | None = typer.Option(None, help="rounds over prompts and systems (default 3; quick 1)"),
+    prompts: int | None = typer.Option(None, help="the first N built-in prompts (default 3; quick 1)"),
+    overwrite: bool = OVERWRITE,
+):
+    """A GGUF's weights kept quantized vs float32, transformers and llama.cpp: batch-1 decode, memory."""
+    import sys
+
+    from stagewise.bench.quant import QuantSettings, plot_quant, quant_table, run_quant
+
+    console, out_dir = setup(threads, out, quick)
+    base = QuantSettings(max_tokens=4, repeats=1, prompts=1) if quick else QuantSettings()
+    settings = QuantSettings(
+        model=model,
+        max_tokens=positive(max_tokens, "--max-tokens", base.max_tokens),
+        repeats=positive(repeats, "--repeats", base.repeats),
+        prompts=positive(prompts, "--prompts", base.prompts),
+        systems=split_names(systems, "--systems"),
+        llamacpp=llamacpp,
+    )
+    name = check_result_files(out_dir, "quant", asdict(settings), overwrite, quick and out is None)
+    result = run_quant(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    result["settings"] = json.loads(json.dumps(asdict(settings)))
+    finish(console, result, quant_table(result), plot_quant, out_dir, name)
+
+
 def main() -> None:
     """Run `bench` on its own (python -m stagewise.cli.bench ...), with the CLI's one-line errors."""
     from stagewise.cli.command import run_command
