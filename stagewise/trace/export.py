@@ -14,7 +14,8 @@ JSON (`to_json`, schema `TRACE_SCHEMA`, version 2) — what notebooks, tests and
     }
     stage = {stage, layer, backend, inputs: [tensor], outputs: [tensor], scalars, start_us, dur_us, rank, kind}
             (kind "collective": stage is all_reduce or gather, backend gloo or nccl, scalars {bytes, world_size})
-    tensor = {name, shape: [int], dtype, axes: [str] | null}
+    tensor = {name, shape: [int], dtype, axes: [str] | null, packed: str | null}
+             (packed: a packed weight's part, "q4_1 [K=576, N=960]"; its name is "w_qkv.codes" / ".scales" / ".mins")
 
 A step's `view` (version 2; null outside the paged mode) is the paged engine after the step, as
 `stagewise.engine.snapshot.engine_snapshot` makes it: the waiting / running / preempted queues, every
@@ -52,6 +53,7 @@ _TENSOR = {
         "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "dtype": {"type": "string"},
         "axes": {"type": ["array", "null"], "items": {"type": "string"}},
+        "packed": {"type": ["string", "null"]},
     },
 }
 _STAGE = {

@@ -37,7 +37,8 @@ def _layer_label(rec: StageRecord) -> str:
 
 
 def _tensors(recs) -> str:
-    return ", ".join(f"{t.name} {t.label()}" for t in recs if not t.name.startswith("sampling."))
+    shown = (t for t in recs if not t.name.startswith("sampling."))
+    return ", ".join(f"{t.name} {t.label()}" + (f" {t.dtype}" if t.packed else "") for t in shown)
 
 
 def _ms(rec: StageRecord) -> str:

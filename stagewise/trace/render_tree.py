@@ -8,7 +8,9 @@ which layers and steps to expand and can filter by stage.
 (`[5,576]` instead of `[num_tokens=5, hidden=576]`), the step's metadata
 tensors left out of the stage lines (the step's `batch` node lists them with
 their values), the weights left out too (they never change shape: a `weights`
-node lists them once, packed quantized ones with their codes and scales), K
+node lists them once, a packed quantized one as its format, the [K, N] matrix it stands
+for, and its stored parts with their dtypes: `w_qkv q4_1 [K=576, N=960]: codes [960,288] uint8,
+scales [960,18] float16, mins [960,18] float16`), K
 and V of the same shape on one entry (`k/v_cache`), and `-> same` when every
 output has the shape of the input it replaces.
 
@@ -85,7 +87,7 @@ def tensor_lists(rec: StageRecord, compact: bool, sep: str = " ") -> tuple[str, 
     """(inputs, outputs) as text; `sep` joins a name and its shape (compact: bare sizes, no weights)."""
     inputs = [t for t in rec.inputs if not t.name.startswith("sampling.")]
     if not compact:
-        ins = ", ".join(f"{t.name}{sep}{t.label()}" for t in inputs)
+        ins = ", ".join(f"{t.name}{sep}{t.label()}" + (f" {t.dtype}" if t.packed else "") for t in inputs)
         return ins, ", ".join(f"{t.name}{sep}{t.label()}" for t in rec.outputs)
     shown = (t for t in inputs if t.name not in STEP_METADATA and not is_weight(t.name))
     ins = ", ".join(f"{n}{sep}{label}" for n, label in _kv_pairs(shown))
@@ -290,8 +292,11 @@ def _add_weights(tree: Tree, tracer: Tracer) -> None:
         for t in rec.inputs:
             if is_weight(t.name) and not t.name.startswith("sampling."):  # sampling's knobs are not weights
                 name, _, part = t.name.partition(".")
+                if t.packed:  # w_qkv q4_1 [K=576, N=960]: codes [960,288] uint8, scales [960,18] float16
+                    name = f"{name} {t.packed}:"
                 entry = seen.setdefault((where, name), [])
                 label = f"{part} {_bare(t)}" if part else _bare(t)
+                label += f" {t.dtype}" if t.packed else ""
                 if label not in entry:
                     entry.append(label)
     if seen:

@@ -29,6 +29,7 @@ import torch
 
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.packed_weight import PackedWeight
 from stagewise.trace.hooks import pop_tracer, push_tracer
 
 
@@ -38,6 +39,7 @@ class TensorRecord:
     shape: list[int]  # tensor shape
     dtype: str  # e.g. "float32"
     axes: list[str] | None  # one name per dimension when the stage declares them
+    packed: str | None = None  # part of a packed weight: its format and the matrix it stands for, "q4_1 [K=576, N=960]"
 
     def label(self) -> str:
         """'[num_tokens=23, hidden=576]' (or '[23, 576]' without axis names)."""
@@ -200,6 +202,8 @@ def _tensor_records(name: str, value, axes: dict[str, str]) -> list[TensorRecord
             if isinstance(inner, torch.Tensor) and key in axes:
                 out += _tensor_records(key, inner, axes)
         return out
+    if isinstance(value, PackedWeight):
+        return _packed_records(name, value)
     if is_dataclass(value) and not isinstance(value, type):
         out = []
         for key, inner in vars(value).items():
@@ -209,3 +213,24 @@ def _tensor_records(name: str, value, axes: dict[str, str]) -> list[TensorRecord
                 )
         return out
     return []
+
+
+def _packed_records(name: str, w: PackedWeight) -> list[TensorRecord]:
+    """A packed weight as its stored parts, each named for the matrix axis it cuts.
+
+    w_qkv (q4_1, [K=576, N=960]) -> w_qkv.codes [N=960, K/2=288] uint8 (two 4-bit codes a byte),
+    w_qkv.scales [N=960, K/32=18] float16, w_qkv.mins [N=960, K/32=18] float16.
+    """
+    k, n = w.shape
+    what = f"{w.kind} [K={k}, N={n}]"
+    out = []
+    for key, inner in vars(w).items():
+        if not isinstance(inner, torch.Tensor):
+            continue
+        axes = None
+        if inner.dim() == 2 and inner.shape[0] == n and inner.shape[1] and k % inner.shape[1] == 0:
+            per = k // inner.shape[1]
+            axes = ["N", "K" if per == 1 else f"K/{per}"]
+        dtype = str(inner.dtype).removeprefix("torch.")
+        out.append(TensorRecord(f"{name}.{key}", list(inner.shape), dtype, axes, packed=what))
+    return out
