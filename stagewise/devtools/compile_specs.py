@@ -280,7 +280,7 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
     flash.update(stride_v_token=kv_heads * d, stride_v_head=d, stride_o_token=heads * splits * d)
     flash.update(stride_o_head=splits * d, stride_o_split=d if splits > 1 else 0)
     flash.update(stride_ml_token=heads * splits if splits > 1 else 0, stride_ml_head=splits if splits > 1 else 0)
-    flash.update(HAS_SEQUSED_K=phase.name == "decode", NUM_SPLITS=splits, **_precision(dtype))
+    flash.update(HAS_SEQUSED_K=phase.name == "decode", NUM_SPLITS=splits, INT64_OFFSETS=False, **_precision(dtype))
     label = f"flash_attention split {splits}" if splits > 1 else "flash_attention"
     launches = [Launch("flash_attention", label, "stagewise.kernels.flash_attention",
                        "_flash_attention_kernel", flash, plan)]  # fmt: skip
@@ -295,7 +295,8 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
     paged.update(stride_o_head=(splits if partial else 1) * d, stride_o_split=d if partial else 0)
     paged.update(stride_ml_token=heads * splits if partial else 0, stride_ml_head=splits if partial else 0)
     paged.update(stride_bt_row=-(-phase.context // BLOCK_SIZE), stride_slot=kv_heads * d)
-    paged.update(stride_kv_head=d, BLOCK_SIZE=BLOCK_SIZE, NUM_SPLITS=splits, **_precision(dtype))
+    paged.update(stride_kv_head=d, BLOCK_SIZE=BLOCK_SIZE, NUM_SPLITS=splits, INT64_OFFSETS=False)
+    paged.update(**_precision(dtype))
     label = f"paged_attention split {splits}" if partial else "paged_attention"
     launches.append(Launch("paged_attention", label, "stagewise.kernels.paged_attention",
                            "_paged_attention_kernel", paged, plan))  # fmt: skip

@@ -6,14 +6,17 @@ tile's BLOCK_M rows are (query, group head) pairs of one KV head, query-major
 share a KV head read each K/V tile once. The program loads its Q tile once,
 then walks its keys BLOCK_N at a time (`attend_keys`), keeping per row
 
-    m    the largest score seen so far          (base 2: scores carry scale * log2 e)
-    l    the sum of exp2(s - m) over the keys seen
-    acc  the sum of exp2(s - m) * v             [d]
+    m    the largest scaled score seen so far   (base 2: c = scale * log2 e, m = max c * s)
+    l    the sum of exp2(c s - m) over the keys seen
+    acc  the sum of exp2(c s - m) * v           [d]
 
-and folding each tile of scores s_j in (`attend_tile`; Milakov & Gimelshein 2018):
+and folding each tile of raw scores s_j = q . k_j in (`attend_tile`; Milakov & Gimelshein 2018):
 
-    m_new = max(m, max_j s_j)   alpha = exp2(m - m_new)   p_j = exp2(s_j - m_new)
-    l = alpha * l + sum_j p_j   acc = alpha * acc + sum_j p_j v_j   ...   out = acc / l
+    m_new = max(m, c max_j s_j)   alpha = exp2(m - m_new)   p_j = exp2(c s_j - m_new)
+    l = alpha * l + sum_j p_j     acc = alpha * acc + sum_j p_j v_j   ...   out = acc / l
+
+c s_j - m_new is one fused multiply-add per score (the scale is never applied on its own), and
+exp2 is the GPU's native exponential (exp(x) costs an extra multiply by log2 e).
 
 Only one [BLOCK_M, BLOCK_N] tile of scores exists, in registers: O(N) extra
 memory where the naive path holds O(N^2). `key_range` skips the keys no row
@@ -22,6 +25,9 @@ which run without masks. m starts at a large finite negative number, so a row
 that sees no key keeps l = 0 without a NaN, and writes 0. The kernels differ
 only in where a key lives: a row of k/v, or a slot through the block table.
 `online_softmax_reference` is the same loop in PyTorch, for reading and tests.
+
+Offsets: element offsets (row * stride) are 32-bit unless a tensor spans 2^31 elements or more
+(`needs_int64_offsets`); 32-bit integer math is cheaper and leaves registers for the tiles.
 """
 
 import math
@@ -78,14 +84,17 @@ def program_tile(
 ):
     """Grid (row tile, sequence, KV head x split) -> (seq, kv_head, split, q_start, q_len, f0).
 
-    f0 is the tile's first (query, group head) row within the sequence.
+    f0 is the tile's first (query, group head) row within the sequence. Row tiles run in reverse:
+    with a causal mask the last tile sees the most keys, and a GPU starts blocks roughly in order
+    of their id, so the longest programs start first and the short ones fill the tail.
     """
+    row_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (last) row tile first
     seq = tl.program_id(1)
     kv_head = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    return seq, kv_head, split, q_start, q_len, tl.program_id(0) * BLOCK_M
+    return seq, kv_head, split, q_start, q_len, row_tile * BLOCK_M
 
 
 @triton.jit
@@ -101,13 +110,16 @@ def load_query_tile(
     HEAD_DIM: tl.constexpr,  # d (a power of two)
     BLOCK_M: tl.constexpr,  # rows per tile
     FP32_DOTS: tl.constexpr,  # convert the tile to fp32 after the load
+    INT64_OFFSETS: tl.constexpr,  # row * stride may pass 2^31: 64-bit offsets
 ):
     """The tile's rows and its Q tile: (q [BLOCK_M, HEAD_DIM], query, head, row_ok, q_rows)."""
     flat = f0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed rows
     query = flat // GROUP  # [BLOCK_M] query within the sequence
     head = kv_head * GROUP + flat % GROUP  # [BLOCK_M] query head: GQA by index map, no K/V copy
     row_ok = query < q_len
-    q_rows = (q_start + query).to(tl.int64)  # int64: row * stride may pass 2^31
+    q_rows = q_start + query
+    if INT64_OFFSETS:
+        q_rows = q_rows.to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
     rows = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head  # [BLOCK_M, 1]
     q = tl.load(q_ptr + rows + dims[None, :], mask=row_ok[:, None], other=0.0)
@@ -172,6 +184,7 @@ def attend_keys(
     MASKED: tl.constexpr,  # the causal and length masks (False: every row sees every key)
     FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load
     INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for fp32 tiles (precision.py)
+    INT64_OFFSETS: tl.constexpr,  # row * stride may pass 2^31: 64-bit offsets
 ):
     """Fold the keys [n_lo, n_hi) into (acc, m, l), one [BLOCK_N, HEAD_DIM] K/V tile at a time.
 
@@ -187,9 +200,13 @@ def attend_keys(
                 block_id = tl.load(blocks, mask=in_seq, other=0)
             else:
                 block_id = tl.load(blocks)
-            rows = block_id.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE  # int64: may pass 2^31
+            if INT64_OFFSETS:
+                block_id = block_id.to(tl.int64)
+            rows = block_id * BLOCK_SIZE + pos % BLOCK_SIZE
         else:
-            rows = (key_start + pos).to(tl.int64)
+            rows = key_start + pos
+            if INT64_OFFSETS:
+                rows = rows.to(tl.int64)
         k_ptrs = k_base + rows[:, None] * stride_k_row  # [BLOCK_N, HEAD_DIM]
         v_ptrs = v_base + rows[:, None] * stride_v_row
         if MASKED:
@@ -211,7 +228,7 @@ def attend_keys(
 @triton.jit
 def attend_tile(
     acc,  # [BLOCK_M, HEAD_DIM] fp32 running sum of p * v
-    m_i,  # [BLOCK_M] fp32 running max of the scores (base-2 units)
+    m_i,  # [BLOCK_M] fp32 running max of the scaled scores (base-2 units)
     l_i,  # [BLOCK_M] fp32 running sum of p
     q,  # [BLOCK_M, HEAD_DIM] query tile (fp32 when FP32_DOTS, else the input dtype)
     k,  # [BLOCK_N, HEAD_DIM] key tile
@@ -225,13 +242,13 @@ def attend_tile(
 
     q, k, v are all fp32 (fp32 dots) or all 16-bit (tensor-core dots, fp32 accumulation).
     """
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
-    s = s * qk_scale
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32, raw
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # [BLOCK_M]
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)  # [BLOCK_M]; qk_scale > 0 keeps the max
     alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M] rescales the old sums to the new max
-    p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]; masked -> exp2(-inf) = 0
+    # one FMA per score: s * qk_scale - m_new; masked -> exp2(-inf) = 0
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])  # [BLOCK_M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     # 16-bit v: P rounded to 16 bits before P @ V, as in FlashAttention
@@ -247,7 +264,7 @@ def store_rows(
     acc,  # [BLOCK_M, HEAD_DIM] fp32 running sum of p * v
     m_i,  # [BLOCK_M] fp32 running max
     l_i,  # [BLOCK_M] fp32 running sum of p
-    q_rows,  # [BLOCK_M] int64 token rows of the tile
+    q_rows,  # [BLOCK_M] token rows of the tile (int64 when INT64_OFFSETS)
     head,  # [BLOCK_M] query heads of the tile
     row_ok,  # [BLOCK_M] bool: the row exists
     split,  # this program's split
@@ -330,6 +347,24 @@ def qk_scale_log2(scale: float) -> float:
     if not math.isfinite(scale) or scale <= 0:
         raise KernelInputError(f"attention: scale must be a positive finite number, got {scale}")
     return float(scale) * LOG2E
+
+
+INT32_LIMIT = 2**31
+MAX_TILE_ROWS = 256  # rows a masked tile may run past its tensor's end (BLOCK_M or BLOCK_N)
+
+
+def needs_int64_offsets(*tensors: torch.Tensor) -> bool:
+    """Whether a kernel's element offsets may pass 2^31, so they need 64-bit integers.
+
+    Every offset a kernel forms into tensor t is at most the last element's, sum((size - 1) *
+    stride), plus MAX_TILE_ROWS rows past the end (masked tail rows form an address they never
+    load): below 2^31 for every tensor, 32-bit offsets cannot overflow.
+    """
+    for t in tensors:
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+        if last + MAX_TILE_ROWS * max(t.stride(), default=1) >= INT32_LIMIT:
+            return True
+    return False
 
 
 def tile_fits(

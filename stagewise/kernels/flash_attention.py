@@ -39,6 +39,7 @@ from stagewise.kernels.attention_common import (
     check_qkv,
     key_range,
     load_query_tile,
+    needs_int64_offsets,
     program_tile,
     qk_scale_log2,
     store_rows,
@@ -95,6 +96,7 @@ def _flash_attention_kernel(
     HAS_SEQUSED_K: tl.constexpr,  # key counts come from seqused_k, not from cu_seqlens_k
     FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32; bf16 in the interpreter)
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision of fp32 tiles: "ieee" or "tf32"
+    INT64_OFFSETS: tl.constexpr,  # a tensor spans >= 2^31 elements: 64-bit offsets
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
 ):
     seq, kv_head, split, q_start, q_len, f0 = program_tile(cu_seqlens_q_ptr, BLOCK_M, NUM_SPLITS)
@@ -107,7 +109,7 @@ def _flash_attention_kernel(
         k_len = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
     q, query, head, row_ok, q_rows = load_query_tile(
         q_ptr, q_start, q_len, f0, kv_head, stride_q_token, stride_q_head,
-        GROUP, HEAD_DIM, BLOCK_M, FP32_DOTS,
+        GROUP, HEAD_DIM, BLOCK_M, FP32_DOTS, INT64_OFFSETS,
     )  # fmt: skip
     lo, mid, hi = key_range(f0, q_len, k_len, split, GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS)
 
@@ -122,13 +124,13 @@ def _flash_attention_kernel(
         acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
         k_start, cu_seqlens_k_ptr, k_len, shift, lo, mid, qk_scale,
         BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=False,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
     )  # fmt: skip
     acc, m_i, l_i = attend_keys(  # the diagonal band: causal and length masks
         acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
         k_start, cu_seqlens_k_ptr, k_len, shift, mid, hi, qk_scale,
         BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=True,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
     )  # fmt: skip
     store_rows(
         out_ptr, m_part_ptr, l_part_ptr, acc, m_i, l_i, q_rows, head, row_ok, split,
@@ -220,6 +222,7 @@ def flash_attention(
         HAS_SEQUSED_K=seqused_k is not None,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,
+        INT64_OFFSETS=needs_int64_offsets(q, k, v, target),
         NUM_SPLITS=num_splits,
         **blocks,
     )

@@ -35,6 +35,7 @@ from stagewise.kernels.attention_common import (
     check_qkv,
     key_range,
     load_query_tile,
+    needs_int64_offsets,
     program_tile,
     qk_scale_log2,
     store_rows,
@@ -90,6 +91,7 @@ def _paged_attention_kernel(
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
     FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32; bf16 in the interpreter)
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision of fp32 tiles: "ieee" or "tf32"
+    INT64_OFFSETS: tl.constexpr,  # a tensor spans >= 2^31 elements: 64-bit offsets
 ):
     seq, kv_head, split, q_start, q_len, f0 = program_tile(cu_seqlens_q_ptr, BLOCK_M, NUM_SPLITS)
     if f0 >= q_len * GROUP:
@@ -97,7 +99,7 @@ def _paged_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     q, query, head, row_ok, q_rows = load_query_tile(
         q_ptr, q_start, q_len, f0, kv_head, stride_q_token, stride_q_head,
-        GROUP, HEAD_DIM, BLOCK_M, FP32_DOTS,
+        GROUP, HEAD_DIM, BLOCK_M, FP32_DOTS, INT64_OFFSETS,
     )  # fmt: skip
     lo, mid, hi = key_range(f0, q_len, seq_len, split, GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS)
 
@@ -107,19 +109,21 @@ def _paged_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
     k_base = k_cache_ptr + kv_head * stride_kv_head + dims  # slot 0 of this KV head
     v_base = v_cache_ptr + kv_head * stride_kv_head + dims
-    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt_row  # the sequence's block ids
+    if INT64_OFFSETS:
+        seq = seq.to(tl.int64)
+    bt_row = block_table_ptr + seq * stride_bt_row  # the sequence's block ids
     shift = seq_len - q_len  # query i sees positions n <= i + shift
     acc, m_i, l_i = attend_keys(  # keys every row sees, all inside the sequence: no masks
         acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_slot, stride_slot,
         0, bt_row, seq_len, shift, lo, mid, qk_scale,
         BLOCK_N, BLOCK_SIZE=BLOCK_SIZE, PAGED=True, MASKED=False,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
     )  # fmt: skip
     acc, m_i, l_i = attend_keys(  # the causal diagonal and the sequence's last, partial tile
         acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_slot, stride_slot,
         0, bt_row, seq_len, shift, mid, hi, qk_scale,
         BLOCK_N, BLOCK_SIZE=BLOCK_SIZE, PAGED=True, MASKED=True,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
     )  # fmt: skip
     store_rows(
         out_ptr, m_part_ptr, l_part_ptr, acc, m_i, l_i, q_rows, head, row_ok, split,
@@ -209,6 +213,7 @@ def paged_attention(
         NUM_SPLITS=num_splits,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,
+        INT64_OFFSETS=needs_int64_offsets(q, k_cache, v_cache, block_table, target),
         **blocks,
     )
     if num_splits > 1:

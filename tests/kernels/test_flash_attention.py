@@ -13,7 +13,7 @@ import torch
 
 from stagewise.config import PRESETS
 from stagewise.kernels import INTERPRETER
-from stagewise.kernels.attention_common import LOG2E, online_softmax_reference
+from stagewise.kernels.attention_common import LOG2E, needs_int64_offsets, online_softmax_reference
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.flash_attention import flash_attention
 from stagewise.stages import STAGES
@@ -163,6 +163,25 @@ def test_split_k_matches_naive(num_splits, dtype):
     out = flash_attention(**inputs, num_splits=num_splits)
     assert torch.isfinite(out.float()).all()
     assert_close(out, reference(inputs), *TOL[dtype], f"{num_splits} splits")
+
+
+def test_offsets_are_32_bit_unless_a_tensor_spans_2_31_elements():
+    """Shapes only (meta tensors: no memory): 8B-sized prefill fits int32; a 2^31-element cache does not."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    q, kv = torch.empty(8192, 32, 128, **meta), torch.empty(8192, 8, 128, **meta)
+    assert not needs_int64_offsets(q, kv, kv)
+    assert needs_int64_offsets(q, torch.empty(2**31 // 1024 + 1, 8, 128, **meta))
+    # a view's reach counts, not its numel: rows 2^24 apart in a [2, 128] view
+    assert needs_int64_offsets(torch.empty(2**31, **meta).as_strided((2, 128), (2**24 * 128, 1)))
+
+
+def test_64_bit_offset_path_matches_naive(monkeypatch):
+    """The 64-bit path (tensors past 2^31 elements: too big for a test) on a small prefill, forced on."""
+    import stagewise.kernels.flash_attention as fa
+
+    monkeypatch.setattr(fa, "needs_int64_offsets", lambda *tensors: True)
+    inputs = packed_batch([33, 7], [33, 20], 4, 2, 32, torch.float32, seed=5)
+    assert_close(fa.flash_attention(**inputs), reference(inputs), *TOL[torch.float32], "int64 offsets")
 
 
 def test_empty_batch():

@@ -117,6 +117,16 @@ def test_matches_naive(case, dtype):
     assert_close(out, reference(inputs), *TOL[dtype], case)
 
 
+def test_64_bit_offset_path_matches_naive(monkeypatch):
+    """The 64-bit path (a cache past 2^31 elements: too big for a test) on a chunk over a prefix, forced on."""
+    import stagewise.kernels.paged_attention as pa
+
+    monkeypatch.setattr(pa, "needs_int64_offsets", lambda *tensors: True)
+    inputs = paged_batch([40, 17], [9, 17], 16, 4, 2, 32, torch.float32, seed=5)
+    out = pa.paged_attention(**inputs, num_splits=1)
+    assert_close(out, reference(inputs), *TOL[torch.float32], "int64 offsets")
+
+
 def test_no_queries():
     inputs = paged_batch([5, 17], [0, 0], 16, 4, 2, 64, torch.float32)
     assert paged_attention(**inputs).shape == (0, 4, 64)
