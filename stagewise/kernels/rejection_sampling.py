@@ -1,7 +1,8 @@
 """Fused rejection sampling: every sequence's accept walk and its one draw, in one launch.
 
     draft_token_ids [num_draft], cu_num_draft_tokens [B + 1], draft_probs [num_draft, V] | None,
-    target_probs [num_draft + B, V], is_greedy [B], uniform [num_draft], exponential [B, V]
+    target_probs [num_draft + B, V], is_greedy [B], uniform [num_draft],
+    exponential [B, V] (a row per sequence) or [num_draft + B, V] (a row per target row)
     -> output_token_ids [B, max_k + 1] int64, num_output_tokens [B] int32
 
 The rule is the stage's (stages/rejection_sampling.py). One program per
@@ -81,8 +82,9 @@ def _rejection_sample_kernel(
     p_row_stride,  # elements between two rows of p
     greedy_ptr,  # [B] uint8: 1 = greedy sequence
     uniform_ptr,  # [num_draft] float32 in [0, 1): one accept test per guess
-    exp_ptr,  # [B, V] float32 Exp(1) noise of each sequence's draw
-    exp_row_stride,  # elements between two rows of the noise
+    exp_ptr,  # [B, V] or [num_draft + B, V] float32 Exp(1) noise of the draws
+    exp_seq_stride,  # per-sequence noise: elements between two rows; per-row noise: 0
+    exp_pos_stride,  # per-row noise: elements between two rows; per-sequence noise: 0
     out_ptr,  # [B, out_width] int64 output, pre-filled with 0: accepted guesses, then one token
     out_row_stride,  # elements between two output rows
     count_ptr,  # [B] int32 output: accepted + 1
@@ -118,7 +120,7 @@ def _rejection_sample_kernel(
 
     # 2. the one draw, from the stopping row (rejected position or bonus row)
     p_row = p_first + accepted * p_row_stride
-    exp_row = exp_ptr + b * exp_row_stride
+    exp_row = exp_ptr + b * exp_seq_stride + (start + b + accepted) * exp_pos_stride
     use_residual = rejected & (greedy == 0)
     # the rejected guess and its q row; index 0 (always there) stands in when there is none
     at = tl.where(use_residual, start + accepted, 0)
@@ -194,7 +196,10 @@ def rejection_sample(
     check_shape(NAME, "cu_num_draft_tokens", cu_num_draft_tokens, (num_seqs + 1,))
     check_shape(NAME, "target_probs", target_probs, (num_draft + num_seqs, vocab))
     check_shape(NAME, "uniform", uniform, (num_draft,))
-    check_shape(NAME, "exponential", exponential, (num_seqs, vocab))
+    per_row = num_draft > 0 and exponential.shape[0] == num_draft + num_seqs
+    if not per_row:
+        check_shape(NAME, "exponential", exponential, (num_seqs, vocab))
+    check_shape(NAME, "exponential", exponential, (exponential.shape[0], vocab))
     if draft_probs is not None:
         check_shape(NAME, "draft_probs", draft_probs, (num_draft, vocab))
     if max_num_draft_tokens is None:  # the widest sequence: one read of the offsets (a sync)
@@ -225,7 +230,8 @@ def rejection_sample(
         greedy_ptr=is_greedy.view(torch.uint8),
         uniform_ptr=uni,
         exp_ptr=exponential,
-        exp_row_stride=exponential.stride(0),
+        exp_seq_stride=0 if per_row else exponential.stride(0),
+        exp_pos_stride=exponential.stride(0) if per_row else 0,
         out_ptr=out,
         out_row_stride=out.stride(0),
         count_ptr=counts,

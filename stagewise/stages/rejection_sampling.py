@@ -15,7 +15,9 @@ sequence, how many guesses survive and which one token the target adds:
                                                            cu[b] + b .. cu[b+1] + b (last: bonus)
     is_greedy            [num_seqs]               bool
     uniform              [num_draft]              float32  in [0, 1): one accept test per guess
-    exponential          [num_seqs, vocab]        float32  Exp(1) noise: each sequence's one draw
+    exponential          [num_seqs, vocab]        float32  Exp(1) noise: each sequence's one draw;
+                         or [num_draft + num_seqs, vocab]  one row per target row: the draw at
+                                                           a row uses that row's noise
     ->
     output_token_ids     [num_seqs, max_k + 1]    int64    accepted guesses, then the target's
                                                            token; 0 past num_output_tokens[b]
@@ -55,7 +57,12 @@ clock j with probability r_j / sum(r). So argmax_j r_j / E_j is a draw from r,
 and r need not even be normalised. Every input of randomness (uniform,
 exponential) is a tensor the caller draws, so the textbook version here and the
 fused Triton kernel (`stagewise.kernels.rejection_sampling`) see the same
-numbers and must give the same tokens, exactly.
+numbers and must give the same tokens, exactly. The noise comes either as one
+row per sequence (used wherever its walk stops) or as one row per target row
+(the draw at row i uses row i): then every random number belongs to the
+position it decides, which is what lets a caller make a seeded request's text
+independent of how many guesses it was given (the engine's coupling,
+engine/speculative/randomness.py).
 
 What the Triton version changes: one program per sequence walks that
 sequence's guesses on the device (a guess's accept test is one load from p and
@@ -98,8 +105,11 @@ def accept_one_sequence(
 ) -> list[int]:
     """The textbook rule for one sequence: accepted drafts, then the target's one token.
 
-    drafts [k], q_rows [k, V] or None, p_rows [k + 1, V], uniform [k], exponential [V].
+    drafts [k], q_rows [k, V] or None, p_rows [k + 1, V], uniform [k], exponential [V] (the
+    sequence's one noise row) or [k + 1, V] (a row per target row: the draw at row i uses row i).
     """
+    if exponential.dim() == 1:
+        exponential = exponential.expand(len(drafts) + 1, -1)  # [k + 1, V]: one row for all
     out: list[int] = []
     for i, x in enumerate(drafts):
         p = p_rows[i]  # [V]
@@ -113,10 +123,11 @@ def accept_one_sequence(
                 r = residual(p, None if q_rows is None else q_rows[i], x)  # [V]
                 if not bool((r > 0).any()):  # p == q in floating point: nothing left over
                     r = p
-                return out + [int(race(r, exponential))]
+                return out + [int(race(r, exponential[i]))]
         out.append(x)
     bonus = p_rows[len(drafts)]  # [V]: every guess survived; the target adds one more
-    return out + [int(bonus.argmax()) if greedy else int(race(bonus, exponential))]
+    k = len(drafts)
+    return out + [int(bonus.argmax()) if greedy else int(race(bonus, exponential[k]))]
 
 
 def check_inputs(
@@ -161,8 +172,9 @@ def check_inputs(
         f"uniform has {uniform.shape[0]} entries, expected {num_draft}",
     )
     need(
-        tuple(exponential.shape) == (num_seqs, vocab),
-        f"exponential has shape {list(exponential.shape)}, expected [{num_seqs}, {vocab}]",
+        tuple(exponential.shape) in ((num_seqs, vocab), (num_draft + num_seqs, vocab)),
+        f"exponential has shape {list(exponential.shape)}, expected [{num_seqs}, {vocab}] (per "
+        f"sequence) or [{num_draft + num_seqs}, {vocab}] (per target row)",
     )
     if draft_probs is not None:
         need(
@@ -219,6 +231,7 @@ def naive(
     output = torch.zeros(num_seqs, max_k + 1, dtype=torch.int64, device=device)  # [B, max_k + 1]
     counts = torch.zeros(num_seqs, dtype=torch.int32, device=device)  # [B]
     drafts_host, greedy_host = draft_token_ids.tolist(), is_greedy.tolist()
+    per_row = exponential.shape[0] == num_draft + num_seqs and num_draft > 0
     for b in range(num_seqs):
         start, end = cu[b], cu[b + 1]
         tokens = accept_one_sequence(
@@ -227,7 +240,7 @@ def naive(
             target_probs[start + b : end + b + 1],  # [k_b + 1, V]
             greedy_host[b],
             uniform[start:end],  # [k_b]
-            exponential[b],  # [V]
+            exponential[start + b : end + b + 1] if per_row else exponential[b],  # [k_b + 1, V]|[V]
         )
         output[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64, device=device)
         counts[b] = len(tokens)

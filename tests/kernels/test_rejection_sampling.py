@@ -94,6 +94,24 @@ def test_irregular_batches_match(ks, vocab, seed, with_q):
     assert all(1 <= c <= k + 1 for c, k in zip(counts.tolist(), ks))
 
 
+@pytest.mark.parametrize("with_q", [False, True])
+def test_noise_per_target_row_matches_and_the_draw_uses_the_stopping_row(with_q):
+    """exponential [num_draft + num_seqs, V]: kernel = loop; and the loop's draw is the one a
+    per-sequence noise holding each sequence's stopping row would give."""
+    ks, vocab = [3, 0, 1, 4, 2, 2], 70
+    inputs = batch(ks, vocab, 7, [b % 4 == 1 for b in range(len(ks))], with_q)
+    num_rows = sum(ks) + len(ks)
+    g = torch.Generator().manual_seed(8)
+    inputs["exponential"] = torch.empty(num_rows, vocab).exponential_(generator=g)
+    out, counts = assert_same(inputs)
+    cu = inputs["cu_num_draft_tokens"].tolist()
+    stop = [cu[b] + b + c - 1 for b, c in enumerate(counts.tolist())]  # the row each draw used
+    per_seq = dict(inputs, exponential=inputs["exponential"][stop])  # [num_seqs, V]
+    out_seq, counts_seq = naive(**per_seq)
+    assert counts_seq.tolist() == counts.tolist() and out_seq.tolist() == out.tolist()
+    assert sorted(set(counts.tolist())) != [1], "want some guesses kept"
+
+
 def test_random_batches_match():
     """Twelve seeded batches: 1..6 sequences of 0..4 guesses, greedy and q chosen at random."""
     for seed in range(12):
