@@ -5,8 +5,8 @@ functions alike (a lazy import is still a dependency) — and checked against th
 documented order, bottom to top:
 
     ground (config, errors, runtime, sampling_params, files) <- kernels <- stages <- tokenizer
-    <- kv <- trace <- models <- parallel <- engine <- serve <- calc <- bench <- devtools
-    <- exercises <- cli
+    <- kv <- trace <- models <- parallel <- engine <- serve <- calc <- bench <- viz (the notebooks'
+    figures: viz.py, viz_*.py) <- devtools <- exercises <- cli
 
 A module may import its own layer and the layers below it. Nothing imports the
 package root `stagewise` (its lazy `__getattr__` would hide an upward import of
@@ -32,6 +32,7 @@ ORDER = (
     "serve",
     "calc",
     "bench",
+    "viz",
     "devtools",
     "exercises",
     "cli",
@@ -52,6 +53,8 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "root"
+    if parts[1] == "viz" or parts[1].startswith("viz_"):
+        return "viz"  # stagewise.viz and stagewise.viz_engine: one layer
     return "ground" if parts[1] in GROUND else parts[1]
 
 

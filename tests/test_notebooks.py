@@ -1,10 +1,15 @@
 """The teaching notebooks: each executes top to bottom, imports stagewise, redefines nothing, draws.
 
 Notebooks live in `notebooks/` as a jupytext percent-format `.py` (the source, reviewable in git)
-paired with an `.ipynb` without outputs (what Jupyter opens). They run here with
-STAGEWISE_NOTEBOOK_QUICK=1, which shrinks workloads without changing what they teach.
+paired with an `.ipynb` that holds the outputs of its last execution (`make notebooks-outputs`:
+figures and printed numbers a reader sees without running anything) and, in its metadata, the
+sha256 of the `.py` it was made from. Here the `.ipynb` is checked against its `.py` without
+executing (same cells, same hash, the `stagewise` kernel), and every notebook is executed in
+memory with STAGEWISE_NOTEBOOK_QUICK=1, which shrinks workloads without changing what they
+teach; the committed files are never rewritten.
 """
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -44,13 +49,21 @@ def code_of(nb) -> str:
 
 
 @pytest.mark.parametrize("name", EXPECTED)
-def test_notebook_is_paired_stripped_and_uses_the_package(name):
+def test_notebook_is_paired_rendered_and_uses_the_package(name):
     ipynb, py = NOTEBOOKS / f"{name}.ipynb", NOTEBOOKS / f"{name}.py"
     assert ipynb.is_file() and py.is_file(), f"{name}: both the .ipynb and its jupytext .py must exist"
     nb = nbformat.read(ipynb, as_version=4)
     source = jupytext.read(py)
     assert [c.source for c in nb.cells] == [c.source for c in source.cells], f"{name}: .ipynb out of sync with .py"
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name}: outputs not stripped"
+    rendered = nb.metadata.get("stagewise", {})
+    assert rendered.get("source_sha256") == hashlib.sha256(py.read_bytes()).hexdigest(), (
+        f"{name}: the .ipynb's outputs were not made from this .py; run `make notebooks-outputs NOTEBOOKS={name}`"
+    )
+    assert rendered.get("mode") in ("quick", "full"), f"{name}: metadata does not say which mode made the outputs"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "stagewise", f"{name}: kernelspec is not 'stagewise'"
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"], f"{name}: a committed output is an error"
+    assert any("image/png" in o.get("data", {}) for o in outputs), f"{name}: no figure among the committed outputs"
     code = code_of(nb)
     assert re.search(r"^\s*(from|import) stagewise", code, re.M), f"{name} does not import stagewise"
     for pattern, why in FORBIDDEN:
@@ -58,11 +71,17 @@ def test_notebook_is_paired_stripped_and_uses_the_package(name):
     assert "plt." in code or "matplotlib" in code, f"{name} draws no figure"
 
 
+def test_the_rendered_outputs_name_their_machine():
+    nb = nbformat.read(NOTEBOOKS / "00_pipeline.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert re.search(r"^machine: .+ logical cores", text, re.M), "00's outputs do not name the machine they ran on"
+
+
 @pytest.mark.parametrize("name", EXPECTED)
 def test_notebook_executes_and_draws(name, monkeypatch):
     monkeypatch.setenv("STAGEWISE_NOTEBOOK_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    nb = jupytext.read(NOTEBOOKS / f"{name}.py")  # the source, in memory: the committed .ipynb is never rewritten
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
     client.execute()  # raises CellExecutionError on the first failing cell
     images = [
