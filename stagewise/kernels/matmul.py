@@ -258,12 +258,14 @@ def _fits(config: GemmConfig, dtype: torch.dtype, target: Target) -> bool:
     """Whether a config is meant for this target and fits its shared memory.
 
     FMA dots (fp32 IEEE, and every dot before sm_80) hold whole operand rows per thread and spill on
-    the tensor-core tiles: they get their own, smaller list. Registers are the compile gate's to
-    check.
+    the tensor-core tiles: they get their own, smaller list. The largest tiles are for sm_90 only.
+    Registers are the compile gate's to check.
     """
     if target.interpreter:
         return True
     if (config in _FMA_CONFIGS) != fma_dots(dtype, target):
+        return False
+    if config in _HOPPER_CONFIGS and target.capability != 90:
         return False
     return config.shared_memory(dtype) <= target.shared_memory
 
@@ -335,9 +337,16 @@ _PREFILL_CONFIGS = [
     GemmConfig(128, 64, 16, 8, num_warps=8, num_stages=3),
     GemmConfig(64, 64, 16, 8, num_warps=8, num_stages=3),
 ]
-
-
 _FMA_CONFIGS = _DECODE_CONFIGS[-2:] + _PREFILL_CONFIGS[-4:]
+
+# sm_90 only: wgmma reads both tiles from shared memory and H100/H200 have 227 KB of it, so deeper
+# pipelines of large tiles fit (144 KB and 96 KB of bf16 by the estimate above); on sm_80/89 their
+# operands would sit in registers.
+_HOPPER_CONFIGS = [
+    GemmConfig(128, 256, 64, 8, num_warps=8, num_stages=4),
+    GemmConfig(256, 128, 64, 8, num_warps=8, num_stages=3),
+]
+_PREFILL_CONFIGS += _HOPPER_CONFIGS
 
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:

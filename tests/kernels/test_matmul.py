@@ -185,3 +185,23 @@ def test_launcher_errors(make, message):
     with pytest.raises(KernelInputError, match=message) as err, torch.device(DEVICE):
         make()  # factory calls inside `make` create their tensors on DEVICE
     assert str(err.value).startswith("matmul:") and "\n" not in str(err.value)
+
+
+def test_largest_prefill_tiles_are_sm90_candidates_only():
+    """(128, 256, 64, 8 warps, 4 stages) and (256, 128, 64, 8, 3): autotune candidates on sm_90 in 16 bits, nowhere else
+    (their compile, within 227 KB and without spilling, is benchmarks/compile_gate.md's)."""
+    from stagewise.kernels.targets import gpu_target
+
+    big = {(128, 256, 64, 8, 4), (256, 128, 64, 8, 3)}
+
+    def tiles(dtype, capability):
+        configs = matmul_module.gemm_configs(512, dtype, gpu_target(capability))
+        return {(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages) for c in configs}
+
+    assert big <= tiles(torch.bfloat16, 90) and big <= tiles(torch.float16, 90)
+    assert not big & (tiles(torch.float32, 90) | tiles(torch.bfloat16, 80) | tiles(torch.bfloat16, 89))
+    plan = matmul_module.gemm_plan(512, torch.bfloat16, gpu_target(90))
+    assert plan.autotuned and {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in plan.configs} >= {
+        (128, 256),
+        (256, 128),
+    }
