@@ -63,14 +63,26 @@ def _cgroup_room() -> int | None:
     return None if limit == "max" else max(0, int(limit) - used)
 
 
-def check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device, name: str) -> None:
+def check_fits(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    name: str,
+    kept: int | None = None,
+) -> None:
     """Raise a one-line error when the weights in `dtype` do not fit on `device` (or in CPU memory,
-    which every tensor passes through on its way to the device)."""
-    needed = weight_bytes(config, dtype)
+    which every tensor passes through on its way to the device). `kept`: the bytes the weights take
+    when some stay quantized (a GGUF's packed blocks), instead of every weight in `dtype`."""
+    needed = weight_bytes(config, dtype) if kept is None else kept
     for where in dict.fromkeys([torch.device("cpu"), device]):
         free = free_bytes(where)
         if free is None or needed * HEADROOM <= free:
             continue
+        if kept is not None:
+            raise StagewiseError(
+                f"{name} needs {kept / GB:.1f} GB kept quantized; {free / GB:.1f} GB free on "
+                f"{where.type}"
+            )
         half = (
             dtype if dtype != torch.float32 else torch.bfloat16
         )  # the size asked for, or the smaller one

@@ -24,7 +24,7 @@ from stagewise.config import DEFAULT_MODEL, PRESETS, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.memory import check_fits
-from stagewise.models.quantized import check_quantization
+from stagewise.models.quantized import check_quantization, kept_kind
 from stagewise.models.tokenizer_files import (
     tokenizer_from_gguf,
     tokenizer_from_gguf_reader,
@@ -80,7 +80,14 @@ def _load_files(
             )  # the architecture first: a clear error if not Llama
             tokenizer = tokenizer_from_gguf_reader(reader, path.name)
             tokenizer = check_vocabularies(config, tokenizer, path)
-        check_fits(config, dtype, device, path.name)
+        packed = [kept_kind(t.tensor_type.name, quantization) is not None for t in reader.tensors]
+        kept = None  # with packed blocks: the file's bytes for them, the rest in `dtype`
+        if any(packed):
+            kept = sum(
+                int(t.n_bytes) if p else int(t.n_elements) * dtype.itemsize
+                for t, p in zip(reader.tensors, packed)
+            )
+        check_fits(config, dtype, device, path.name, kept)
         with load_phase("reading the weights (dequantizing what stays in floats)"):
             config, weights = load_gguf(path, reader, dtype, quantization)
         return config, weights, tokenizer, str(path)

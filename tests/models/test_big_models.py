@@ -23,8 +23,9 @@ V, D, F, L = 32000, 4096, 11008, 32
 LLAMA2_7B_PARAMS = 2 * V * D + L * (2 * D + 4 * D * D + 3 * D * F) + D  # = 6_738_415_616, as published
 
 
-def write_header_only_gguf(path) -> int:
-    """A Llama 2 7B GGUF whose tensors are declared (float16) but never written; returns the file size."""
+def write_header_only_gguf(path, q4_0: bool = False) -> int:
+    """A Llama 2 7B GGUF whose tensors are declared (float16; `q4_0`: its matrices Q4_0) but never
+    written; returns the file size."""
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(L)
     w.add_context_length(4096)
@@ -40,8 +41,15 @@ def write_header_only_gguf(path) -> int:
         shapes |= {b + n: (D, D) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")}
         shapes |= {b + "ffn_gate.weight": (F, D), b + "ffn_up.weight": (F, D), b + "ffn_down.weight": (D, F)}
         shapes |= {b + "attn_norm.weight": (D,), b + "ffn_norm.weight": (D,)}
+    nbytes = {}
     for name, shape in shapes.items():
-        w.add_tensor_info(name, shape, np.dtype(np.float16), int(np.prod(shape)) * 2)
+        if q4_0 and len(shape) == 2:  # 18 bytes per block of 32 weights
+            nbytes[name] = shape[0] * shape[1] // 32 * 18
+            byte_shape = (shape[0], shape[1] // 32 * 18)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes[name], gguf.GGMLQuantizationType.Q4_0)
+        else:
+            nbytes[name] = int(np.prod(shape)) * 2
+            w.add_tensor_info(name, shape, np.dtype(np.float16), nbytes[name])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -50,7 +58,7 @@ def write_header_only_gguf(path) -> int:
     def aligned(n: int) -> int:
         return -(-n // 32) * 32  # GGUF aligns the data section and every tensor to 32 bytes
 
-    size = aligned(os.path.getsize(path)) + sum(aligned(int(np.prod(s)) * 2) for s in shapes.values())
+    size = aligned(os.path.getsize(path)) + sum(aligned(n) for n in nbytes.values())
     os.truncate(path, size)  # a sparse hole: the file "holds" 13.5 GB and uses no disk
     return size
 
@@ -76,6 +84,18 @@ def test_fits_check_counts_the_dtype(tmp_path, monkeypatch):
     memory.check_fits(memory_config(path), torch.bfloat16, torch.device("cpu"), path.name)
     with pytest.raises(StagewiseError, match="needs 27.0 GB"):
         memory.check_fits(memory_config(path), torch.float32, torch.device("cpu"), path.name)
+
+
+def test_fits_check_counts_packed_blocks_as_the_files_bytes(tmp_path, monkeypatch):
+    """Kept quantized (Q4_0: 0.5625 bytes per weight), 7B is 3.8 GB: it fits in 5 GB, float32 does not."""
+    path = tmp_path / "llama2-7b-q4_0.gguf"
+    write_header_only_gguf(path, q4_0=True)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 5 * 10**9)
+    with pytest.raises(StagewiseError, match="needs 27.0 GB in float32"):
+        load_model(str(path), device="cpu", dtype=torch.float32, quantization="none")
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 3 * 10**9)
+    with pytest.raises(StagewiseError, match=r"^llama2-7b-q4_0\.gguf needs 3\.8 GB kept quantized; 3\.0 GB free"):
+        load_model(str(path), device="cpu", dtype=torch.float32, quantization="auto")
 
 
 def memory_config(path):
