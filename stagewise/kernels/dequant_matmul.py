@@ -17,6 +17,11 @@ The 4-bit nibble order is GGUF's (byte i of a group holds value i in its low
 nibble and value i + G/2 in its high one), so code k sits in byte
 (k // G) * G/2 + k % (G/2), shifted by 4 when k % G >= G/2.
 
+The K-quants kept by the loader (`stages/packed_weight.py`) run here too:
+q4_k is q4_1's layout with float32 scales and minimums, q5_k 8-bit storage
+of codes 0..31 with a minimum, q6_k signed 8-bit codes in groups of
+16 (G is a launch constant; BLOCK_K stays a multiple of it).
+
 Decode (M <= 16): one BLOCK_M = 16 tile of rows and split-K as in
 `kernels/matmul_decode.py` (programs per (tile of N, range of K), fp32
 partials summed in a fixed order by its reduce kernel); prefill: tiles of M
@@ -43,8 +48,8 @@ GROUP_SIZE = 32  # values per group (the packed format's G)
 def _dequant_matmul_kernel(
     a_ptr,  # [M, K] activations, any strides
     codes_ptr,  # [N, K/2] uint8 (BITS = 4) or [N, K] int8 (BITS = 8), rows contiguous
-    scales_ptr,  # [N, K/G] float16: d per group
-    mins_ptr,  # [N, K/G] float16: m per group (HAS_MINS), else any pointer
+    scales_ptr,  # [N, K/G] float16 or float32 (K-quants): d per group
+    mins_ptr,  # [N, K/G] like scales: m per group (HAS_MINS), else any pointer
     out_ptr,  # c [M, N], or [SPLIT_K, M, N] fp32 partials when K is split
     M,  # rows of a and c
     N,  # output features
@@ -230,15 +235,24 @@ def _check(a, codes, scales, mins, bits: int, group_size: int) -> None:
     k = a.shape[1]
     if bits not in (4, 8) or codes.dtype != code_dtype or codes.dim() != 2:
         raise KernelInputError(f"dequant_matmul: {bits}-bit codes must be 2-D {code_dtype}")
+    if group_size % 16 or (bits == 4 and group_size % 2):
+        raise KernelInputError(f"dequant_matmul: group_size {group_size} is not a multiple of 16")
     if codes.shape[1] * per_byte != k or k % group_size:
         raise KernelInputError(
             f"dequant_matmul: codes {tuple(codes.shape)} do not hold K = {k} "
             f"in groups of {group_size}"
         )
     groups = (codes.shape[0], k // group_size)
+    if scales.dtype not in (torch.float16, torch.float32):
+        raise KernelInputError(
+            f"dequant_matmul: scales must be float16 or float32, got {scales.dtype}"
+        )
     for name, t in (("scales", scales), ("mins", mins)):
-        if t is not None and (t.dtype != torch.float16 or tuple(t.shape) != groups):
-            raise KernelInputError(f"dequant_matmul: {name} must be float16 {list(groups)}")
+        if t is not None and (t.dtype != scales.dtype or tuple(t.shape) != groups):
+            raise KernelInputError(
+                f"dequant_matmul: {name} must be {scales.dtype} {list(groups)} "
+                "(float16, or float32 for K-quants)"
+            )
     for name, t in (("codes", codes), ("scales", scales), ("mins", mins)):
         if t is not None and (t.stride(-1) != 1 or t.device != a.device):
             raise KernelInputError(f"dequant_matmul: {name} rows must be contiguous, on a's device")

@@ -16,6 +16,7 @@ target dtype before reading the next one:
   `rope_freqs.weight`; it becomes `config.rope_scaling` (`rope_scaling_from_gguf`).
 """
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -159,11 +160,11 @@ def load_gguf(
 ) -> tuple[ModelConfig, LlamaWeights]:
     """GGUF file -> (config, weights in `dtype` on CPU); pass `reader` to reuse an open file.
 
-    quantization "auto": Q4_0, Q4_1 and Q8_0 matrices stay packed (`models/quantized.py`), their
-    bits as in the file; "none" (the default of this function; `load_model` and `LLM` default to
-    "auto"): every tensor is dequantized. One tensor at a time: dequantize to
-    float32, rearrange, cast to `dtype`, drop the float32 copy; a 7B model loads in bfloat16 with
-    14 GB of weights, never 28 GB of float32 at once.
+    quantization "auto": Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices stay packed
+    (`models/quantized.py`), their values as in the file; "none" (the default of this function;
+    `load_model` and `LLM` default to "auto"): every tensor is dequantized. One tensor at a
+    time: dequantize to float32, rearrange, cast to `dtype`, drop the float32 copy; a 7B model
+    loads in bfloat16 with 14 GB of weights, never 28 GB of float32 at once.
     """
     from gguf.quants import dequantize
 
@@ -174,6 +175,7 @@ def load_gguf(
     tensors = {t.name: t for t in reader.tensors}
     used = {"rope_freqs.weight"}  # read by rope_scaling_from_gguf
     dequantized_types: set[str] = set()
+    mixed: set[str] = set()  # fused weights whose parts are of different kinds (dequantized)
 
     def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
         used.add(name)
@@ -231,6 +233,8 @@ def load_gguf(
         """[out_i, in] rows (or packed [in, out_i]) -> one [in, sum out_i] weight (a view)."""
         if all(is_packed(p) for p in parts) and len({p.kind for p in parts}) == 1:
             return cat_out_features(parts)  # W_q | W_k | W_v stay packed as one weight
+        if any(is_packed(p) for p in parts):  # e.g. Q4_K_M's q4_k W_q, W_k beside a q6_k W_v
+            mixed.add(" + ".join(p.kind if is_packed(p) else "float" for p in parts))
         rows = [dequantize_rows(p).to(dtype) if is_packed(p) else p for p in parts]  # mixed kinds
         return torch.cat(rows).t()  # [sum out_i, in] -> [in, sum out_i] view
 
@@ -265,7 +269,13 @@ def load_gguf(
         embed if config.tie_word_embeddings else linear("output.weight", config.vocab_size, hidden)
     )
     lm_head = single(head)  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
-    notice_dequantized(dequantized_types, path)
+    notice_dequantized(dequantized_types, path, quantization)
+    if mixed:
+        print(
+            f"stagewise: {path}: fused projections of mixed kinds ({'; '.join(sorted(mixed))}) "
+            "are dequantized at load",
+            file=sys.stderr,
+        )
     final_norm = get("output_norm.weight", (hidden,))
     # e.g. attn_q.bias: llama.cpp runs it, stagewise would drop it; attn_rot_embd (RoPE's inv_freq
     # in some old conversions) is derived from the metadata, so skipped

@@ -10,8 +10,14 @@ per 32 consecutive weights of a row (llama.cpp's `block_q4_0` etc.):
 `packed_from_blocks` separates them, without changing a bit: the codes of all
 blocks of a row side by side in one tensor, d (and m) in another, so a kernel
 reads each with plain strides (`stages/packed_weight.py` draws the layout).
-Every other type (F32, F16, the K-quants, ...) is dequantized at load as
-before; a K-quant, which would be worth keeping, gets a one-line notice.
+The K-quants Q4_K, Q5_K and Q6_K (super-blocks of 256) are expanded exactly to
+groups with float32 scales (`models/gguf_kquants.py`). Every other type (F32,
+F16, Q5_0, Q2_K, ...) is dequantized at load as before; a quantized one gets a
+one-line notice.
+
+Before a bit is read, every tensor's bytes must match its shape: rows of
+whole blocks, and exactly the blocks' bytes (a truncated or corrupt file is
+refused in one line); so must the scales be finite.
 """
 
 import sys
@@ -20,11 +26,17 @@ import numpy as np
 import torch
 
 from stagewise.errors import StagewiseError
+from stagewise.models.gguf_kquants import K_KEPT, SUPER_BLOCK, packed_from_k_blocks
 from stagewise.stages.packed_weight import GROUP_SIZE, PackedWeight
 
 QUANTIZATION = ("auto", "none")  # LLM(quantization=...): keep the file's types, or dequantize all
-KEPT = {"Q4_0": ("q4_0", 18), "Q4_1": ("q4_1", 20), "Q8_0": ("q8_0", 34)}  # name -> kind, bytes
-K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")  # super-blocks of 256 values
+KEPT = {
+    "Q4_0": ("q4_0", 18),
+    "Q4_1": ("q4_1", 20),
+    "Q8_0": ("q8_0", 34),
+    **K_KEPT,
+}  # -> kind, bytes
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # plain numbers: loaded, no notice
 
 
 def check_quantization(quantization: str) -> str:
@@ -51,17 +63,26 @@ def packed_from_blocks(
     """
     kind, block_bytes = KEPT[type_name]
     out_f, in_f = shape
-    if in_f % GROUP_SIZE:
-        raise StagewiseError(f"{name}: {type_name} rows of {in_f} values are not whole blocks")
-    blocks_per_row = in_f // GROUP_SIZE
-    raw = np.asarray(data, dtype=np.uint8).reshape(-1)
+    block = SUPER_BLOCK if type_name in K_KEPT else GROUP_SIZE
+    if in_f % block:
+        raise StagewiseError(
+            f"{name}: {type_name} rows of {in_f} values are not whole blocks of {block}"
+        )
+    blocks_per_row = in_f // block
+    raw = np.asarray(data).reshape(-1)
+    if raw.dtype != np.uint8:
+        raise StagewiseError(f"{name}: {type_name} data must be raw bytes, got {raw.dtype}")
     expected = out_f * blocks_per_row * block_bytes
     if raw.size != expected:
         raise StagewiseError(
             f"{name}: {type_name} data holds {raw.size} bytes, a [{out_f}, {in_f}] matrix needs "
             f"{expected} (truncated or corrupt?)"
         )
-    blocks = raw.reshape(out_f, blocks_per_row, block_bytes)  # [N, K/32, bytes per block]
+    blocks = raw.reshape(out_f, blocks_per_row, block_bytes)  # [N, K/block, bytes per block]
+    if type_name in K_KEPT:
+        w = packed_from_k_blocks(blocks, type_name)
+        _check_finite(w, name, type_name)
+        return w
 
     def f16(start: int) -> torch.Tensor:  # [N, K/32] float16 from two bytes of every block
         return torch.from_numpy(
@@ -72,19 +93,26 @@ def packed_from_blocks(
     codes = np.ascontiguousarray(blocks[:, :, start:]).reshape(out_f, -1)  # [N, K/2] or [N, K]
     codes = torch.from_numpy(codes.view(np.int8) if kind == "q8_0" else codes)
     scales, mins = f16(0), f16(2) if kind == "q4_1" else None
-    for part, t in (("scales", scales), ("mins", mins)):
+    w = PackedWeight(kind, codes, scales, mins)
+    _check_finite(w, name, type_name)
+    return w
+
+
+def _check_finite(w: PackedWeight, name: str, type_name: str) -> None:
+    for part, t in (("scales", w.scales), ("mins", w.mins)):
         if t is not None and not torch.isfinite(t).all():
             raise StagewiseError(f"{name}: {type_name} {part} hold NaN or infinite values")
-    return PackedWeight(kind, codes, scales, mins)
 
 
-def notice_dequantized(types: set[str], path) -> None:
-    """One line for K-quant tensors expanded to floats (kept-packed K-quants are a later step)."""
-    k_quants = sorted(t for t in types if t in K_QUANTS)
-    if k_quants:
+def notice_dequantized(types: set[str], path, quantization: str = "auto") -> None:
+    """One line for quantized tensors of a type stagewise cannot keep, expanded to floats."""
+    if quantization == "none":
+        return  # asked for: every tensor is dequantized
+    others = sorted(t for t in types if t not in FLOAT_TYPES and t not in KEPT)
+    if others:
         print(
-            f"stagewise: {path}: {', '.join(k_quants)} tensors are dequantized at load "
-            "(stagewise keeps Q4_0, Q4_1 and Q8_0 packed)",
+            f"stagewise: {path}: {', '.join(others)} tensors are dequantized at load "
+            f"(stagewise keeps {', '.join(KEPT)} packed)",
             file=sys.stderr,
         )
 

@@ -3,7 +3,8 @@
     x [M, K] @ dequantize(w) [K, N] -> [M, N]
 
 qkv_proj, o_proj, ffn and lm_head call this stage when their weight is packed
-(a GGUF's Q4_0 / Q4_1 / Q8_0 tensors, kept as they are in the file), in the
+(a GGUF's Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors, kept with the file's
+values, or a float checkpoint quantized at load), in the
 tier they run themselves; the embedding gathers its rows with `gather_rows`.
 
 naive: the textbook (`stages/dequantize.py`). Expand every group of 32 codes
@@ -47,7 +48,9 @@ def optimized(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.dequant_matmul import dequant_matmul
 
-    return dequant_matmul(x, w.codes, w.scales, w.mins, bits=w.bits, offset=w.offset)
+    return dequant_matmul(
+        x, w.codes, w.scales, w.mins, bits=w.bits, offset=w.offset, group_size=w.group_size
+    )
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:

@@ -34,6 +34,13 @@ be 9.7 ms and doubles the error: 0.37 vs 0.18-0.20 on logits of std 11.6.)
 Where N is not a multiple of 16 the int4 kernel cannot take the matrix and
 the values are expanded once to a bfloat16 copy for `F.linear` instead.
 
+K-quants (`packed_weight.py`): q4_k is q4_1's layout with float32 scales, so
+int4pack holds it (scale and zero rounded to bfloat16, as for q4_1); q5_k's
+codes 0..31 split into two nibbles like q8_0's, its minimum added to the low
+half's zero; q6_k's groups of 16 are below the int4 kernel's smallest group
+(32), so it is expanded once to a bfloat16 copy (2 bytes per weight held:
+the speed of bf16 `F.linear`, not of 4-bit reads).
+
 Why bfloat16 activations: with float32 activations both kernels take a slow
 path (measured ~10x slower). Measured on a 2-core AMD EPYC (shared, so
 indicative), one thread, SmolLM2-135M's 30 layers of projections (4 per layer,
@@ -66,15 +73,19 @@ def _int4pack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _q8_nibbles(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """q8_0 [K, N] as the int4 kernel's [2K, N]: high nibbles (scale 16 d), then low (8 d zero)."""
-    q = w.codes.to(torch.int32)  # [N, K] signed codes -128..127
+    """q8_0 [K, N] as the int4 kernel's [2K, N]: high nibbles (scale 16 d), then low (8 d zero).
+
+    q5_k (codes 0..31 and a minimum m) splits the same way, with m added to the low half's zero.
+    """
+    q = w.codes.to(torch.int32)  # [N, K] signed codes -128..127 (q5_k: 0..31)
     high, low = (q >> 4) + 8, q & 15  # q = 16 * (high - 8) + low, both 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
         torch.cat([high, low], dim=1), INNER_K_TILES
     )  # [N, 2K] codes -> the kernel's layout, [N, K] uint8
     d = w.scales.to(torch.float32)  # [N, K/G]
     scale = torch.cat([16 * d, d], dim=1)  # [N, 2K/G]: high groups, then low groups
-    zero = torch.cat([torch.zeros_like(d), 8 * d], dim=1)
+    low_zero = 8 * d if w.mins is None else 8 * d + w.mins.to(torch.float32)
+    zero = torch.cat([torch.zeros_like(d), low_zero], dim=1)
     scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1)  # [2K/G, N, 2]
     return packed, scale_zero.to(torch.bfloat16).contiguous()
 
@@ -91,8 +102,8 @@ def supported(w: PackedWeight) -> bool:
 
 def form_name(w: PackedWeight) -> str:
     """Which form this tier uses for w: "int4pack", "q8_nibbles" (int4pack of 2K) or "bf16"."""
-    if w.shape[1] % 16:
-        return "bf16"
+    if w.shape[1] % 16 or w.group_size not in (32, 64, 128, 256):
+        return "bf16"  # the int4 kernel's groups are 32..256 values: q6_k's 16 are not
     return "int4pack" if w.bits == 4 else "q8_nibbles"
 
 

@@ -19,15 +19,35 @@ These are llama.cpp's block formats, kept with their exact values: the codes
 and the float16 scales are the file's own bits, only moved apart (codes in one
 tensor, scales in another) so a kernel can read each with plain strides.
 
+llama.cpp's K-quants ("Q4_K_M" files are mostly Q4_K with some Q6_K) group
+256 values into a *super-block* with one or two float16 numbers (d, dmin) and
+small integer sub-scales per group inside it. Every group's scale is then a
+product, d * sc, of a float16 and a 6-bit (or 8-bit) integer: at most 11 + 8
+significant bits, so float32 holds it exactly (float16, with 11, would not).
+The super-blocks are expanded at load into plain groups with float32 scales,
+the same numbers the reference computes, so every weight is bit for bit the
+file's value:
+
+    kind  file   one weight                      per group               bytes per weight
+    q4_k  Q4_K   w = s * q + m    q 0..15, G 32  s = d*sc, m = -dmin*mn  0.5 + 8/32 = 0.75
+    q5_k  Q5_K   w = s * q + m    q 0..31, G 32  (as q4_k, float32)      1 + 8/32 = 1.25
+    q6_k  Q6_K   w = s * q        q -32..31, G 16  s = d*sc (sc int8)    1 + 4/16 = 1.25
+
+(the file holds 0.5625, 0.6875 and 0.8203 bytes per weight: the expanded
+scales cost memory, and bring the formats down to the three layouts every
+tier already reads). q4_k is q4_1's layout with float32 scales; q5_k keeps one
+5-bit code per byte (int8, 0..31); q6_k keeps q - 32 as a signed byte, like q8_0
+with groups of 16.
+
 A `PackedWeight` stands for a [K, N] = [in, out] matrix (the shape the stages
 write `x @ w` with), stored "out-major" like the files: one row per output
 feature n, holding that row's K codes.
 
     codes   4-bit: [N, K/2] uint8, two codes per byte in GGUF's block order: byte i
             of a 16-byte group holds value i in its low nibble and value i + 16 in
-            its high nibble.   8-bit: [N, K] int8.
-    scales  [N, K/G] float16: d of every group
-    mins    [N, K/G] float16: m of every group (q4_1), else None
+            its high nibble.   8-bit: [N, K] int8, one code per byte.
+    scales  [N, K/G] float16 (K-quants: float32): d of every group
+    mins    [N, K/G] like scales: m of every group (q4_1, q4_k, q5_k), else None
 
 A tied embedding table [vocab, hidden] is the LM head's storage read by rows
 (row n = token n), so one `PackedWeight` serves both. `prepared` caches the
@@ -39,10 +59,22 @@ from dataclasses import dataclass, field
 import torch
 
 GROUP_SIZE = 32  # values per group (llama.cpp's QK4_0 = QK4_1 = QK8_0 = 32)
-KINDS = {  # kind -> (bits, offset subtracted from q, has a minimum)
+KINDS = {  # kind -> (bits held per code, offset subtracted from q, has a minimum)
     "q4_0": (4, 8, False),
     "q4_1": (4, 0, True),
     "q8_0": (8, 0, False),
+    "q4_k": (4, 0, True),
+    "q5_k": (8, 0, True),
+    "q6_k": (8, 0, False),
+}
+# kind -> (code dtype, scale dtype, fixed group size or None: any multiple the tiers take)
+LAYOUT = {
+    "q4_0": (torch.uint8, torch.float16, None),
+    "q4_1": (torch.uint8, torch.float16, None),
+    "q8_0": (torch.int8, torch.float16, None),
+    "q4_k": (torch.uint8, torch.float32, 32),
+    "q5_k": (torch.int8, torch.float32, 32),
+    "q6_k": (torch.int8, torch.float32, 16),
 }
 
 
@@ -52,11 +84,11 @@ class PackedWeightError(ValueError):
 
 @dataclass(eq=False)
 class PackedWeight:
-    kind: str  # "q4_0", "q4_1" or "q8_0" (the table above)
+    kind: str  # "q4_0", "q4_1", "q8_0", "q4_k", "q5_k" or "q6_k" (the tables above)
     codes: torch.Tensor  # [N, K/2] uint8 (4-bit) or [N, K] int8 (8-bit): the integer codes
-    scales: torch.Tensor  # [N, K/G] float16: one scale d per group
-    mins: torch.Tensor | None = None  # [N, K/G] float16 (q4_1's m), else None
-    group_size: int = GROUP_SIZE  # G: values per group along K
+    scales: torch.Tensor  # [N, K/G] float16 (K-quants float32): one scale d per group
+    mins: torch.Tensor | None = None  # [N, K/G] like scales (q4_1, q4_k, q5_k), else None
+    group_size: int | None = None  # G: values per group along K (None: the kind's, else 32)
     # tier -> what it built from the codes once (its own layout); not part of the weight's value
     prepared: dict = field(default_factory=dict, repr=False)
 
@@ -64,7 +96,13 @@ class PackedWeight:
         if self.kind not in KINDS:
             raise PackedWeightError(f"unknown packed kind '{self.kind}'; known: {', '.join(KINDS)}")
         bits, _, has_mins = KINDS[self.kind]
-        code_dtype = torch.uint8 if bits == 4 else torch.int8
+        code_dtype, scale_dtype, fixed_group = LAYOUT[self.kind]
+        if self.group_size is None:
+            self.group_size = fixed_group or GROUP_SIZE
+        if fixed_group is not None and self.group_size != fixed_group:
+            raise PackedWeightError(
+                f"{self.kind}: groups are {fixed_group} values, got group_size {self.group_size}"
+            )
         n, k = self.shape[1], self.shape[0]
         groups = k // self.group_size if self.group_size else 0
         if self.codes.dim() != 2 or self.codes.dtype != code_dtype:
@@ -79,9 +117,9 @@ class PackedWeight:
         for name, t in (("scales", self.scales), ("mins", self.mins)):
             if t is None:
                 continue
-            if t.dtype != torch.float16 or tuple(t.shape) != (n, groups):
+            if t.dtype != scale_dtype or tuple(t.shape) != (n, groups):
                 raise PackedWeightError(
-                    f"{self.kind}: {name} must be float16 [{n}, {groups}], got {t.dtype} "
+                    f"{self.kind}: {name} must be {scale_dtype} [{n}, {groups}], got {t.dtype} "
                     f"{tuple(t.shape)}"
                 )
         if has_mins != (self.mins is not None):
