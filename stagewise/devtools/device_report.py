@@ -92,32 +92,64 @@ def _e2e(sec: dict) -> list[str]:
     return lines
 
 
+def _autotune(picks: list[dict]) -> list[str]:
+    if not picks:
+        return ["- autotuner picks: none (the interpreter, or single-config launches, tune nothing)"]
+    rows = [[p["kernel"], ", ".join(f"{a}={k}" for a, k in zip(p["key_args"], p["key"])) or ", ".join(p["key"]),
+             p["config"], str(p["candidates"])] for p in picks]  # fmt: skip
+    return ["The autotuner's pick for each kernel and key:", "", *_table(["kernel", "key", "config", "of"], rows)]
+
+
+def _bench(sec: dict) -> list[str]:
+    lines = ["See bench/modes.json, bench/batching.json and their plots."]
+    for m in sec.get("mismatches") or []:
+        lines.append(f"- token mismatch (recorded, timings kept): {m}")
+    return lines
+
+
+def _tests(sec: dict) -> list[str]:
+    counts = sec.get("counts") or {}
+    lines = [f"`{sec.get('command', '?')}` -> {sec.get('summary', '?')} (exit {sec.get('returncode', '?')})"]
+    if counts:
+        lines.append("- " + ", ".join(f"{n} {k.lower()}" for k, n in counts.items()))
+    return lines + [f"- {f}" for f in sec.get("failures") or []]
+
+
+def _status(sec: dict) -> str:
+    if "skipped" in sec:
+        return f"skipped: {sec['skipped']}"
+    if "failed" in sec:
+        return "cut at its limit" if sec["failed"] == "exit timeout" else f"failed ({sec['failed']})"
+    return "ok"
+
+
+def _overview(secs: dict) -> list[str]:
+    rows = []
+    for name, sec in secs.items():
+        took, limit = sec.get("wall_s"), sec.get("limit_s")
+        share = f"{100 * took / limit:.0f}%" if took and limit else "—"
+        rows.append([name, _status(sec), _num(took, ".0f"), _num(limit, ".0f"), share])
+    return _table(["section", "status", "seconds", "limit s", "of limit"], rows)
+
+
+RENDERERS = {"env": _env, "kernels": _kernels, "e2e": _e2e, "bench": _bench, "tests": _tests}
+TITLES = {"bench": "bench (modes and batching, synthetic SmolLM2)", "tests": "tests on the device"}
+
+
 def render_markdown(results: dict) -> str:
-    secs = results["sections"]
+    """Every section that ran, was cut or was skipped, in the order it ran."""
+    secs = results.get("sections", {})
     title = "Device check (dry run on the CPU: timings mean nothing)" if results.get("dry_run") else "Device check"
-    lines = [f"# {title}", ""]
-    for name, render in (("env", _env), ("kernels", _kernels), ("e2e", _e2e)):
-        sec = secs.get(name)
-        if sec is None:
-            continue
-        lines += [f"## {name}", ""]
+    lines = [f"# {title}", "", *_overview(secs), ""]
+    for name, sec in secs.items():
+        lines += [f"## {TITLES.get(name, name)}", ""]
         if "failed" in sec or "skipped" in sec:
-            lines += [f"{sec.get('failed') or sec.get('skipped')}", "", "```", sec.get("tail", ""), "```", ""]
+            lines += [_status(sec), ""]
+            if sec.get("tail"):
+                lines += ["```", sec["tail"][-1500:], "```", ""]
             continue
-        lines += render(sec) + [""]
-    bench = secs.get("bench")
-    if bench:
-        lines += ["## bench (Triton backend, synthetic SmolLM2)", ""]
-        if "failed" in bench:
-            lines += [bench["failed"], "```", bench.get("tail", ""), "```"]
-        else:
-            lines += ["See bench/modes.json, bench/batching.json and their plots.", ""]
-    tests = secs.get("tests")
-    if tests:
-        lines += ["## tests on the device", ""]
-        if "failed" in tests:
-            lines += [tests["failed"], "```", tests.get("tail", "")[-1200:], "```"]
-        else:
-            lines += [f"`{tests['command']}` -> {tests['summary']}", ""] + [f"- {f}" for f in tests["failures"]]
-    lines += ["", f"Total {results.get('total_seconds', 0):.0f} s."]
+        lines += RENDERERS.get(name, lambda s: [f"`{sorted(s)}`"])(sec) + [""]
+        if "autotune" in sec:
+            lines += _autotune(sec["autotune"]) + [""]
+    lines += [f"Total {results.get('total_seconds', 0):.0f} s."]
     return "\n".join(lines) + "\n"

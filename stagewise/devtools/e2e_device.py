@@ -15,6 +15,7 @@ kernel time over the wall time of the steps is the GPU's busy share; the rest
 is the host (Python, launches) keeping the GPU waiting.
 """
 
+import json
 import statistics
 import time
 import warnings
@@ -46,7 +47,8 @@ def decode_speed(
     llm = LLM(loaded, backend=backend, engine_config=engine_config(device, graphs))
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     prompt = _prompt(32)
-    llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))  # compile + autotune
+    warm = 8 if torch.device(device).type == "cuda" else 2  # the interpreter compiles and tunes nothing
+    llm.generate([prompt], SamplingParams(max_tokens=warm, temperature=0.0, ignore_eos=True))  # compile + autotune
     t0 = time.perf_counter()
     out = llm.generate([prompt], params)[0]
     wall = time.perf_counter() - t0
@@ -75,7 +77,10 @@ def _device_time_us(prof) -> float:
 
 def step_profile(llm: LLM, num_seqs: int, steps: int, device: torch.device) -> dict:
     """Decode steps of `num_seqs` running requests: steps/s, GPU-busy and host shares."""
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    timed = min(steps, 5)
+    # tokens: 1 from the prefill, 2 warm-up steps, the profiled and the timed steps; one more so
+    # that every measured step is a decode step of all `num_seqs` requests
+    params = SamplingParams(max_tokens=3 + steps + timed + 1, temperature=0.0, ignore_eos=True)
     for i in range(num_seqs):
         llm.add_request(_prompt(16 + i), params)
     for _ in range(3):  # prefill, then a couple of decode steps to warm up
@@ -100,7 +105,7 @@ def step_profile(llm: LLM, num_seqs: int, steps: int, device: torch.device) -> d
         wall = time.perf_counter() - t0
     # Unprofiled timing of the same kind of step (the profiler adds its own overhead).
     times = []
-    for _ in range(min(steps, 5)):
+    for _ in range(timed):
         t0 = time.perf_counter()
         llm.step()
         times.append(time.perf_counter() - t0)
@@ -167,3 +172,57 @@ def greedy_agreement(model: str, device: str, dtype, prompts: list[str], new_tok
         "new_tokens": new_tokens, "triton_vs_naive": compare("naive", "triton"),
         "graphs_vs_eager": compare("triton", "triton+graphs"),
     }  # fmt: skip
+
+
+def run_e2e(device: torch.device, dry_run: bool, copy_gbs: float) -> dict:
+    """The device check's e2e section: decode speed of both models in three systems, step
+    profiles and host syncs of the small one, and greedy agreement in float32.
+
+    Sized to end well inside its limit on an H200 (the first runs there took 100 of 110 s): each
+    measurement is recorded as it ends, and one that fails is recorded and the rest still run."""
+    dev = device.type
+    big, small = ("random:tiny", "random:tiny") if dry_run else ("random:llama-3-8b", "random:smollm2-135m")
+    new = 4 if dry_run else 48
+    out = {"decode": [], "errors": {}}
+    t0 = time.perf_counter()
+
+    def attempt(label, fn, *args):
+        try:
+            value = fn(*args)
+            print(f"[{time.perf_counter() - t0:5.1f} s] {label}: {json.dumps(value, default=str)[:400]}", flush=True)
+            return value
+        except Exception as err:  # record, go on
+            out["errors"][label] = f"{type(err).__name__}: {err}"[:600]
+            print(f"[{time.perf_counter() - t0:5.1f} s] {label}: ERROR {out['errors'][label]}", flush=True)
+            return None
+
+    for name in dict.fromkeys((big, small)):  # the dry run's two are one model
+        loaded = load_model(name, dev, None)
+        for backend, graphs in (("triton", True), ("triton", False), ("torch", False)):
+            label = f"decode {name} {backend}{' +graphs' if graphs else ''}"
+            row = attempt(label, decode_speed, name, backend, graphs, dev, None, new, copy_gbs, loaded)
+            if row:
+                out["decode"].append(row)
+        if name == small:
+            profiles = []
+            # the dry run: one of each kind (a padded graph batch, an eager one) is enough to prove the code
+            kinds = [(g, n) for g in (True, False) for n in (1, 8)] if not dry_run else [(True, 3), (False, 1)]
+            for graphs, seqs in kinds:
+                llm = LLM(loaded, backend="triton", engine_config=engine_config(dev, graphs))
+                steps = 1 if dry_run else 12
+                prof = attempt(f"steps triton graphs={graphs} x{seqs}", step_profile, llm, seqs, steps, device)
+                if prof:
+                    profiles.append({"backend": "triton", "cuda_graphs": graphs, **prof})
+            out["step_profiles"] = profiles
+            if dev == "cuda":
+                eager = LLM(loaded, "triton", engine_config=engine_config(dev))
+                out["syncs"] = attempt("syncs triton", count_syncs, eager, device)
+        loaded = None  # free the big model before the small one
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    prompts = ["hello world", "the quick brown fox", "hello " * 9][: 2 if dry_run else 3]
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for this check (the documented switch)
+    greedy_new = 3 if dry_run else 16
+    out["greedy_fp32"] = attempt("greedy fp32", greedy_agreement, small, dev, torch.float32, prompts, greedy_new)
+    return out
