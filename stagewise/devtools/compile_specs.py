@@ -254,7 +254,9 @@ def _rejection_sampling(vocab: int, k: int = 4) -> list[Launch]:
     out = []
     for has_q in (False, True):
         args = dict(draft_ptr=i64, cu_ptr=i32, q_ptr=f32, q_row_stride=vocab, p_ptr=f32, p_row_stride=vocab)
-        args.update(greedy_ptr=u8, uniform_ptr=f32, exp_ptr=f32, exp_row_stride=vocab, out_ptr=i64)
+        # noise per sequence (exp_pos_stride 0); per row swaps the strides: the same specialisation
+        args.update(greedy_ptr=u8, uniform_ptr=f32, exp_ptr=f32, exp_seq_stride=vocab, exp_pos_stride=0)
+        args.update(out_ptr=i64)
         args.update(out_row_stride=k + 1, count_ptr=i32, vocab=vocab)
         constexprs = dict(HAS_Q=has_q, BLOCK=rs.block_for(vocab))
         plan = LaunchPlan("rejection_sampling", constexprs, (triton.Config({}, num_warps=4, num_stages=3),))
