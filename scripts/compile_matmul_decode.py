@@ -43,20 +43,22 @@ def resources(kernel) -> tuple[int, int]:
 
 
 def compile_decode(cfg: md.DecodeConfig, dtype: str, arch: int, precision: str, gather: bool):
-    unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1}  # ints equal to 1 are specialised as constants
+    unit = {"stride_ak": 1, "stride_bn": 1, "stride_on": 1, "stride_cn": 1}  # ints equal to 1: constants
     signature = {
-        "a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": "*fp32", "row_index_ptr": "*i64",
+        "a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "out_ptr": "*fp32", "c_ptr": f"*{dtype}", "counter_ptr": "*i32",
+        "row_index_ptr": "*i64",
         "M": "i32", "N": "i32", "K": "i32", "K_PER_SPLIT": "i32", "stride_am": "i32", "stride_ak": "constexpr",
         "stride_bk": "i32", "stride_bn": "constexpr", "stride_os": "i32", "stride_om": "i32", "stride_on": "constexpr",
+        "stride_cm": "i32", "stride_cn": "constexpr",
         "GATHER": "constexpr", "INTERPRETED": "constexpr", "FP32_DOTS": "constexpr", "INPUT_PRECISION": "constexpr",
-        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "FUSED_SUM": "constexpr",
     }  # fmt: skip
     constants = {
         **unit, "GATHER": gather, "INTERPRETED": False, "FP32_DOTS": dtype == "fp32", "INPUT_PRECISION": precision,
-        "BLOCK_M": md.BLOCK_M, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+        "BLOCK_M": md.BLOCK_M, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "FUSED_SUM": cfg.split_k > 1,
     }  # fmt: skip
     names = list(signature)
-    divisible = [names.index(n) for n in names if signature[n] in ("i32",) and n not in ("M", "K")] + [0, 1, 2, 3]
+    divisible = [names.index(n) for n in names if signature[n] in ("i32",) and n not in ("M", "K")] + [0, 1, 2, 3, 4, 5]
     attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
     source = ASTSource(md._decode_kernel, signature, constants, attrs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -103,6 +103,7 @@ def _matmul(label: str, m: int, n: int, k: int, dtype, target: Target, gather: b
     k_per_split, splits = per_split[0]
     args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, K_PER_SPLIT=k_per_split)
     args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1)
+    args.update(c_ptr=x, counter_ptr=_ptr(torch.int32), stride_cm=n, stride_cn=1, FUSED_SUM=splits > 1)
     plan = LaunchPlan("matmul", {}, tuple(configs))
     return Launch("matmul", label + " (split-K)", "stagewise.kernels.matmul_decode", "_decode_kernel", args, plan)
 

@@ -10,9 +10,13 @@ SMs). Split-K cuts K into SPLIT_K ranges, one program per (tile of N, range):
 
     partial[s] = a[:, K_s] @ b[K_s, :]        c = partial[0] + ... + partial[SPLIT_K - 1]
 
-in fp32, into a small buffer [SPLIT_K, M, N] that a second kernel sums in
-the fixed order 0, 1, ... (no atomics: the same inputs always give the same
-bits). The config depends on (N, K, dtype, layout), never on M, and rows do
+in fp32, into a small buffer [SPLIT_K, M, N]. The sum needs no second kernel:
+each program stores its partial, then adds 1 to its tile's arrival counter
+(an atomic); the program that sees SPLIT_K - 1 arrived before it is the last
+of its tile, and it reads the SPLIT_K partials back and adds them in the fixed
+order 0, 1, ..., whichever split finished first, so the same inputs always give
+the same bits, then sets the counter back to 0 for the next launch (and for
+every replay of a CUDA graph). The config depends on (N, K, dtype, layout), never on M, and rows do
 not see each other: a sequence's logits are the same bits alone or batched.
 With enough tiles of N, SPLIT_K = 1 and the program stores c itself.
 
@@ -51,6 +55,8 @@ def _decode_kernel(
     a_ptr,  # [M_in, K] input rows, any strides
     b_ptr,  # [K, N] weights, any strides (row-major, or a transposed view)
     out_ptr,  # [SPLIT_K, M, N] fp32 partials, or c [M, N] itself when there is one split
+    c_ptr,  # [M, N] output (read only when FUSED_SUM: the last split of a tile writes it)
+    counter_ptr,  # [tiles of N] int32 arrivals per tile, 0 between launches (when FUSED_SUM)
     # [M] int rows of a to use when GATHER (c[i] = a[row_index[i]] @ b); unused otherwise
     row_index_ptr,
     M,  # rows of c (<= BLOCK_M)
@@ -64,6 +70,8 @@ def _decode_kernel(
     stride_os,  # elements between the partials of consecutive splits (0 when out is c)
     stride_om,  # elements between rows of out
     stride_on,  # elements between columns of out
+    stride_cm,  # elements between rows of c (when FUSED_SUM)
+    stride_cn,  # elements between columns of c (when FUSED_SUM)
     GATHER: tl.constexpr,  # True: read the rows of a through row_index_ptr
     INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
     # convert tiles to fp32 after the load (fp32 inputs; bf16 in the interpreter)
@@ -72,6 +80,7 @@ def _decode_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FUSED_SUM: tl.constexpr,  # split: the tile's last split sums the partials into c
 ):
     tile_n = tl.program_id(0)  # which BLOCK_N columns of c
     split = tl.program_id(1)  # which range of K
@@ -110,13 +119,25 @@ def _decode_kernel(
 
     if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         acc = round_to_bf16(acc)
-    out_ptrs = (
-        out_ptr
-        + split.to(tl.int64) * stride_os
-        + offs_m[:, None] * stride_om
-        + cols_b[None, :] * stride_on
-    )
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tile_mask = mask_m[:, None] & mask_n[None, :]
+    out_tile = offs_m[:, None] * stride_om + cols_b[None, :] * stride_on  # [BLOCK_M, BLOCK_N]
+    tl.store(out_ptr + split.to(tl.int64) * stride_os + out_tile, acc.to(out_ptr.dtype.element_ty),
+             mask=tile_mask)  # fmt: skip
+    if FUSED_SUM:
+        num_splits = tl.num_programs(1)
+        tl.debug_barrier()  # every thread's share of the partial is stored before we count it
+        # acq_rel: our partial is visible before the count; the last one sees everyone's after it
+        arrived = tl.atomic_add(counter_ptr + tile_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:  # the last split of this tile: sum the partials in order
+            total = tl.load(out_ptr + out_tile, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            for s in range(1, num_splits):  # .cg: from L2, where the other SMs' stores landed
+                total += tl.load(out_ptr + s * stride_os + out_tile, mask=tile_mask, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+            if INTERPRETED and c_ptr.dtype.element_ty == tl.bfloat16:
+                total = round_to_bf16(total)
+            c_tile = offs_m[:, None] * stride_cm + cols_b[None, :] * stride_cn
+            tl.store(c_ptr + c_tile, total.to(c_ptr.dtype.element_ty), mask=tile_mask)
+            tl.atomic_xchg(counter_ptr + tile_n, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -150,6 +171,7 @@ def matmul_decode(
     row_index: torch.Tensor | None = None,
     policy: DotPolicy | None = None,
     config: "DecodeConfig | None" = None,
+    fused_sum: bool = True,
 ) -> torch.Tensor:
     """c = a @ b (or a[row_index] @ b) for M <= 16 rows, written into c [M, N] (contiguous); returns
     c.
@@ -157,6 +179,8 @@ def matmul_decode(
     a and b are checked by `kernels.matmul.matmul`, which calls this for decode shapes: a [M_in, K]
     and b [K, N] of one float dtype, any strides. policy: the dot precision (default:
     `dot_policy(a.dtype)`, what matmul passes). config: a fixed config (default: `decode_config`).
+    fused_sum: the last split of each tile sums the partials (one kernel); False: a second kernel
+    sums them (`split_k_sum`). Both add in the same order: the same bits.
     """
     m = c.shape[0]
     if m > BLOCK_M:
@@ -174,7 +198,7 @@ def matmul_decode(
         return c.zero_()
     policy = policy or dot_policy(a.dtype)
     cfg = config or decode_config(a, b, c, row_index, policy)
-    _launch(a, b, c, row_index, cfg, policy)
+    _launch(a, b, c, row_index, cfg, policy, fused_sum)
     return c
 
 
@@ -207,19 +231,25 @@ def _sum_partials(partials: torch.Tensor, c: torch.Tensor) -> None:
     )
 
 
-def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy) -> None:
-    """One decode GEMM with a given config: the split kernel, then (if split) the ordered reduce."""
+def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy, fused_sum=True) -> None:
+    """One decode GEMM with a given config: the split kernel, and (if split) the ordered sum, fused
+    into it or (fused_sum False, or no counters to be had) a second kernel."""
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    tiles_n = _cdiv(n, cfg.block_n)
+    counters = None
     if splits == 1:
         out, stride_os = c, 0
     else:
         out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
         stride_os = out.stride(0)
-    _decode_kernel[(_cdiv(n, cfg.block_n), splits)](
+        counters = arrival_counters(c.device, tiles_n) if fused_sum else None
+    _decode_kernel[(tiles_n, splits)](
         a_ptr=a,
         b_ptr=b,
         out_ptr=out,
+        c_ptr=c,
+        counter_ptr=c if counters is None else counters,  # unread without FUSED_SUM
         row_index_ptr=a if row_index is None else row_index,
         M=m,
         N=n,
@@ -232,6 +262,8 @@ def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy) -> None:
         stride_os=stride_os,
         stride_om=out.stride(-2),
         stride_on=out.stride(-1),
+        stride_cm=c.stride(0),
+        stride_cn=c.stride(1),
         GATHER=row_index is not None,
         INTERPRETED=INTERPRETER,
         FP32_DOTS=policy.fp32_dots,
@@ -239,11 +271,33 @@ def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy) -> None:
         BLOCK_M=BLOCK_M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        FUSED_SUM=counters is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if splits > 1:
+    if splits > 1 and counters is None:
         _sum_partials(out, c)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}  # per device: int32 zeros, one per tile of N
+
+
+def arrival_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The fused sum's per-tile arrival counters on `device` (>= `tiles` int32, all 0).
+
+    Kept across launches: every launch leaves its counters at 0 again, so launches one after
+    another on a stream share them. (Two split GEMMs running at once on two streams of one device
+    would not: this project launches its GEMMs on one stream per device.) None while a CUDA graph
+    is being captured and the buffer is too small: a tensor allocated inside a capture belongs to
+    the graph's memory pool, so that launch sums with the second kernel instead.
+    """
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        size = max(tiles, 2 * counters.numel() if counters is not None else 1024)
+        counters = _COUNTERS[device] = torch.zeros(size, dtype=torch.int32, device=device)
+    return counters
 
 
 def _time_ms(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy) -> float:

@@ -80,6 +80,29 @@ def test_split_k_sum_adds_in_fixed_order_and_rounds_to_nearest():
     assert c16.float().item() == 1.0 + 2**-7
 
 
+def test_fused_sum_is_one_kernel_adding_in_fixed_order(monkeypatch):
+    # The partials of c[0, 0] are 1, 2**-24, 2**-24 (b's rows 0, 16, 32; 16-deep splits): added in the
+    # order 0, 1, 2 they give exactly 1.0 (see the test above). The last split of the tile sums them;
+    # the separate sum kernel never runs, and the arrival counters are back at 0 for the next launch.
+    monkeypatch.setattr(decode, "_sum_partials", lambda *args: pytest.fail("the second kernel ran"))
+    a = torch.ones(1, 48, device=DEVICE)
+    b = torch.zeros(48, 20, device=DEVICE)  # 20 columns: 2 tiles of 16
+    b[0, 0], b[16, 0], b[32, 0], b[5, 19] = 1.0, 2**-24, 2**-24, 3.0
+    c = _run(a, b, SPLIT3)
+    assert c[0, 0].item() == 1.0 and c[0, 19].item() == 3.0 and c[0, 1:19].eq(0).all()
+    assert decode.arrival_counters(DEVICE, 2)[:2].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_sum_gives_the_two_kernel_path_bits(dtype):
+    a, b = _operands(5, 130, 70, dtype, seed=2)
+    fused = _run(a, b, SPLIT3)
+    c = torch.empty(5, 70, device=DEVICE, dtype=dtype)
+    two_kernels = decode.matmul_decode(a, b, c, config=SPLIT3, fused_sum=False)
+    assert torch.equal(fused, two_kernels)
+    assert_close(fused, _reference(a, b), *ROUNDING_TOL[dtype], what=f"fused split-K {dtype}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("k,n", [(37, 50), (100, 70), (130, 33)])
 @pytest.mark.parametrize("m", [1, 3, 16])
