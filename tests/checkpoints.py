@@ -6,6 +6,7 @@ Q/K row permutation and stores one tensor as Q8_0, so loading it exercises the
 same code paths as the real SmolLM2 file.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -16,6 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from stagewise.config import PRESETS
 from stagewise.models.tokenizer_files import tokenizer_to_hf_dir
 from stagewise.tokenizer import Tokenizer
+from tests.kquant_blocks import BYTES as K_QUANT_BYTES
+from tests.kquant_blocks import quantize_k
 
 CFG = PRESETS["tiny"]
 
@@ -96,11 +99,13 @@ def write_gguf(
     write_tokenizer=write_tiny_bpe_tokenizer,
     rope_freqs: np.ndarray | None = None,
     extra=None,
-    projection_type: gguf.GGMLQuantizationType | None = None,
+    projection_type: "gguf.GGMLQuantizationType | Callable | None" = None,
 ) -> Path:
     """`write_tokenizer(writer)` adds the tokenizer.ggml.* keys; `rope_freqs` is llama.cpp's llama3 tensor;
     `extra(writer)` adds more keys or tensors (files a Llama loader must refuse); `projection_type`
-    (e.g. Q4_1) stores the seven projections of every layer quantized, as SmolLM2's file does."""
+    (e.g. Q4_1) stores the seven projections of every layer quantized, as SmolLM2's file does; a
+    function of the GGUF tensor name -> type (or None: float32) picks per tensor (e.g. Q4_K only
+    where the row is a multiple of 256)."""
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(CFG.num_layers)
@@ -125,11 +130,15 @@ def write_gguf(
         w.add_tensor("output.weight", sd["lm_head.weight"])
 
     def add_projection(name: str, array: np.ndarray) -> None:
-        if projection_type is None:
+        qtype = projection_type(name) if callable(projection_type) else projection_type
+        if qtype is None:
             w.add_tensor(name, array)
+        elif qtype.name in K_QUANT_BYTES:  # gguf has no K-quant quantizer: tests/kquant_blocks.py
+            q = quantize_k(np.ascontiguousarray(array), qtype.name)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
-            q = gguf.quants.quantize(np.ascontiguousarray(array), projection_type)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=projection_type)
+            q = gguf.quants.quantize(np.ascontiguousarray(array), qtype)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
     for i in range(CFG.num_layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."

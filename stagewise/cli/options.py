@@ -27,8 +27,9 @@ RECALIBRATE = typer.Option(
 QUANTIZATION = typer.Option(
     "none",
     "--quantization",
-    help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed "
-    "(4/8 bits; the fast CPU tier computes them in bfloat16)",
+    help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights "
+    "stay packed (the fast CPU tier computes them in bfloat16); int8 / int4 (int4:g64, g128): a Hugging "
+    "Face checkpoint quantized at load, round to nearest, groups of 32 by default",
 )
 
 

@@ -25,7 +25,8 @@ of codes 0..31 with a minimum, q6_k signed 8-bit codes in groups of
 Decode (M <= 16): one BLOCK_M = 16 tile of rows and split-K as in
 `kernels/matmul_decode.py` (programs per (tile of N, range of K), fp32
 partials summed in a fixed order by its reduce kernel); prefill: tiles of M
-too and no split. BLOCK_K is a multiple of G, so a step never cuts a group.
+too and no split. BLOCK_K and G divide one another (groups of 64 or 128 span
+several steps), and each code reads the scale of its own group.
 """
 
 from dataclasses import dataclass
@@ -185,8 +186,10 @@ def dequant_matmul(
     if m == 0 or n == 0:
         return c
     cfg = config or dequant_config(m, n, k, num_sms(a.device), a.element_size())
-    if cfg.block_k % group_size:
-        raise KernelInputError(f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}")
+    if cfg.block_k % group_size and group_size % cfg.block_k:  # a step holds whole groups,
+        raise KernelInputError(  # or a group whole steps (every code finds its own scale)
+            f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}"
+        )
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
     out = c if splits == 1 else torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
     policy = dot_policy(a.dtype)

@@ -161,7 +161,8 @@ def load_gguf(
     """GGUF file -> (config, weights in `dtype` on CPU); pass `reader` to reuse an open file.
 
     quantization "auto": Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices stay packed
-    (`models/quantized.py`), their values as in the file; "none" (the default of this function;
+    (`models/quantized.py`), their values as in the file ("int8" / "int4" are refused: they
+    quantize float checkpoints, not an already quantized file); "none" (this function's default;
     `load_model` and `LLM` default to "auto"): every tensor is dequantized. One tensor at a
     time: dequantize to float32, rearrange, cast to `dtype`, drop the float32 copy; a 7B model
     loads in bfloat16 with 14 GB of weights, never 28 GB of float32 at once.
@@ -170,6 +171,11 @@ def load_gguf(
 
     path = Path(path)
     quantization = check_quantization(quantization)
+    if quantization.startswith("int"):  # int8 / int4 quantize floats; a GGUF brings its own types
+        raise StagewiseError(
+            f"{path}: quantization '{quantization}' quantizes a float checkpoint (a Hugging Face "
+            "directory); a GGUF keeps its own types with 'auto', or loads as floats with 'none'"
+        )
     reader = reader if reader is not None else open_gguf(path)
     config = config_from_gguf(reader, str(path))
     tensors = {t.name: t for t in reader.tensors}

@@ -13,6 +13,7 @@ import torch
 from stagewise.config import ModelConfig, RopeScaling, config_from_hf_dict, hf_rope_dict, is_number
 from stagewise.errors import StagewiseError
 from stagewise.models.files import model_file, read_json_object, unused_tensors
+from stagewise.models.quantize_at_load import quantize_weights
 from stagewise.models.weights import LayerWeights, LlamaWeights
 
 
@@ -144,9 +145,13 @@ def _open_shards(path: Path) -> dict:
 
 
 def load_hf_dir(
-    path: str | Path, dtype: torch.dtype = torch.float32
+    path: str | Path, dtype: torch.dtype = torch.float32, quantization: str = "none"
 ) -> tuple[ModelConfig, LlamaWeights]:
-    """Hugging Face Llama directory -> (config, weights in `dtype` on CPU), one tensor at a time."""
+    """Hugging Face Llama directory -> (config, weights in `dtype` on CPU), one tensor at a time.
+
+    quantization "int8" / "int4" (":g64", ...): the projections and the embedding are quantized
+    after loading (`models/quantize_at_load.py`); "none" / "auto": floats, as stored.
+    """
     from safetensors import SafetensorError
 
     path = Path(path)
@@ -225,7 +230,8 @@ def load_hf_dir(
     lm_head = head.t()  # [vocab, hidden] -> [hidden, vocab] view (tied: the table itself)
     final_norm = get("model.norm.weight", (hidden,))
     check_nothing_left(path, set(shards) - used)
-    return config, LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+    weights = LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+    return config, quantize_weights(weights, quantization, str(path))
 
 
 def check_nothing_left(path: Path, unused: set[str]) -> None:

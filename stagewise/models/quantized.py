@@ -29,7 +29,10 @@ from stagewise.errors import StagewiseError
 from stagewise.models.gguf_kquants import K_KEPT, SUPER_BLOCK, packed_from_k_blocks
 from stagewise.stages.packed_weight import GROUP_SIZE, PackedWeight
 
-QUANTIZATION = ("auto", "none")  # LLM(quantization=...): keep the file's types, or dequantize all
+# LLM(quantization=...): "auto" keeps a GGUF's types, "none" dequantizes all, "int8" / "int4"
+# (optionally ":g64" etc.) quantize a float checkpoint at load (`models/quantize_at_load.py`)
+QUANTIZATION = ("auto", "none", "int8", "int4")
+SCHEME_GROUPS = (32, 64, 128)  # group sizes "int8:gN" / "int4:gN" take (default 32)
 KEPT = {
     "Q4_0": ("q4_0", 18),
     "Q4_1": ("q4_1", 20),
@@ -40,11 +43,29 @@ FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # plain numbers: loaded, no notice
 
 
 def check_quantization(quantization: str) -> str:
-    if quantization not in QUANTIZATION:
-        raise StagewiseError(
-            f"unknown quantization '{quantization}'; use one of {', '.join(QUANTIZATION)}"
-        )
+    """The value of `quantization=` if it is one stagewise knows, else a one-line error."""
+    parse_scheme(quantization)
     return quantization
+
+
+def parse_scheme(quantization: str) -> tuple[str, int]:
+    """ "auto" / "none" / "int8" / "int4" / "int4:g64" ... -> (name, group size; 32 when unsaid)."""
+    if not isinstance(quantization, str):
+        raise StagewiseError(f"quantization must be a string, got {quantization!r}")
+    name, _, group = quantization.partition(":")
+    if name not in QUANTIZATION or (group and name not in ("int8", "int4")):
+        raise StagewiseError(
+            f"unknown quantization '{quantization}'; use one of {', '.join(QUANTIZATION)} "
+            "(int8 / int4 take a group size, e.g. int4:g64)"
+        )
+    if not group:
+        return name, GROUP_SIZE
+    size = group[1:]
+    if not (group.startswith("g") and size.isdigit() and int(size) in SCHEME_GROUPS):
+        raise StagewiseError(
+            f"quantization '{quantization}': the group size is written g32, g64 or g128"
+        )
+    return name, int(size)
 
 
 def kept_kind(type_name: str, quantization: str) -> str | None:

@@ -67,10 +67,12 @@ def _load_files(
 ) -> tuple[ModelConfig, LlamaWeights, Tokenizer, str]:
     """Weights in `dtype` on the CPU, after checking that they fit (`models/memory.py`).
 
-    quantization "auto": a GGUF's Q4_0 / Q4_1 / Q8_0 matrices stay packed; "none": all floats.
+    quantization "auto": a GGUF's Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K matrices stay packed;
+    "none": all floats; "int8" / "int4": a float checkpoint quantized at load (a GGUF refuses).
     """
     from stagewise.models.gguf_loader import config_from_gguf, load_gguf, open_gguf
     from stagewise.models.hf_loader import config_from_hf, load_hf_dir
+    from stagewise.models.quantize_at_load import quantize_weights
 
     def from_gguf(path: Path):
         with load_phase(f"reading the GGUF metadata and tokenizer of {path.name}"):
@@ -99,7 +101,7 @@ def _load_files(
         config = PRESETS["tiny"]
         return (
             config,
-            random_weights(config, seed=0),
+            quantize_weights(random_weights(config, seed=0), quantization, "tiny"),
             Tokenizer.tiny(),
             "tiny (random weights, seed 0)",
         )
@@ -110,7 +112,7 @@ def _load_files(
         tokenizer = check_vocabularies(config, tokenizer, path)
         check_fits(config, dtype, device, path.name)
         with load_phase(f"reading the weights of {path.name}"):
-            config, weights = load_hf_dir(path, dtype)
+            config, weights = load_hf_dir(path, dtype, quantization)  # int8/int4: quantized
         return config, weights, tokenizer, str(path)
     if path.is_file() or path.suffix == ".gguf":
         return from_gguf(path)
