@@ -27,10 +27,26 @@ same grids*. So:
 
 Only pure-decode steps (every scheduled request computes exactly one new token)
 of at most `max_batch` requests replay a graph; prefill and mixed steps run
-eagerly as before. Sampling stays outside the graph (its settings change every
-step). On a CPU there is nothing to capture: the same static-buffer path runs
-eagerly, which is how the tests check that padding and the buffers give the
-eager step's tokens.
+eagerly as before. On a CPU there is nothing to capture: the same static-buffer
+path runs eagerly, which is how the tests check that padding and the buffers
+give the eager step's tokens.
+
+The host's work between two replays is kept small:
+
+- **one upload** of the step's changing values (ids, positions, slots, lengths):
+  the host writes them into one staging buffer, pinned when CUDA exists (a
+  copy from pinned memory is a DMA the host need not wait for), and one copy
+  moves all of it;
+- **block-table rows only where they changed**: the graph's table keeps what
+  each batch slot held last step, so a row is uploaded only when its request
+  crossed into a new block or another request took the slot;
+- **greedy batches sample inside the graph**: when every request of the step is
+  greedy without a repetition penalty, the argmax is part of the recording and
+  the step's one read is the token ids themselves. Other sampling settings
+  change every step (temperatures, seeds, penalties' seen tokens) and run after
+  the replay as in an eager step.
+
+`counts` records each upload and each greedy step, so a test can count them.
 """
 
 import torch
@@ -38,7 +54,6 @@ import torch
 from stagewise.kv.paged import PagedKVCache, PagedKVStep
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
-from stagewise.runtime import to_device
 from stagewise.stages.attention_metadata import AttentionMetadata
 
 
@@ -68,9 +83,17 @@ class DecodeGraphs:
             capture  # False on a CPU (and in tests): replay = the same forward, run eagerly
         )
         device, n = model.device, self.sizes[-1]
-        self.meta = torch.zeros(
-            5, n, dtype=torch.long, device=device
-        )  # ids, positions, slots, seq_lens, rows
+        # [4, n]: ids, positions, slots, seq_lens; written into `staging`, then one upload
+        self.meta = torch.zeros(4, n, dtype=torch.long, device=device)
+        pinned = torch.cuda.is_available()  # page-locked host memory needs the CUDA driver
+        self.staging = torch.zeros(4, n, dtype=torch.long, pin_memory=pinned)
+        self.table_staging = torch.zeros(
+            n, cache.max_blocks_per_req, dtype=torch.int32, pin_memory=pinned
+        )
+        self._staging_np, self._table_np = self.staging.numpy(), self.table_staging.numpy()
+        self._uploaded = None  # CUDA event after the last step's copies (then staging is free)
+        self._slot_blocks: list[tuple | None] = [None] * n  # each slot's table row on the device
+        self.counts = {"steps": 0, "uploads": 0, "table_rows": 0, "greedy_in_graph": 0}
         self.seq_lens = torch.zeros(
             n, dtype=torch.int32, device=device
         )  # [n] the kernels' int32 copy
@@ -86,6 +109,8 @@ class DecodeGraphs:
         )  # padding rows store their K/V here: a block no request owns
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [size, vocab] output buffer of each graph
+        self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the same, argmax included
+        self.greedy_ids: dict[int, torch.Tensor] = {}  # [size] int64 output of each greedy graph
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.failed: str | None = None  # why capture was given up, if it was
 
@@ -120,23 +145,36 @@ class DecodeGraphs:
         kv = PagedKVStep(cache=self.cache, metadata=metadata)
         return batch, kv
 
-    def _fill(self, size: int, ids, positions, slots, seq_lens, rows) -> None:
-        """Copy one step's host values into the static buffers (padding: spare slot, no keys)."""
-        pad = size - len(ids)
-        host = [
-            list(ids) + [0] * pad,
-            list(positions) + [0] * pad,
-            list(slots) + [self.pad_slot] * pad,
-            list(seq_lens) + [0] * pad,
-            list(rows) + [rows[0]] * pad,
-        ]
-        self.meta[:, :size].copy_(to_device(host, torch.long, self.meta.device), non_blocking=True)
-        self.seq_lens[:size].copy_(self.meta[3, :size])  # int64 -> int32, on the device
-        torch.index_select(
-            self.cache.block_table, 0, self.meta[4, :size], out=self.block_table[:size]
-        )
+    def _fill(self, size: int, ids, positions, slots, seq_lens, blocks) -> None:
+        """Copy one step's host values into the static buffers (padding: spare slot, no keys).
 
-    def _capture(self, size: int) -> None:
+        One copy for the four per-token rows; one per block-table row whose blocks changed."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # the last step's copies out of staging have run
+        num = len(ids)
+        host = self._staging_np
+        rows = ((0, ids, 0), (1, positions, 0), (2, slots, self.pad_slot), (3, seq_lens, 0))
+        for r, values, fill in rows:
+            host[r, :num] = values
+            host[r, num:size] = fill
+        self.meta[:, :size].copy_(self.staging[:, :size], non_blocking=True)
+        self.counts["uploads"] += 1
+        for b, row in enumerate(blocks):  # padding slots keep any table row: they read no keys
+            row = tuple(row)
+            if self._slot_blocks[b] != row:
+                self._table_np[b, : len(row)] = row
+                self.block_table[b, : len(row)].copy_(
+                    self.table_staging[b, : len(row)], non_blocking=True
+                )
+                self._slot_blocks[b] = row
+                self.counts["uploads"] += 1
+                self.counts["table_rows"] += 1
+        self.seq_lens[:size].copy_(self.meta[3, :size])  # int64 -> int32, on the device
+        if self.meta.is_cuda:
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+
+    def _capture(self, size: int, greedy: bool) -> None:
         batch, kv = self._inputs(size)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -146,20 +184,28 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self.logits[size] = self.model.forward(batch, kv)  # [size, vocab]
-        self.graphs[size] = graph
+            logits = self.model.forward(batch, kv)  # [size, vocab]
+            if greedy:
+                self.greedy_ids[size] = logits.argmax(dim=-1)  # [size]: first index on ties
+            else:
+                self.logits[size] = logits
+        (self.greedy_graphs if greedy else self.graphs)[size] = graph
 
-    def run(self, ids, positions, slots, seq_lens, rows) -> torch.Tensor:
-        """One decode step of len(ids) sequences -> logits [num_seqs, vocab], a static buffer."""
+    def run(self, ids, positions, slots, seq_lens, blocks, greedy: bool = False) -> torch.Tensor:
+        """One decode step of len(ids) sequences (blocks[b]: sequence b's block ids) -> logits
+        [num_seqs, vocab], or with `greedy` the argmax token ids [num_seqs]; a static buffer."""
         num_seqs = len(ids)
         size = self._size_for(num_seqs)
-        self._fill(size, ids, positions, slots, seq_lens, rows)
+        self._fill(size, ids, positions, slots, seq_lens, blocks)
+        self.counts["steps"] += 1
+        self.counts["greedy_in_graph"] += int(greedy)
         if not self.capture:
             batch, kv = self._inputs(size)
-            return self.model.forward(batch, kv)[:num_seqs]
-        if size not in self.graphs:
-            self._capture(
-                size
-            )  # the buffers already hold this step's values: the warm-up is harmless
-        self.graphs[size].replay()
-        return self.logits[size][:num_seqs]
+            logits = self.model.forward(batch, kv)[:num_seqs]  # [num_seqs, vocab]
+            return logits.argmax(dim=-1) if greedy else logits
+        graphs = self.greedy_graphs if greedy else self.graphs
+        if size not in graphs:
+            # the buffers already hold this step's values: the warm-up is harmless
+            self._capture(size, greedy)
+        graphs[size].replay()
+        return (self.greedy_ids if greedy else self.logits)[size][:num_seqs]

@@ -48,7 +48,7 @@ from stagewise.engine.interrupts import deferred_interrupts
 from stagewise.engine.paged_batch import build_batch, trace_step
 from stagewise.engine.request import Request
 from stagewise.engine.run_stats import RunStats
-from stagewise.engine.sampler import sample_next_tokens
+from stagewise.engine.sampler import plain_greedy, read_token_ids, sample_next_tokens
 from stagewise.engine.scheduler import Scheduler, SchedulerOutput
 from stagewise.engine.snapshot import engine_snapshot
 from stagewise.engine.speculative.verify import verify
@@ -230,6 +230,9 @@ class PagedRunner:
 
         -> the tokens of each sampling request: one, or with speculation 1 .. k + 1."""
         if self._replays_graph(sched):
+            requests = [s.request for s in sched.scheduled]
+            if self.proposer is None and plain_greedy(requests):  # the argmax ran inside the graph
+                return [[t] for t in read_token_ids(self._graph_step(sched, greedy=True))]
             logits = self._graph_step(sched)  # [num requests, vocab]
         else:
             batch, kv = self._build_batch(sched)
@@ -377,10 +380,13 @@ class PagedRunner:
         decode = all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled)
         return decode and self.graphs.covers(len(sched.scheduled))
 
-    def _graph_step(self, sched: SchedulerOutput):
-        """The step's inputs as host lists, copied into the graphs' static buffers; one replay."""
+    def _graph_step(self, sched: SchedulerOutput, greedy: bool = False):
+        """The step's inputs as host lists, copied into the graphs' static buffers; one replay.
+
+        -> logits [num requests, vocab], or with `greedy` the argmax ids [num requests]. The block
+        lists go to the graphs' own table, which uploads only the rows that changed."""
         bs = self.cache.block_size
-        ids, positions, slots, seq_lens, rows = [], [], [], [], []
+        ids, positions, slots, seq_lens, tables = [], [], [], [], []
         for s in sched.scheduled:
             req, pos = s.request, s.request.num_computed_tokens  # the one new token's position
             blocks = self.block_manager.block_ids(req.request_id)
@@ -388,8 +394,8 @@ class PagedRunner:
             positions.append(pos)
             slots.append(blocks[pos // bs] * bs + pos % bs)
             seq_lens.append(pos + 1)
-            rows.append(self.cache.write_row(req.request_id, blocks))
-        return self.graphs.run(ids, positions, slots, seq_lens, rows)
+            tables.append(blocks)
+        return self.graphs.run(ids, positions, slots, seq_lens, tables, greedy=greedy)
 
     def _build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, PagedKVStep]:
         return build_batch(sched, self.cache, self.block_manager, self.model.batch_device)

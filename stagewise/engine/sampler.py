@@ -37,6 +37,15 @@ def sample_next_tokens(ops: StageOps, logits: torch.Tensor, requests: list[Reque
         device=logits.device,
     )
     tokens = ops(sampling_stage, logits=logits, sampling=sampling)  # [B, vocab] -> [B]
-    return (
-        tokens.tolist()
-    )  # the step's one device -> host read: the engine needs the ids (EOS, stop strings)
+    return read_token_ids(tokens)
+
+
+def plain_greedy(requests: list[Request]) -> bool:
+    """Every request takes the argmax of its raw logits: greedy, no repetition penalty."""
+    return all(r.params.greedy and r.params.repetition_penalty == 1.0 for r in requests)
+
+
+def read_token_ids(tokens: torch.Tensor) -> list[int]:
+    """[B] token ids on the device -> host ints: the step's one device -> host read (the engine
+    needs the ids for EOS, stop strings and the next step's inputs)."""
+    return tokens.tolist()

@@ -52,3 +52,60 @@ def test_padding_rows_write_only_the_spare_block(tiny):
 def test_graphs_refuse_the_naive_paged_attention(tiny):
     with pytest.raises(ValueError, match="cuda_graphs needs the triton paged_attention"):
         LLM(tiny, engine_config=EngineConfig(cuda_graphs=True))
+
+
+NAIVE_BUT_ATTENTION = {"stage_backends": {"paged_attention": "triton"}}  # the graphs need this stage only
+
+
+def test_a_graphed_step_uploads_once_plus_the_changed_table_rows_and_reads_once(tiny, monkeypatch):
+    """Per decode step: one staging upload, a block-table row only for a slot whose blocks changed
+    (block size 4: a request crosses into a new block every 4 tokens), one host read (the ids)."""
+    from stagewise.runtime import DEBUG_CHECKS_ENV
+    from tests.host_reads import HostReadCounter
+
+    monkeypatch.setenv(DEBUG_CHECKS_ENV, "0")  # the suite turns value checks (host reads) on
+    ecfg = EngineConfig(max_num_seqs=2, block_size=4, max_num_batched_tokens=32, cuda_graphs=True)
+    # the Triton sampler: the naive one draws with torch.multinomial, which reads the device
+    llm = LLM(tiny, engine_config=ecfg, stage_backends={"paged_attention": "triton", "sampling": "triton"})
+    runner, graphs = llm.engine, llm.engine.graphs
+    llm.add_request("Hello there", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    llm.add_request("A", SamplingParams(max_tokens=6, temperature=0.8, seed=5, ignore_eos=True))
+    held, graphed = {}, 0  # held: batch slot -> (request, blocks it needs) after the last graphed step
+    while llm.has_unfinished_requests():
+        before = dict(graphs.counts)
+        with HostReadCounter() as counter:
+            llm.step()
+        done = {k: graphs.counts[k] - before[k] for k in before}
+        if not done["steps"]:
+            continue  # a prefill step, eager
+        graphed += 1
+        now = {b: (s.request.request_id, -(-(s.request.num_computed_tokens) // 4))
+               for b, s in enumerate(runner.last_step.scheduled)}  # fmt: skip
+        changed = sum(held.get(b) != need for b, need in now.items())
+        held.update(now)
+        assert done["table_rows"] == changed and done["uploads"] == 1 + changed, (graphed, done, now)
+        assert [what for what, _ in counter.reads] == ["tolist"], counter.reads
+    assert graphed >= 6 and graphs.counts["table_rows"] < 2 * graphed  # most steps upload no row
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_graph_path_equals_the_eager_path_across_stop_conditions(tiny, seeded):
+    """Greedy batches take the argmax inside the graph; seeded sampling runs after the replay. Either
+    way the tokens and finish reasons equal the eager engine's under max_tokens and stop strings."""
+    ecfg = EngineConfig(max_num_seqs=3, max_num_batched_tokens=32)
+    eager = LLM(tiny, engine_config=ecfg, **NAIVE_BUT_ATTENTION)
+    graphs = LLM(tiny, engine_config=ecfg.with_updates(cuda_graphs=True), **NAIVE_BUT_ATTENTION)
+    kw = {"temperature": 0.9, "top_k": 20} if seeded else {"temperature": 0}
+    probe = eager.generate(PROMPTS[:1], SamplingParams(max_tokens=4, seed=0, ignore_eos=True, **kw))[0]
+    stop = probe.text.replace("\ufffd", "")[-2:]  # met by the 4th token at the latest (whole characters)
+    assert stop.strip(), probe
+    params = [
+        SamplingParams(max_tokens=8, seed=0, stop=(stop,), **kw),  # cut by the stop string
+        SamplingParams(max_tokens=3, seed=1, ignore_eos=True, **kw),  # cut by max_tokens
+        SamplingParams(max_tokens=6, seed=2, **kw),  # EOS may end it, else max_tokens
+    ]
+    expected = [(o.token_ids, o.finish_reason) for o in eager.generate(PROMPTS[:3], params)]
+    assert expected[0][1] == "stop" and len(expected[0][0]) <= 4 and expected[1][1] == "length"
+    assert [(o.token_ids, o.finish_reason) for o in graphs.generate(PROMPTS[:3], params)] == expected
+    counts = graphs.engine.graphs.counts
+    assert counts["steps"] >= 3 and (counts["greedy_in_graph"] == counts["steps"]) != seeded, counts
