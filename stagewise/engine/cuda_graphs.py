@@ -149,8 +149,10 @@ class DecodeGraphs:
         """Copy one step's host values into the static buffers (padding: spare slot, no keys).
 
         One copy for the four per-token rows; one per block-table row whose blocks changed."""
-        if self._uploaded is not None:
-            self._uploaded.synchronize()  # the last step's copies out of staging have run
+        if self._uploaded is not None and not self._uploaded.query():  # query: no wait
+            # the last step's copies out of staging have not run yet (never so while every graphed
+            # step ends by reading its sampled ids): wait for them before overwriting their source
+            self._uploaded.synchronize()
         num = len(ids)
         host = self._staging_np
         rows = ((0, ids, 0), (1, positions, 0), (2, slots, self.pad_slot), (3, seq_lens, 0))

@@ -35,7 +35,8 @@ def test_graph_path_gives_the_eager_tokens(tiny, backend):
     assert runner.graphs is not None and runner.graphs.failed is None
     assert runner.block_manager.num_free_blocks == runner.block_manager.num_blocks  # nothing leaked
     if torch.cuda.is_available():
-        assert set(runner.graphs.graphs) <= {1, 2, 4, 3}, "graphs were captured for the padded sizes"
+        captured = set(runner.graphs.graphs) | set(runner.graphs.greedy_graphs)  # greedy: argmax inside
+        assert captured and captured <= {1, 2, 3}, "graphs were captured for the padded sizes"
 
 
 def test_padding_rows_write_only_the_spare_block(tiny):
