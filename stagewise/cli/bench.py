@@ -497,6 +497,38 @@ def quant(
     finish(console, result, quant_table(result), plot_quant, out_dir, name)
 
 
+@bench_app.command()
+def perplexity(
+    model: str = MODEL,
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    threads: int | None = THREADS,
+    backends: str = typer.Option("naive,torch", help="tiers, each run with float32 and with packed weights"),
+    max_tokens: int | None = typer.Option(None, help="greedy tokens per prompt (default 32; quick 4)"),
+    prompts: int | None = typer.Option(None, help="the first N built-in greedy prompts (default 8; quick 2)"),
+    text_tokens: int | None = typer.Option(None, help="the first N tokens of the text (default all; quick 64)"),
+    overwrite: bool = OVERWRITE,
+):
+    """Weights kept quantized vs dequantized to float32: perplexity of a fixed text, greedy agreement."""
+    import sys
+
+    from stagewise.bench.perplexity import PerplexitySettings, perplexity_table, plot_perplexity, run_perplexity
+
+    console, out_dir = setup(threads, out, quick)
+    base = PerplexitySettings(max_tokens=4, prompts=2, text_tokens=64) if quick else PerplexitySettings()
+    settings = PerplexitySettings(
+        model=model,
+        backends=tuple(check_backend(b) for b in split_names(backends, "--backends")),
+        text_tokens=positive(text_tokens, "--text-tokens", base.text_tokens),  # None: the whole text
+        prompts=positive(prompts, "--prompts", base.prompts),
+        max_tokens=positive(max_tokens, "--max-tokens", base.max_tokens),
+    )
+    name = check_result_files(out_dir, "perplexity", asdict(settings), overwrite, quick and out is None)
+    result = run_perplexity(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    result["settings"] = json.loads(json.dumps(asdict(settings)))
+    finish(console, result, perplexity_table(result), plot_perplexity, out_dir, name)
+
+
 def main() -> None:
     """Run `bench` on its own (python -m stagewise.cli.bench ...), with the CLI's one-line errors."""
     from stagewise.cli.command import run_command
