@@ -1,11 +1,15 @@
 """The full compile-gate sweep: every launch x target x dtype x shape -> benchmarks/compile_gate.md.
 
     .venv/bin/python scripts/compile_gate.py [--workers 2] [--out benchmarks/compile_gate.md]
+    .venv/bin/python scripts/compile_gate.py --kernels flash_attention,paged_attention   # a part
+
 
 Compiles (no GPU needed) what every launcher would launch for SmolLM2-135M and Llama-3-8B, decode
 (8 sequences x 1 token at 2k context) and prefill (512 tokens), in bf16 / fp16 / fp32 for sm_80,
 sm_89 and sm_90, and fp16 for sm_75; writes the table of shared memory, registers, spills and
 tensor-core use, and exits 1 when the gate finds a problem (the findings are in the file too).
+With --kernels only those kernel families are compiled, and their rows replace theirs in the
+existing table (the rest stay as the last run wrote them; the file says which rows are whose).
 """
 
 import argparse
@@ -16,14 +20,16 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import stagewise.kernels  # noqa: F401  (chooses the Triton mode before anything imports triton)
-from stagewise.devtools.compile_gate import findings, full_sweep, markdown, run_gate
+from stagewise.devtools.compile_gate import findings, full_sweep, markdown, merge_markdown, run_gate
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="compile processes")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks/compile_gate.md")
+    parser.add_argument("--kernels", help="comma-separated kernel families: regenerate only their rows")
     opts = parser.parse_args()
+    kernels = set(opts.kernels.split(",")) if opts.kernels else None
     start = time.perf_counter()
     columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
@@ -33,6 +39,7 @@ def main() -> int:
             workers=opts.workers,
             on_start=lambda n: progress.update(task, total=n),
             on_result=lambda _: progress.advance(task),
+            kernels=kernels,
         )
     seconds = time.perf_counter() - start
     problems = findings(rows)
@@ -55,7 +62,12 @@ def main() -> int:
         "## Launches",
         "",
     ]
-    opts.out.write_text("\n".join(header) + "\n" + markdown(rows))
+    if kernels:
+        stamp = f"triton {triton.__version__}, {time.strftime('%Y-%m-%d', time.gmtime())}"
+        text = merge_markdown(opts.out.read_text(), rows, problems, stamp, seconds, opts.workers)
+        opts.out.write_text(text)
+    else:
+        opts.out.write_text("\n".join(header) + "\n" + markdown(rows))
     print(f"{len(rows)} launches, {len(problems)} findings, {seconds:.0f} s -> {opts.out}")
     for p in problems:
         print("  " + p)

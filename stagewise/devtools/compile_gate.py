@@ -271,3 +271,30 @@ def markdown(rows: list[Row]) -> str:
         cells = [c.model, c.phase, row.label, c.dtype, f"sm_{c.capability}", config, *cells]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def merge_markdown(old: str, rows: list[Row], problems: list[str], stamp: str, seconds: float, workers: int) -> str:
+    """benchmarks/compile_gate.md with the rows of `rows`' kernel families replaced by `rows`.
+
+    A partial sweep (run_gate(kernels=...)) regenerates some families; every other row, and the
+    findings about them, stay as the previous run wrote them. The header records the partial run.
+    """
+    families = sorted({r.kernel for r in rows})
+    labels = {r.label for r in rows}
+    head, _, table = old.partition("## Launches")
+    table_lines = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| model")]
+    kept = [ln for ln in table_lines if ln.split(" | ")[2] not in labels]
+    new = markdown(rows).splitlines()[2:]
+    key = lambda ln: tuple(ln.split(" | ")[i] for i in (0, 1, 2, 3, 4))  # model, phase, label, dtype, target
+    intro, _, old_findings = head.partition("## Findings")
+    old_findings = [ln for ln in old_findings.splitlines() if ln.startswith("- ") and not any(
+        ln.startswith(f"- {label} ") for label in labels)]  # fmt: skip
+    note = (
+        f"Partial run ({stamp}): the rows of {', '.join(families)} regenerated, {len(rows)} launches in "
+        f"{seconds:.0f} s on {workers} processes; the other rows are from the run described above, "
+        "and a kernel family missing from it was added this way."
+    )
+    lines = [intro.rstrip(), "", note, "", "## Findings", ""]
+    lines += [*old_findings, *(f"- {p}" for p in problems)] or ["None: every launch fits its target without spilling."]
+    lines += ["", "## Launches", "", *markdown([]).splitlines()[:2], *sorted(kept + new, key=key)]
+    return "\n".join(lines) + "\n"
