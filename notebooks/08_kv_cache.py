@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -343,6 +343,17 @@ for row in seeds_table():
         print(f"{row['quantity']:48} seeds {row['seed']:>8g} {row['unit']:6} recomputed {row['ours']:10.4g}")
 
 # %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# * `vllm/v1/attention/backends/flash_attn.py`, `FlashAttentionImpl.forward`:
+#   stores the step's new K and V into the cache (`reshape_and_cache_flash`,
+#   through the slot mapping of notebook 09), then attends this step's queries
+#   to every cached key: your exercise 4, on a GPU.
+# * `vllm/v1/worker/gpu_model_runner.py`, `GPUModelRunner.initialize_kv_cache`:
+#   allocates the K/V tensors of every layer once, at start-up, sized from the
+#   memory left after the weights (`2 * L * Hkv * d * bytes` per token, as
+#   here).
+#
 # ## Takeaways
 #
 # * KV cache = keep K and V of every token of every layer; compute only the
@@ -427,3 +438,9 @@ def my_cached_attention(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: 
 
 # %%
 check("08.cached_attention", my_cached_attention)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#    .venv/bin/python -m pytest -q tests/engine/test_engine.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 08

@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -492,6 +492,19 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# * `vllm/v1/core/block_pool.py`, `BlockPool`: the pool of blocks, its
+#   `get_new_blocks` (from the front of the free queue) and `free_blocks` (to
+#   its back), and `get_cached_block` for prefix hits; the free queue itself
+#   is `FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`, where
+#   `hash_block_tokens` chains each full block's hash to its parent's.
+# * `vllm/v1/core/kv_cache_manager.py`, `KVCacheManager.get_computed_blocks`
+#   (the longest cached prefix) and `KVCacheManager.allocate_slots` (room for
+#   a step's new tokens, or `None` when the pool is too short).
+# * `vllm/v1/worker/block_table.py`, `BlockTable.compute_slot_mapping`:
+#   `block_id * block_size + position % block_size` for every scheduled token.
+#
 # ## Takeaways
 #
 # * The paged cache is one tensor of blocks; a request is a list of block ids
@@ -600,3 +613,9 @@ def my_cached_prefix(token_ids: list[int], block_size: int, cached: dict) -> lis
 
 # %%
 check("09.cached_prefix", my_cached_prefix)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#    .venv/bin/python -m pytest -q tests/engine/test_scheduler_properties.py tests/engine/test_paged_engine.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 09

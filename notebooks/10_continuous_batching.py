@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -536,6 +536,20 @@ plt.show()
 # not at the shaded span): rerun with a longer prompt before concluding.
 # Which setting is better is a policy choice; the scheduler makes it one
 # number.
+
+# %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# * `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`: running requests
+#   first, then waiting ones, under `max_num_batched_tokens` and
+#   `max_num_seqs`, a long prompt cut to the budget (chunked prefill); when
+#   `KVCacheManager.allocate_slots` finds no room it preempts the last running
+#   request (its blocks freed, `num_computed_tokens` reset to 0, back to the
+#   front of the waiting queue): your exercise 3.
+# * `Scheduler.update_from_output` (same file): appends the sampled tokens and
+#   finishes requests, freeing their blocks.
+# * `vllm/v1/engine/core.py`, `EngineCore.step`: one `schedule()`, one model
+#   execution over the flat batch, one update — the step traced above.
 #
 # ## Takeaways
 #
@@ -629,3 +643,9 @@ def my_schedule(running, waiting, budget: int, max_num_seqs: int, allocate, free
 
 # %%
 check("10.schedule_step", my_schedule)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/engine/test_scheduler_properties.py tests/engine/test_prefill_beside_decodes.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 10

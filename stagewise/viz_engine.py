@@ -1,8 +1,12 @@
-"""Pictures of the engine: a trace's timeline (which request did what in every step).
+"""Pictures of the engine (a trace's timeline) and the printouts notebooks 12a/12b read kernels with.
 
 Plotting only; the notebooks import these so their cells stay about the idea. matplotlib is
 imported when a function is called, not when this module is.
 """
+
+import inspect
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -86,5 +90,68 @@ def timeline(trace: dict, label: dict, title: str, budget: int | None = None, xm
     bottom.set_xlabel("engine step")
     bottom.set_xlim(0, xmax or num_steps)
     bottom.legend(ncol=len(ids) + 2, fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+# ---------------------------------------------------------------- reading kernels (notebooks 12a, 12b)
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: kernels' files and committed results
+
+
+def show_source(fn, start: str | None = None, stop: str | None = None) -> None:
+    """Print a kernel's source from its file, optionally from the line holding `start` to the one with `stop`."""
+    fn = getattr(fn, "fn", fn)  # a Triton kernel object keeps the Python function it was made from in .fn
+    lines, first = inspect.getsourcelines(fn)
+    i = next(n for n, line in enumerate(lines) if start in line) if start else 0
+    j = next(n for n, line in enumerate(lines) if n > i and stop in line) + 1 if stop else len(lines)
+    print(f"# {Path(inspect.getsourcefile(fn)).relative_to(ROOT)}, lines {first + i}-{first + j - 1}")
+    for n, line in enumerate(lines[i:j], start=first + i):
+        print(f"{n:4d} {line}", end="")
+
+
+def committed_device_checks() -> dict:
+    """GPU folder name -> the committed `benchmarks/results/<gpu>/device_check.json`, for each one present."""
+    files = sorted(ROOT.glob("benchmarks/results/*/device_check.json"))
+    return {p.parent.name: json.loads(p.read_text()) for p in files}
+
+
+def device_results(kernel: str, runs: dict, on_gpu: bool) -> None:
+    """Print what the committed device checks measured for one kernel family (a reference run elsewhere)."""
+    for name, run in runs.items():
+        gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
+        print(f"reference run on another machine ({gpu}, benchmarks/results/{name}), not this one:")
+        for row in run["sections"].get("kernels", {}).get("rows", []):
+            if not row["kernel"].startswith(kernel) or "error" in row:
+                continue
+            if "share_of_copy" in row:
+                share = row["share_of_copy"]
+                what = f"{row['triton_value']:,.0f} {row['metric']} = {share:.0%} of the copy bandwidth"
+            else:
+                ratio = row["ratio_vs_stock"]
+                what = f"{row['triton_ms']:.3f} ms vs {row['stock']} {row['stock_ms']:.3f} ms ({ratio:.2f}x its speed)"
+            print(f"{gpu}, {row['dtype']}, {row['shape']}: {what}")
+    if not runs:
+        where = "time the kernel on this GPU" if on_gpu else "this machine can check the kernel, not time it"
+        print("no device check committed: " + where)
+
+
+def steps_chart(steps: list[list[tuple[str, int]]], title: str, budget: int | None = None):
+    """Stacked bars: the tokens each request got in every engine step (`[(request id, tokens), ...]`)."""
+    import matplotlib.pyplot as plt
+
+    ids = sorted({rid for step in steps for rid, _ in step}, key=lambda r: (len(r), r))
+    fig, ax = plt.subplots(figsize=(12, 3.8))
+    below = np.zeros(len(steps))
+    for rid in ids:
+        tokens = np.array([dict(step).get(rid, 0) for step in steps])
+        ax.bar(np.arange(len(steps)), tokens, bottom=below, label=rid)
+        below += tokens
+    if budget:
+        ax.axhline(budget, color="black", ls=":", label="token budget")
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("tokens scheduled")
+    ax.set_title(title)
+    ax.legend(ncol=len(ids) + 1, fontsize=8)
     plt.tight_layout()
     plt.show()

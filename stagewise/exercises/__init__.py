@@ -15,13 +15,15 @@ the notebook. `notebooks/solutions/` holds solved versions, and
 answers, which must fail).
 """
 
-from stagewise.exercises import engine_checks, spec_checks, stage_checks, systems_checks
+from stagewise.exercises import engine_checks, kernel_checks, quant_checks, spec_checks, stage_checks, systems_checks
 from stagewise.exercises.core import CheckResult, run_check
 
 CHECKS = {
     **stage_checks.CHECKS,
     **engine_checks.CHECKS,
     **systems_checks.CHECKS,
+    **kernel_checks.CHECKS,
+    **quant_checks.CHECKS,
     **spec_checks.CHECKS,
 }  # "NN.name" -> check function
 

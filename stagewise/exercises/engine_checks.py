@@ -254,8 +254,8 @@ CHECKS = {
     "10.continuous_rows": check_continuous_rows,
     "11.roofline_time": check_roofline_time,
     "11.decode_intensity": check_decode_intensity,
-    "12.merge_splits": check_merge_splits,
-    "12.softmax_exp2": check_softmax_exp2,
+    "12b.merge_splits": check_merge_splits,
+    "12b.softmax_exp2": check_softmax_exp2,
     "13.decode_allreduces": check_decode_allreduces,
     "13.valid_tp_sizes": check_valid_tp_sizes,
 }

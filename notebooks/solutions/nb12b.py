@@ -1,4 +1,4 @@
-"""Solutions to the exercises of notebook 12 (Triton kernels)."""
+"""Solutions to the exercises of notebook 12b (the attention kernels)."""
 
 import math
 
@@ -16,4 +16,4 @@ def my_softmax_exp2(scores: torch.Tensor, scale: float) -> torch.Tensor:
     return p / p.sum(dim=-1, keepdim=True)
 
 
-SOLUTIONS = {"12.merge_splits": my_merge_splits, "12.softmax_exp2": my_softmax_exp2}
+SOLUTIONS = {"12b.merge_splits": my_merge_splits, "12b.softmax_exp2": my_softmax_exp2}

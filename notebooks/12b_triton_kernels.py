@@ -5,48 +5,60 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
-# # 12 · The Triton kernels: what each one changes, and the proof it computes the same thing
+# # 12b · The attention kernels, split-K, and the proof that every kernel computes the same thing
 #
-# Every stage in `stagewise.stages` has tiers with the same signature: a
-# **naive** PyTorch reference, the textbook formula written to be read, and a
-# **triton** tier that launches a Triton kernel (`stagewise/kernels/`); some
-# also have a **torch** tier, a faster PyTorch formulation for CPUs in its own
-# module beside the stage (`*_torch.py`). The naive path is correct by
-# inspection; the kernel is fast by design; this notebook connects the two.
+# Notebook 12a read the row kernels and had you write three. This one reads
+# the rest of `stagewise/kernels/` the same way, from the files themselves:
+# the tiled GEMM (a tile of the output per program), FlashAttention (a tile of
+# queries against K/V streamed tile by tile, the online softmax of 12a), paged
+# attention (the same loop, K/V found through the block table of notebook 09)
+# and split-K (one decode's keys cut across programs, their softmax states
+# merged exactly). Then every stage's Triton tier is checked against its
+# naive reference, the whole model with it, and, on a GPU, timed.
 #
-# The optimizations fall into a few families, all about moving fewer bytes
-# between memory and the compute units (notebook 11: most of inference is
-# memory-bound):
+# What these kernels change:
 #
-# * **fusion** — do several element-wise steps in one pass over the data, so
-#   intermediates never go back to memory;
-# * **tiling** — cut a GEMM into tiles that fit in fast on-chip memory and
-#   reuse each loaded tile many times;
-# * **online softmax** — attention without ever storing the `[N, N]` score
-#   matrix;
-# * **indirection** — read K/V through a block table, write them through a
-#   slot mapping (the paged cache);
-# * **no sort** — sampling thresholds found by counting, not sorting.
+# * **qkv_proj, o_proj** (`kernels/matmul.py`): a **tiled** GEMM with fp32
+#   accumulation and grouped tile order: each loaded weight tile is reused by
+#   a whole tile of rows, and neighbouring tiles share what is in L2.
+#   Decode shapes (M <= 16 rows) go to a **split-K** kernel
+#   (`kernels/matmul_decode.py`): K is cut into ranges, one program per
+#   (columns, range), so enough programs stream the weights at once; the
+#   fp32 partials are added in a fixed order, so results are deterministic.
+# * **attention** (`kernels/flash_attention.py`): **FlashAttention**: a Q tile
+#   in registers, K/V streamed past it tile by tile with the **online
+#   softmax**, fully masked causal tiles never loaded. S = QK^T and P are never
+#   written: O(N) extra memory instead of O(N^2). The traffic stays quadratic:
+#   K/V are re-read once per query tile, Theta(N^2 d^2 / M) per head for an
+#   on-chip memory M (notebook 05 counts the bytes). A tile's rows are
+#   (query, head) pairs of one GQA group, so a decode step reads K/V once per
+#   KV head.
+# * **paged_attention** (`kernels/paged_attention.py`): the same online
+#   softmax with K/V read **through the block table** (no gathered copy of the
+#   cache); the G query heads of a KV head form one tile, so K/V are read once
+#   per KV head (GQA); split-K for long decodes.
+# * **lm_head** (`kernels/matmul.py`): the GEMM reads `hidden` rows through
+#   `last_token_index` and `weight.T` through its strides: no gathered copy,
+#   no transposed copy.
+# * **sampling** (`kernels/sampling.py`): penalty, temperature, min_p, top-k,
+#   top-p and the draw **fused** into a few streaming passes, each row's
+#   vocabulary split across programs; thresholds by a radix search over the
+#   float bits, **no sort**, no `[B, vocab]` intermediates.
+
 #
-# Where do the kernels run? On an NVIDIA GPU, compiled. Without one,
-# `import stagewise.kernels` switches Triton to its **CPU interpreter**
-# (`TRITON_INTERPRET=1`), which executes every program instance in Python:
-# exactly the same kernel code, hence a real correctness check, but orders of
-# magnitude slower than anything compiled. **Interpreter timings say nothing
-# about kernel speed.** On a CPU this notebook therefore checks and explains;
-# on a GPU its last section also measures.
+# On a CPU the kernels run in Triton's interpreter: a real correctness check
+# (the same kernel code), no measure of speed.
 #
-# Path: motivation -> the registry (naive vs optimized, side by side) ->
-# optimized: what each kernel changes -> four kernels read line by line
-# (program ids, pointers and strides, masks, the tile grid, split-K), each
-# checked against its naive stage -> check (every stage, two dtypes,
-# irregular sizes; the whole model) -> measure (GPU only) -> picture.
+# Path: the GEMM -> FlashAttention -> paged attention -> split-K, each read,
+# pictured and checked against its naive stage -> check (every stage, two
+# dtypes, irregular sizes; the whole model) -> measure (GPU only) -> the
+# committed GPU results.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the whole-model check
 # generates 4 tokens instead of 8 and the interpreter timing table (CPU only)
@@ -54,10 +66,7 @@
 # a few seconds even in the interpreter).
 
 # %%
-import inspect
-import json
 import os
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -72,8 +81,6 @@ from stagewise.kernels import attention_common, split_k
 from stagewise.kernels import flash_attention as flash_kernels
 from stagewise.kernels import matmul as matmul_kernels
 from stagewise.kernels import paged_attention as paged_kernels
-from stagewise.kernels import rmsnorm as rmsnorm_kernels
-from stagewise.kernels.attention_common import online_softmax_reference
 from stagewise.kernels.sampling import sample_with_mask
 from stagewise.kernels.split_k import choose_num_splits, num_sms
 from stagewise.kernels.targets import gpu_target, launch_target
@@ -81,6 +88,8 @@ from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.sampling import processed_probs
+from stagewise.viz_engine import committed_device_checks, device_results
+from stagewise.viz_engine import show_source as show
 
 # %matplotlib inline
 
@@ -89,201 +98,19 @@ ON_GPU = stagewise.kernels.TRITON_MODE == "cuda"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 print(f"Triton runs on: {stagewise.kernels.TRITON_MODE}" + ("" if ON_GPU else " (correctness only, not speed)"))
 
-# %% [markdown]
-# ## 1. The registry: one row per stage
-#
-# `STAGES` maps each stage name to its two paths, its shapes and a one-line
-# description of what the optimized path is.
-
-# %%
-for name, stage in STAGES.items():
-    print(f"{name:>15}  {stage.shapes:<66} {stage.optimized_kind}")
-
-# %% [markdown]
-# ## 2. What each kernel changes
-#
-# * **embedding** (`kernels/embedding.py`): wide, masked copies of a tile of
-#   token rows per program. A pure copy, 0 FLOPs: only bandwidth matters.
-# * **rmsnorm** (`kernels/rmsnorm.py`): residual add and norm **fused**, one
-#   program per row; the row stays in registers (4 row passes instead of 5,
-#   one launch instead of two).
-# * **qkv_proj, o_proj** (`kernels/matmul.py`): a **tiled** GEMM with fp32
-#   accumulation and grouped tile order: each loaded weight tile is reused by
-#   a whole tile of rows, and neighbouring tiles share what is in L2.
-#   Decode shapes (M <= 16 rows) go to a **split-K** kernel
-#   (`kernels/matmul_decode.py`): K is cut into ranges, one program per
-#   (columns, range), so enough programs stream the weights at once; the
-#   fp32 partials are added in a fixed order, so results are deterministic.
-# * **rope** (`kernels/rope.py`): in place on the strided q/k views of the
-#   fused QKV output: read once, written once, nothing allocated.
-# * **kv_store** (`kernels/kv_store.py`): one scatter through `slot_mapping`,
-#   K and V in one launch; the slot hides whether the cache is paged.
-# * **attention** (`kernels/flash_attention.py`): **FlashAttention**: a Q tile
-#   in registers, K/V streamed past it tile by tile with the **online
-#   softmax**, fully masked causal tiles never loaded. S = QK^T and P are never
-#   written: O(N) extra memory instead of O(N^2). The traffic stays quadratic:
-#   K/V are re-read once per query tile, Theta(N^2 d^2 / M) per head for an
-#   on-chip memory M (notebook 05 counts the bytes). A tile's rows are
-#   (query, head) pairs of one GQA group, so a decode step reads K/V once per
-#   KV head.
-# * **paged_attention** (`kernels/paged_attention.py`): the same online
-#   softmax with K/V read **through the block table** (no gathered copy of the
-#   cache); the G query heads of a KV head form one tile, so K/V are read once
-#   per KV head (GQA); split-K for long decodes.
-# * **ffn** (`kernels/matmul.py`, `kernels/activation.py`): tiled GEMMs and a
-#   **fused** `silu(gate) * up`: `[T, 2*inter]` read once, `[T, inter]`
-#   written once.
-# * **lm_head** (`kernels/matmul.py`): the GEMM reads `hidden` rows through
-#   `last_token_index` and `weight.T` through its strides: no gathered copy,
-#   no transposed copy.
-# * **sampling** (`kernels/sampling.py`): penalty, temperature, min_p, top-k,
-#   top-p and the draw **fused** into a few streaming passes, each row's
-#   vocabulary split across programs; thresholds by a radix search over the
-#   float bits, **no sort**, no `[B, vocab]` intermediates.
-#
-# ### The online softmax, the one idea worth seeing in numbers
-#
-# Softmax needs a row's max and sum before any probability is known, which
-# seems to require the whole row of scores. The online version walks the keys
-# a tile at a time, keeping a running max `m`, a running sum `l` and a running
-# output `acc`, and rescales both by `exp(m_old - m_new)` whenever the max
-# grows. `kernels/attention_common.py` ships that loop in plain PyTorch
-# (`online_softmax_reference`) next to the kernels' tile step: it equals the
-# full softmax for any tile size.
-
-# %%
-g = torch.Generator().manual_seed(0)
-scores = 4 * torch.randn(5, 100, generator=g)  # [M queries, N keys]
-values = torch.randn(100, 16, generator=g)  # [N, d]
-full = torch.softmax(scores.double(), dim=-1) @ values.double()  # needs all N scores of a row at once
-for block_n in (1, 7, 16, 64, 100):
-    tiled = online_softmax_reference(scores, values, block_n)
-    print(f"tiles of {block_n:>3} keys: max |online - full| = {float((tiled - full).abs().max()):.1e}")
-
-# %% [markdown]
-# Only the order of the additions differs, so the results agree to float64
-# rounding. In the kernel a tile of scores lives only in registers; the
-# `[N, N]` matrices never reach memory, only Q, K, V (re-read once per query
-# tile) and out.
-
-# %% [markdown]
-# ## 3. Reading the kernels
-#
-# A Triton kernel is a Python function that describes what **one program
-# instance** does; the launcher starts a grid of them. Four ideas are enough
-# to read every kernel in `stagewise/kernels/`:
-#
-# * **program ids** — `tl.program_id(axis)` says which instance this is along
-#   each axis of the launch grid, `kernel[grid](...)`. The kernel turns it
-#   into the piece of the output it owns: a row, a tile of `c`, a tile of
-#   queries of one sequence and one KV head.
-# * **pointers and strides** — a tensor arrives as a pointer to its first
-#   element (`x_ptr`) plus, for each dimension, a **stride**: how many
-#   elements to step to move one index along it. Element `[i, j]` of `x` is at
-#   `x_ptr + i * stride_0 + j * stride_1`. With strides a kernel reads a
-#   column slice or a transposed view in place, without a copy.
-# * **blocks** — `tl.arange(0, BLOCK)` is a vector of offsets; adding it to a
-#   pointer gives a vector (or, with `[:, None]` and `[None, :]`, a 2-D tile) of
-#   addresses, and one `tl.load` fetches them all. Block sizes are
-#   `tl.constexpr`: fixed when the kernel is compiled, powers of two.
-# * **masks** — the last block of a row or a matrix runs past the end. `mask=`
-#   switches those lanes off (`other=` is what a masked load returns), so any
-#   size works with power-of-two blocks. Nothing checks bounds for you.
-#
-# Below, four kernels read from their files (printed with
-# `inspect.getsource`, never copied into this notebook), each followed by
-# what to look at, a check against the naive stage on small irregular shapes
-# (the interpreter runs every program instance in Python: tiny shapes only)
-# and, when the project's GPU results are committed, what the kernel measured
-# there: a reference run on another machine (the committed one is an NVIDIA
-# H200), not on the machine running this notebook.
-
-# %%
-ROOT = Path(stagewise.__file__).resolve().parents[1]
+DEVICE_RUNS = committed_device_checks()  # the project's committed GPU results, if any
 config = PRESETS["tiny"]  # the small shapes the interpreter runs in seconds
-CHECK_FILES = sorted(ROOT.glob("benchmarks/results/*/device_check.json"))  # committed GPU results, if any
-DEVICE_RUNS = {p.parent.name: json.loads(p.read_text()) for p in CHECK_FILES}
-
-
-def show(fn, start: str | None = None, stop: str | None = None) -> None:
-    """Print a kernel's source from its file, optionally only from the line holding `start` to the one with `stop`."""
-    fn = getattr(fn, "fn", fn)  # a Triton kernel object keeps the Python function it was made from in .fn
-    lines, first = inspect.getsourcelines(fn)
-    i = next(n for n, line in enumerate(lines) if start in line) if start else 0
-    j = next(n for n, line in enumerate(lines) if n > i and stop in line) + 1 if stop else len(lines)
-    print(f"# {Path(inspect.getsourcefile(fn)).relative_to(ROOT)}, lines {first + i}-{first + j - 1}")
-    for n, line in enumerate(lines[i:j], start=first + i):
-        print(f"{n:4d} {line}", end="")
+smol = PRESETS["smollm2-135m"]
+here = launch_target(DEVICE)
+g = torch.Generator().manual_seed(1)
 
 
 def on_gpu(kernel: str) -> None:
-    """What the committed device checks measured for this kernel family (nothing when none is committed)."""
-    for name, run in DEVICE_RUNS.items():
-        gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
-        print(f"reference run on another machine ({gpu}, benchmarks/results/{name}), not this one:")
-        for row in run["sections"].get("kernels", {}).get("rows", []):
-            if not row["kernel"].startswith(kernel) or "error" in row:
-                continue
-            if "share_of_copy" in row:
-                share = row["share_of_copy"]
-                what = f"{row['triton_value']:,.0f} {row['metric']} = {share:.0%} of the copy bandwidth"
-            else:
-                ratio = row["ratio_vs_stock"]
-                what = f"{row['triton_ms']:.3f} ms vs {row['stock']} {row['stock_ms']:.3f} ms ({ratio:.2f}x its speed)"
-            print(f"{gpu}, {row['dtype']}, {row['shape']}: {what}")
-    if not DEVICE_RUNS:
-        print("no device check committed: " + ("time the kernel on this GPU (section 5)" if ON_GPU
-              else "without a GPU, this machine can check the kernel, not time it"))
+    device_results(kernel, DEVICE_RUNS, ON_GPU)
 
 
 # %% [markdown]
-# ### 3.1 RMSNorm: one program per row
-#
-# The simplest shape of kernel: the grid is `(T,)`, one program per token row,
-# and the whole row fits in one block.
-
-# %%
-show(rmsnorm_kernels._rmsnorm_kernel)
-
-# %% [markdown]
-# What to look at:
-#
-# * `row = tl.program_id(0)`: the grid has one axis of `T` programs; program
-#   `row` owns row `row`. It is cast to int64 because `row * stride` can pass
-#   2^31 on large batches.
-# * `x_ptr + row * x_row_stride + cols`: the row's `BLOCK_SIZE` addresses. The
-#   row stride is passed, not assumed, so `x` may be a view whose rows are
-#   further apart than `hidden`; the last dimension must be contiguous (the
-#   launcher checks it), which is why `cols` is added with stride 1.
-# * `mask = cols < hidden`: `BLOCK_SIZE` is the next power of two of `hidden`.
-#   The masked lanes load 0 (`other=0.0`) and so add nothing to the sum of
-#   squares; they are not stored.
-# * `HAS_RESIDUAL` is a `tl.constexpr`: the kernel is compiled once per value,
-#   and the version without the residual has no trace of that branch.
-#
-# The launcher's plan for this model's row and for the tiny config's:
-
-# %%
-smol = PRESETS["smollm2-135m"]
-here = launch_target(DEVICE)
-for hidden in (smol.hidden_size, config.hidden_size):
-    plan = rmsnorm_kernels.rmsnorm_plan(hidden, True).launch_options()
-    idle = 1 - hidden / plan["BLOCK_SIZE"]
-    print(f"hidden {hidden}: BLOCK_SIZE {plan['BLOCK_SIZE']} ({idle:.0%} of the lanes masked), "
-          f"num_warps {plan['num_warps']} (on {here.name})")  # fmt: skip
-
-g = torch.Generator().manual_seed(1)
-for rows, hidden in ((1, 48), (5, 96), (3, 100)):  # widths that are no power of two
-    x, res = (torch.randn(rows, hidden, generator=g).to(DEVICE) for _ in range(2))
-    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(DEVICE)
-    ref_out, ref_res = STAGES["rmsnorm"].naive(x=x, weight=w, eps=1e-5, residual=res)
-    out, new_res = rmsnorm_kernels.rmsnorm(x, w, 1e-5, res)
-    err = max(float((out - ref_out).abs().max()), float((new_res - ref_res).abs().max()))
-    print(f"T={rows}, hidden={hidden}: {rows} programs, max |kernel - naive| = {err:.1e}")
-on_gpu("rmsnorm")
-
-# %% [markdown]
-# ### 3.2 The tiled GEMM: a tile of `c` per program
+# ## 1. The tiled GEMM: a tile of `c` per program
 #
 # `c = a @ b` with `a [M, K]`, `b [K, N]`. Each program owns one
 # `[BLOCK_M, BLOCK_N]` tile of `c` and walks `K` in steps of `BLOCK_K`,
@@ -299,7 +126,8 @@ show(matmul_kernels._matmul_kernel, start="pid = tl.program_id(0)")
 #
 # * **program id -> tile**: not row-major. Programs are handed out `GROUP_M`
 #   tile-rows at a time: `pid` walks *down* a column of `GROUP_M` tiles, then
-#   moves one tile-column right (the picture below).
+#   moves one tile-column right, so the programs running side by side share
+#   tiles of `a` and `b` through L2.
 # * `a_ptrs`, `b_ptrs` are 2-D tiles of addresses built from the four strides:
 #   `rows[:, None] * stride_am + offs_k[None, :] * stride_ak`. The LM head
 #   passes `b = weight.t()`, a transposed view: its strides are swapped and
@@ -329,53 +157,7 @@ print(f"(on a GPU, M = 1 .. {matmul_kernels.DECODE_MAX_M} rows go to the split-K
 on_gpu("matmul")
 
 # %% [markdown]
-# The picture: which program computes which tile of `c`, for a prefill of
-# this model's fused gate/up projection (`[T, hidden] @ [hidden, 2 inter]`),
-# with the tiles the launcher plans on an sm_90 GPU (H100/H200; the first of
-# the candidates its autotuner tries). Numbers are program ids; the outlined
-# tiles are the first wave of programs, the ones running at the same time.
-# Left: plain row-major order; right: the kernel's grouped order. The first
-# wave of the grouped order needs fewer distinct tiles of `a` and `b`, so
-# more of what it loads is shared through L2.
-
-# %%
-M_pic, N_pic = 2048, 2 * smol.intermediate_size
-gpu_tile = matmul_kernels.gemm_plan(M_pic, torch.bfloat16, gpu_target(90)).configs[0].kwargs
-tiles_m, tiles_n = -(-M_pic // gpu_tile["BLOCK_M"]), -(-N_pic // gpu_tile["BLOCK_N"])
-wave = 4 * gpu_tile["GROUP_M"]  # the first programs, running side by side
-
-
-def tile_of(pid: int, group_m: int) -> tuple[int, int]:
-    """The kernel's first lines (program id -> tile-row, tile-column), in plain Python for the picture."""
-    per_group = group_m * tiles_n
-    first = (pid // per_group) * group_m
-    rows_in_group = min(tiles_m - first, group_m)
-    return first + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
-
-
-fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
-for ax, group_m, title in ((axes[0], 1, "row-major (GROUP_M = 1)"), (axes[1], gpu_tile["GROUP_M"], "grouped")):
-    order = np.zeros((tiles_m, tiles_n), dtype=int)
-    for pid in range(tiles_m * tiles_n):
-        order[tile_of(pid, group_m)] = pid
-    ax.imshow(order, cmap="viridis", aspect="auto")
-    first_wave = [tile_of(p, group_m) for p in range(wave)]
-    for r, c in first_wave:
-        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec="white", lw=2))
-    for r in range(tiles_m):
-        for c in range(tiles_n):
-            ax.text(c, r, order[r, c], ha="center", va="center", fontsize=6, color="white")
-    a_tiles, b_tiles = len({r for r, _ in first_wave}), len({c for _, c in first_wave})
-    ax.set_title(f"{title}: first {wave} programs read {a_tiles} tile-rows of a and {b_tiles} tile-columns of b")
-    ax.set_xlabel(f"tile-column of c ({gpu_tile['BLOCK_N']} columns each)")
-    ax.set_ylabel(f"tile-row of c ({gpu_tile['BLOCK_M']} rows each)")
-fig.suptitle(f"c [{M_pic}, {N_pic}] = a [{M_pic}, {smol.hidden_size}] @ b: the program id of every tile, "
-             f"sm_90 plan {gpu_tile}")  # fmt: skip
-plt.tight_layout()
-plt.show()
-
-# %% [markdown]
-# ### 3.3 FlashAttention: the inner loop
+# ## 2. FlashAttention: the inner loop
 #
 # The grid is `(row tiles, sequences, KV heads x splits)`. A program owns one
 # KV head of one sequence and `BLOCK_M` rows, where a row is a (query, query
@@ -389,7 +171,7 @@ show(attention_common.attend_tile)
 # %% [markdown]
 # `s` is the `[BLOCK_M, BLOCK_N]` tile of scores, in registers only; `m_i`,
 # `l_i` and `acc` are the running max, sum and output of the online softmax
-# (section 2), in base 2 (`qk_scale` already holds `log2(e)`). Which key tiles
+# (notebook 12a), in base 2 (`qk_scale` already holds `log2(e)`). Which key tiles
 # a program visits, and how it walks them, are two more helpers there, shared
 # by FlashAttention and paged attention:
 
@@ -484,7 +266,7 @@ print(f"queries {q_lens} on keys {k_lens}: max |kernel - naive| = {float((out - 
 on_gpu("flash_attention")
 
 # %% [markdown]
-# ### 3.4 Paged attention: the same loop, K/V through the block table
+# ## 3. Paged attention: the same loop, K/V through the block table
 #
 # Paged attention runs the same online softmax; what changes is where a key
 # lives. The cache is a pool of blocks `[num_blocks, block_size, Hkv, d]`, and
@@ -549,7 +331,7 @@ print(f"queries {np.diff(meta.cu_seqlens_q_host).tolist()} on cached lengths {me
 on_gpu("paged_attention")
 
 # %% [markdown]
-# ### 3.5 Split-K (flash decoding) and its reduction
+# ## 4. Split-K (flash decoding) and its reduction
 #
 # A decode step gives one program per (sequence, KV head): with a few long
 # sequences that is far fewer programs than a GPU has streaming
@@ -635,7 +417,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 4. Check: naive vs Triton for every stage
+# ## 5. Check: naive vs Triton for every stage
 #
 # Each stage's `example_inputs(config, num_tokens, device, dtype)` builds the
 # same keyword arguments for both paths (seeded, so two calls give identical
@@ -773,130 +555,53 @@ assert tokens["naive"] == tokens["torch"] == tokens["triton"]
 print("paged engine, 3 requests: the naive, torch and triton tiers generate the same tokens")
 
 # %% [markdown]
-# ## 5. Measure: naive vs Triton speed
+# ## 6. Measure: naive vs Triton speed, on a GPU
 #
 # `stagewise.bench.stage_bench.run_stages` times both paths of every stage at
 # a prefill shape and a decode shape, alternating them after a warm-up,
-# synchronized, medians with p10/p90 (`stagewise.bench.timing.compare`).
-#
-# * **On a GPU**: the real SmolLM2 shapes in bfloat16. This is where the
-#   kernels are meant to win: fusions save memory passes, FlashAttention
-#   avoids the score matrix, the sampler avoids the sort.
-# * **On a CPU**: the kernels run in the interpreter, one Python call per
-#   program instance per operation. The table below is printed so you can see
-#   *how* much slower that is; it is a statement about the interpreter, not
-#   about the kernels, and no conclusion about speed may be drawn from it.
+# synchronized, medians with p10/p90 (`stagewise.bench.timing.compare`). On a
+# GPU it runs here, on SmolLM2's shapes in bfloat16. Without one, the
+# interpreter's times would say nothing about the kernels, so the cell prints
+# what the project's committed device check (`benchmarks/gpu/README.md`)
+# measured on its GPU instead: a reference run on another machine, each kernel
+# against its ceiling (a memory-bound kernel against the GPU's own copy
+# bandwidth, a compute-bound one against the vendor library: cuBLAS, cuDNN).
 
 # %%
 if ON_GPU:
     bench = run_stages(StagesSettings(prefill_tokens=512, decode_tokens=8, repeats=10 if QUICK else 30))
-    rows = bench["rows"]
     print(f"{'stage':>15} {'shape':>14} {'naive ms':>9} {'triton ms':>10} {'speed-up':>9}")
-    for r in rows:
-        opt = r["optimized_ms"]
-        print(f"{r['stage']:>15} {r['shape']:>14} {r['naive_ms']:>9.3f} {opt or float('nan'):>10.3f} "
-              f"{(r['speedup'] or float('nan')):>8.2f}x")
-else:
-    shapes = dict(prefill_tokens=16, decode_tokens=1)
-    bench = run_stages(StagesSettings(model="tiny", repeats=1, warmup=0, **shapes))
-    rows = [r for r in bench["rows"] if not QUICK or r["phase"] == "decode"]
-    print(f"Triton {bench['note']}")
-    print(f"{'stage':>15} {'shape':>14} {'naive ms':>9} {'interpreter ms':>15}  (tiny config, one call each)")
-    for r in rows:
-        opt = r["optimized_ms"]
-        opt = opt if opt is not None else float("nan")
-        print(f"{r['stage']:>15} {r['shape']:>14} {r['naive_ms']:>9.3f} {opt:>15.3f}")
-
-# %% [markdown]
-# On a GPU, the picture: per stage and shape, median milliseconds of the naive
-# PyTorch path and the Triton kernel (log scale), and the speed-up. On a CPU
-# there is no speed picture to draw — the error chart above is this
-# notebook's figure there.
-
-# %%
-if ON_GPU:
-    from stagewise.bench.plots import plot_stage_times
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [3, 2]})
-    s = bench["settings"]
-    plot_stage_times(rows, ax=left, note=f"{s['model']} config, {s['device']}, {s['dtype']}")
-    labels = [f"{r['stage']} {r['phase']}" for r in rows]
-    speedups = [r["speedup"] or 0.0 for r in rows]
-    right.barh(labels, speedups, color=["tab:green" if v >= 1 else "tab:red" for v in speedups])
-    right.axvline(1.0, color="black", lw=1)
-    right.set_xscale("log")
-    right.set_xlabel("speed-up of Triton over naive (x, log)")
-    right.invert_yaxis()
-    plt.tight_layout()
-    plt.show()
-else:
-    print("no GPU: skipping the speed picture (interpreter timings are not speed measurements)")
-
-# %% [markdown]
-# ## 6. Measured on a real GPU: the committed device check
-#
-# A GPU is not always at hand, so the project keeps the results of its device
-# check (`bash benchmarks/gpu/run.sh`, see `benchmarks/gpu/README.md`) in
-# `benchmarks/results/<gpu>/device_check.json`. These are a reference run on
-# another machine (the committed one is an NVIDIA H200; the cell prints the
-# GPU's name), not measurements of the machine running this notebook. Each
-# kernel is timed from a replayed CUDA graph (GPU time, without Python's
-# launch cost) at Llama-3-8B and SmolLM2 shapes in bfloat16, with inputs
-# larger than the GPU's L2 cache, and compared with what it should be
-# compared with:
-#
-# * a **memory-bound** kernel (RMSNorm, RoPE, silu_and_mul, embedding, KV store,
-#   paged decode attention) with the GPU's own device-to-device copy bandwidth —
-#   nothing that reads and writes its bytes once can beat a copy;
-# * a **compute-bound** kernel (prefill GEMMs, FlashAttention) with the vendor
-#   library doing the same work (`torch.matmul` = cuBLAS, SDPA = cuDNN/flash).
-#
-# The cell below reads those files and computes every ratio it shows.
-
-# %%
-results_root = Path(stagewise.__file__).resolve().parents[1] / "benchmarks" / "results"
-checks = sorted(results_root.glob("*/device_check.json"))
-measured = []
-for path in checks:
-    run = json.loads(path.read_text())
-    env = run["sections"].get("env", {})
-    gpu = (env.get("gpu") or {}).get("name", path.parent.name)
-    copy_gbs = env.get("copy", {}).get("gb_per_s")
-    print(f"reference run on another machine, {gpu} (benchmarks/results/{path.parent.name}), not this one")
-    print(f"{gpu}: copy bandwidth {copy_gbs:,.0f} GB/s; bf16 torch.matmul {env['matmul_bf16']['tflops']:,.0f} TFLOP/s")
+    for r in bench["rows"]:
+        opt, up = r["optimized_ms"] or float("nan"), r["speedup"] or float("nan")
+        print(f"{r['stage']:>15} {r['shape']:>14} {r['naive_ms']:>9.3f} {opt:>10.3f} {up:>8.2f}x")
+for name, run in DEVICE_RUNS.items():
+    gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
+    print(f"committed device check: {gpu} (benchmarks/results/{name}), a reference run, not this machine")
     for row in run["sections"].get("kernels", {}).get("rows", []):
-        if "error" in row:
-            continue
         if "share_of_copy" in row:
-            measured.append((gpu, row["kernel"], row["shape"], row["share_of_copy"], "share of copy bandwidth"))
+            print(f"  {row['kernel']:>17} {row['shape']:<58} {row['share_of_copy']:6.2f} of the copy bandwidth")
         elif "ratio_vs_stock" in row and row["kernel"] != "sampling":
-            measured.append((gpu, row["kernel"], row["shape"], row["ratio_vs_stock"], f"vs {row['stock']}"))
-for _gpu, kernel, shape, value, what in measured:
-    print(f"  {kernel:>17} {shape:<58} {value:6.2f}  {what}")
-if not checks:
-    print("no device-check results committed yet: run benchmarks/gpu/run.sh on a GPU")
+            print(f"  {row['kernel']:>17} {row['shape']:<58} {row['ratio_vs_stock']:6.2f}x {row['stock']}'s speed")
+if not (ON_GPU or DEVICE_RUNS):
+    print("no GPU and no committed device check: the kernels are checked here, not timed")
 
 # %% [markdown]
-# The same numbers as a picture: 1.0 is the ceiling (the copy, or the vendor
-# library). Memory-bound kernels that stay far below 1.0 leave bandwidth
-# unused — usually too few bytes in flight per program; compute-bound kernels
-# below 1.0 use the tensor cores less well than the library's hand-tuned code.
-
-# %%
-if measured:
-    fig, ax = plt.subplots(figsize=(11, 0.32 * len(measured) + 1.5))
-    labels = [f"{k} {s.split(' ', 1)[1][:40]}" for _, k, s, _, _ in measured]
-    values = [v for *_, v, _ in measured]
-    colors = ["tab:blue" if "copy" in w else "tab:orange" for *_, w in measured]
-    ax.barh(labels, values, color=colors)
-    ax.axvline(1.0, color="black", lw=1)
-    ax.set_xlabel("fraction of the ceiling (blue: copy bandwidth, orange: vendor library)")
-    ax.invert_yaxis()
-    ax.set_title(f"Triton kernels on {measured[0][0]} (reference run, not this machine), bfloat16, "
-                 "Llama-3-8B / SmolLM2 shapes")
-    plt.tight_layout()
-    plt.show()
-
+# ## In vLLM (v0.11.0)
+#
+# The same jobs in vLLM v0.11.0:
+#
+# * `vllm/attention/ops/triton_unified_attention.py`: `kernel_unified_attention_2d`
+#   is one Triton kernel for prefills, chunks and decodes over the paged cache
+#   (sections 2-3 here), `kernel_unified_attention_3d` its split-K form for
+#   long decodes and `reduce_segments` the merge of section 4.
+# * `vllm/v1/attention/backends/flash_attn.py`, `FlashAttentionImpl.forward`:
+#   the default backend on NVIDIA GPUs, which stores the new K/V through the
+#   slot mapping (`reshape_and_cache_flash`) and calls the FlashAttention
+#   library's variable-length kernel with the block table.
+# * `vllm/model_executor/layers/linear.py`, `QKVParallelLinear` and
+#   `RowParallelLinear`: the projections, whose GEMMs vLLM leaves to cuBLAS
+#   (`torch.nn.functional.linear`) rather than to a Triton kernel.
+#
 # %% [markdown]
 # ## Takeaways
 #
@@ -908,24 +613,20 @@ if measured:
 #   silu_and_mul, the sampler), tiling (GEMMs), the online softmax
 #   (FlashAttention, paged attention), indirection (block table, slot mapping)
 #   and a sort replaced by counting.
-# * Reading a kernel: the program ids say which piece of the output a program
-#   owns; pointers plus strides address any view in place; blocks are
-#   power-of-two vectors and masks switch off what lies past the edge.
 # * FlashAttention and paged attention share one loop; the causal bounds skip
 #   about half of the K/V tiles and mask only the diagonal band; paged
 #   attention differs only in how a key's address is found (block table ->
 #   slot). Split-K cuts the keys across programs and merges their
 #   (max, sum, acc) states exactly.
 # * The interpreter makes the kernels checkable anywhere; only a GPU makes
-#   them measurable (`stagewise bench stages` there, or this notebook's last
-#   section).
+#   them measurable (`stagewise bench stages` there, or section 6).
 #
 # ## Exercises
 #
 # Each task has a stub to fill in and a check cell below it. The check runs your
 # function and the package's own reference on fresh inputs and prints **PASS**,
 # **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
-# Solutions: `notebooks/solutions/nb12.py`.
+# Solutions: `notebooks/solutions/nb12b.py`.
 #
 # **1. Split-K's merge.** Flash decoding cuts one decode query's keys into `S`
 # ranges; range `s` ends with its own online-softmax state: `m[s]` (its max
@@ -943,7 +644,7 @@ def my_merge_splits(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torc
 
 
 # %%
-check("12.merge_splits", my_merge_splits)
+check("12b.merge_splits", my_merge_splits)
 
 # %% [markdown]
 # **2. Softmax in base 2.** The kernels never call `exp`: they multiply the
@@ -958,4 +659,11 @@ def my_softmax_exp2(scores: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 # %%
-check("12.softmax_exp2", my_softmax_exp2)
+check("12b.softmax_exp2", my_softmax_exp2)
+
+# %% [markdown]
+# The tests that cover this notebook's kernels (every stage's Triton tier against its naive one), and
+# its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/kernels tests/stages
+#     .venv/bin/python -m pytest -q tests/exercises -k 12b
