@@ -30,6 +30,7 @@ def test_three_spellings_give_the_same_config():
         ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min"),
         ({"method": "draft_model"}, "model"),
         ({"method": "ngram", "k": 4}, "'k'"),
+        ({"method": "ngram", "acceptance": "maximal"}, "acceptance"),
         ("ngram:x", "num_speculative_tokens"),
         ('{"method": ', "JSON"),
         ("medusa:3", "--speculative"),

@@ -8,7 +8,9 @@ engine end to end, for both proposers:
 - the model: the tiny architecture with an 8-letter vocabulary, so the joint
   law of two tokens has only 64 cells and a few thousand draws fill them;
 - the draft: the target cut to its first layer, so q differs from p (the
-  n-gram proposer's point mass alone never exercises min(1, p / q) with q < 1);
+  n-gram proposer's point mass alone never exercises min(1, p / q) with q < 1),
+  with acceptance "rejection" (its q rows checked by min(1, p / q)); the n-gram
+  runs the default coupled acceptance (engine/speculative/randomness.py);
 - the sampling rules: temperature 1, top-k 6 (q may propose what p excludes),
   repetition penalty 1.2 (each verify row sees the guesses before it);
 - the draws: 2000 requests with distinct seeds per proposer (1000 without
@@ -140,7 +142,12 @@ def test_speculative_sampling_keeps_the_target_distribution(models, method):
             "prompt_lookup_max": 2,
             "adaptive": False,
         },
-        "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": K},
+        "draft_model": {  # the textbook min(1, p / q) with the draft's q rows
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": K,
+            "acceptance": "rejection",
+        },
     }[method]
     llm = LLM(target, engine_config=ENGINE, speculative_config=spec)
     law_23, law_4 = exact_laws(llm)

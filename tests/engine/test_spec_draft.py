@@ -30,7 +30,9 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
 def draft_config(k: int = 4, model: str = "tiny") -> SpeculativeConfig:
-    return SpeculativeConfig(method="draft_model", model=model, num_speculative_tokens=k)
+    """The textbook acceptance: sampled guesses come back with the q rows these tests check
+    (the default, coupled, returns point masses: tests/engine/test_spec_seeded_cuts.py)."""
+    return SpeculativeConfig(method="draft_model", model=model, num_speculative_tokens=k, acceptance="rejection")
 
 
 @pytest.fixture(scope="module")

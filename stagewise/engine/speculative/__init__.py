@@ -6,6 +6,8 @@
     draft.py     a smaller draft model with its own paged KV cache
     draft_load.py  loading the draft (or the target's own first layers), the vocabulary check
     verify.py    the verify step: target probabilities per row, the rejection sampler
+    randomness.py  random numbers tied to the position they decide; the coupling that makes
+                 a seeded text independent of how many guesses were made
 
 `make_proposer(config, target_llm)` builds the proposer a config names.
 """

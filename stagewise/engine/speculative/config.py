@@ -15,6 +15,12 @@ Three spellings are accepted (`parse_speculative_config`), as in vLLM:
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     '{"method": "draft_model", "model": "draft.gguf", "num_speculative_tokens": 3}'
     "ngram:4"  or  "draft:PATH:3"                                (shorthand)
+
+With sampling, a draft model's guesses are checked by default with the
+coupled rule ("acceptance": "coupled"): the text is the target's own draw at
+every position, the same whatever was guessed, alone or batched. "rejection"
+is the textbook min(1, p / q), which keeps more of a draft's guesses
+(engine/speculative/randomness.py says why the two differ).
 """
 
 import json
@@ -24,6 +30,7 @@ from stagewise.errors import StagewiseError
 
 METHODS = ("ngram", "draft_model")
 ALIASES = {"draft": "draft_model"}
+ACCEPTANCE = ("coupled", "rejection")  # how sampled guesses are checked (randomness.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,12 @@ class SpeculativeConfig:
     # draft_model: keep only the draft's first N layers (then its final norm and LM head): a
     # truncated-layer draft, e.g. the target itself cut short; None = every layer
     draft_num_layers: int | None = None
+    # draft_model, sampling: "coupled" (the draft draws with the target's noise and the text is
+    # the target's own draw at every position, whatever was guessed: reproducible alone or
+    # batched) or "rejection" (the textbook min(1, p / q) with the draft's q rows: more guesses
+    # kept, reproducible only while nothing cuts them). n-gram guesses are point masses, for
+    # which the two are one rule: always coupled (randomness.py)
+    acceptance: str = "coupled"
 
     def __post_init__(self) -> None:
         method = ALIASES.get(self.method, self.method) if isinstance(self.method, str) else None
@@ -73,6 +86,11 @@ class SpeculativeConfig:
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise StagewiseError(
                 f"speculative_config.draft_num_layers must be an int >= 1 or null, got {n!r}"
+            )
+        if self.acceptance not in ACCEPTANCE:
+            raise StagewiseError(
+                f"speculative_config.acceptance must be one of {', '.join(ACCEPTANCE)}, "
+                f"got {self.acceptance!r}"
             )
         if self.model is not None and not isinstance(self.model, str):
             raise StagewiseError(f"speculative_config.model must be a string, got {self.model!r}")

@@ -13,9 +13,11 @@ target's. For each request it remembers which tokens its cache holds
 
     catch up + draft 1   every request feeds the tokens its cache lacks (after a
                          prefill: the whole prompt; in steady decoding: the one or
-                         few tokens the target accepted last step), one flattened
-                         batch for all requests, logits of each one's last row
-                         -> the first draft token
+                         few tokens the target accepted last step), flattened across
+                         requests into passes of at most the engine's token budget
+                         (max_num_batched_tokens: a long prompt is fed in chunks, as
+                         the target's chunked prefill), logits of each one's last
+                         row -> the first draft token
     drafts 2 .. k        one token per request per step, batched across requests
                          (a request asked for fewer tokens leaves the batch early)
 
@@ -24,15 +26,13 @@ target's. For each request it remembers which tokens its cache holds
 
 Each draft token is drawn from the request's own sampling rules (repetition
 penalty — drafts already made count as seen —, temperature, min_p, top-k,
-top-p: `stages.sampling.processed_probs`); greedy requests take the argmax
-(a point mass: no q rows come back). A sampled token comes back with the row
-q it was drawn from: the rejection sampler accepts d_i with probability
-min(1, p(d_i) / q(d_i)), which keeps the output exactly the target's
-distribution whatever the draft's quality — provided d_i really is a draw from
-the q it is checked with. Randomness: the draft token at position p is drawn
-with a generator seeded by `stream_seed(seed ^ DRAFT_SEED_SALT, p)`, a stream
-per request and position apart from the sampler's and the verifier's, so the
-same seed proposes the same tokens alone or batched with any others.
+top-p: `stages.sampling.processed_probs`); greedy requests take the argmax.
+Randomness (`randomness.py`) is keyed by the request's seed and the output
+position t of the draft token, never by the batch. Acceptance "coupled" (the
+default): d_t = argmax q_t / E_t with the very noise E_t of the target's own
+draw at t, and the guess goes back as a point mass (kept when the target's
+draw is the same token). "rejection": d_t is drawn from q_t by a generator of
+its own (DRAFT_STREAM) and comes back with its q row, for min(1, p / q).
 
 After verification (`on_verified`) the cache is cut back to the longest
 prefix of what it holds that is still the request's text: the accepted
@@ -48,6 +48,7 @@ steps, and the proposed tokens are in them.
 import torch
 
 from stagewise.engine.request import Request
+from stagewise.engine.speculative import randomness
 from stagewise.engine.speculative.draft_load import check_same_vocabulary, load_draft
 from stagewise.engine.speculative.proposal import Proposal
 from stagewise.kv.block_manager import BlockManager
@@ -62,9 +63,7 @@ from stagewise.sampling_params import SamplingTensors
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import stage_of
-from stagewise.stages.sampling import apply_repetition_penalty, processed_probs, stream_seed
-
-DRAFT_SEED_SALT = 0x5DEECE66D_D4AF7  # xor-ed into a request's seed: the draft's own random stream
+from stagewise.stages.sampling import apply_repetition_penalty, processed_probs
 
 
 class UntracedOps(StageOps):
@@ -99,6 +98,8 @@ class DraftModelProposer:
         check_same_vocabulary(t_loaded, draft)
         self.loaded = draft
         self.num_speculative_tokens = config.num_speculative_tokens  # k, the most drafts per step
+        self.acceptance = config.acceptance  # "coupled" or "rejection" (randomness.py)
+        self.max_tokens_per_pass = ecfg.max_num_batched_tokens  # tokens fed per draft forward
         ops = UntracedOps(target.ops.backend, target.ops.overrides)
         prepare_for(draft.weights, ops.backends)  # packed weights: the torch tier's forms, now
         self.model = LlamaModel(draft, ops)
@@ -145,7 +146,7 @@ class DraftModelProposer:
             start = len(self.held[req.request_id])
             chunks.append((i, req, tokens[start:], start))
         while chunks:
-            logits = self._forward(chunks)  # [len(chunks), vocab]
+            logits = self._feed(chunks)  # [len(chunks), vocab]
             positions = [start + len(fed) for _, _, fed, start in chunks]  # of each new draft
             reqs = [req for _, req, _, _ in chunks]
             new, q = self._draw(logits, reqs, [drafts[i] for i, *_ in chunks], positions)
@@ -159,8 +160,9 @@ class DraftModelProposer:
                 if len(drafts[i]) < k_of[i]
             ]
         for i, *_ in work:
-            greedy = requests[i].params.greedy  # its guesses are point masses: no q rows
-            q_rows = None if greedy else torch.stack(rows[i])  # [k', vocab]
+            # greedy or coupled guesses are checked as point masses: no q rows
+            point_mass = requests[i].params.greedy or self.acceptance == "coupled"
+            q_rows = None if point_mass else torch.stack(rows[i])  # [k', vocab]
             proposals[i] = Proposal(drafts[i], q_rows)
             self.num_proposed += len(drafts[i])
         return proposals
@@ -205,7 +207,28 @@ class DraftModelProposer:
         self.cache.release_row(request_id)
         self.held.pop(request_id, None)
 
-    # ---- one draft forward pass, and the draw ----
+    # ---- the draft's forward passes, and the draw ----
+
+    def _feed(self, chunks: list[tuple]) -> torch.Tensor:
+        """Feed every chunk (index, request, tokens, first position) in forward passes of at most
+        `max_tokens_per_pass` tokens in all, a chunk split across passes when it does not fit
+        (earlier chunks first); -> logits [len(chunks), vocab] of each chunk's last token."""
+        done = [0] * len(chunks)  # tokens of each chunk fed so far
+        last: list[torch.Tensor | None] = [None] * len(chunks)
+        while any(n < len(c[2]) for n, c in zip(done, chunks)):
+            part, owners, left = [], [], self.max_tokens_per_pass
+            for j, (i, req, fed, start) in enumerate(chunks):
+                n = min(len(fed) - done[j], left)
+                if n > 0:
+                    part.append((i, req, fed[done[j] : done[j] + n], start + done[j]))
+                    owners.append(j)
+                    done[j] += n
+                    left -= n
+            logits = self._forward(part)  # [len(part), vocab]
+            for row, j in enumerate(owners):
+                if done[j] == len(chunks[j][2]):  # its last token was in this pass
+                    last[j] = logits[row]
+        return torch.stack(last)  # [len(chunks), vocab]
 
     def _forward(self, chunks: list[tuple]) -> torch.Tensor:
         """chunks: (index, request, tokens to feed, first position) -> logits [B, vocab] of each
@@ -267,10 +290,15 @@ class DraftModelProposer:
         q = processed_probs(logits, sampling)  # [B, vocab] float32; greedy rows one-hot
         tokens = q.argmax(dim=-1)  # [B]: exact for greedy rows, redrawn below for the others
         for row, greedy in enumerate(sampling.greedy_rows):
-            if not greedy:
-                generator = torch.Generator(device=q.device)
-                seed = sampling.seeds_host[row] ^ DRAFT_SEED_SALT
-                generator.manual_seed(stream_seed(seed, positions[row]))
+            if greedy:
+                continue
+            seed = sampling.seeds_host[row]
+            t = positions[row] - requests[row].num_prompt_tokens  # the output index it guesses
+            if self.acceptance == "coupled":  # the verifier's own noise at t (randomness.py)
+                noise = randomness.exponentials(seed, [t], vocab, q.device)  # [1, vocab]
+                tokens[row] = randomness.race_rows(q[row : row + 1], noise)[0]
+            else:
+                generator = randomness.generator_at(seed, randomness.DRAFT_STREAM, t, q.device)
                 tokens[row] = torch.multinomial(q[row], 1, generator=generator)[0]
         return tokens.tolist(), q
 

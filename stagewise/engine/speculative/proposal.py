@@ -2,7 +2,8 @@
 
     Proposal(token_ids, probs)   k' <= k guessed tokens of one request, continuing
                                  req.all_token_ids; probs [k', vocab] float32 are the
-                                 draft's q rows, or None for a point mass (n-gram)
+                                 draft's q rows, or None for point masses (n-gram,
+                                 greedy, a draft with the coupled acceptance)
 
 The engine asks before each step's scheduling (`propose`), so the scheduler
 knows how many query tokens each speculating request needs (1 + k'). After

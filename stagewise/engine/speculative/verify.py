@@ -17,24 +17,27 @@ sampled). The rejection sampler stage (`stages/rejection_sampling.py`) then
 keeps the longest run of guesses the target agrees with and adds one token of
 the target's own: between 1 and k_b + 1 tokens per request per step.
 
-Randomness: request b's accept tests and its one draw come from a generator
-seeded by `stream_seed(seed ^ SPEC_STREAM, offset)`, offset = tokens it has
-output so far, so its tokens depend on its seed and its own text only, never
-on the requests beside it in the batch. (They differ from the non-speculative
-engine's draws: same distribution, another stream. And since how many guesses
-a request gets can depend on the step's token budget, sampled text is
-reproducible alone vs batched when the budget does not cut its guesses.)
+Randomness (`randomness.py`): every random number is tied to the output
+position of the token it decides — row i of request b decides output token
+t = len(output) + i, with its own noise E_t and uniform v_t — never to a
+stream consumed step by step. For point-mass guesses the
+uniforms are coupled to the target's own draw y_t = argmax p_t / E_t, so the
+tokens kept are y_t, y_t+1, ... whatever was guessed: a seeded request writes
+the same text alone or batched, even when the token budget or the KV blocks
+cut its guesses. Every guess that comes without q rows (n-gram, greedy, a
+draft model with acceptance "coupled") is checked so. A draft's guesses with
+q rows (acceptance "rejection") are checked by the textbook min(1, p / q),
+with the same per-position numbers, uniforms independent of the noise.
 """
 
 import torch
 
 from stagewise.engine.request import Request
+from stagewise.engine.speculative import randomness
 from stagewise.models.ops import StageOps
 from stagewise.sampling_params import SamplingTensors
 from stagewise.stages import rejection_sampling
-from stagewise.stages.sampling import processed_probs, stream_seed
-
-SPEC_STREAM = 0x5BEC_D1CE  # keeps the verify step's random stream apart from the sampler's
+from stagewise.stages.sampling import processed_probs
 
 
 def _row_seen(requests: list[Request], vocab: int) -> torch.Tensor:
@@ -49,22 +52,36 @@ def _row_seen(requests: list[Request], vocab: int) -> torch.Tensor:
     return torch.stack(rows)  # [rows, V]
 
 
-def _randomness(requests: list[Request], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """uniform [num_draft] and exponential [num_seqs, vocab], each request from its own stream."""
-    uniforms, exponentials = [], []
+def _randomness(
+    requests: list[Request], target_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """uniform [num_draft] and exponential [num_draft + num_seqs, vocab]: a row per target row.
+
+    Row i of a request: the noise of output position len(output) + i; its guess's uniform the
+    same position's. Point-mass guesses (no q rows) get coupled uniforms: u < p(x) exactly when
+    x is the target's own race winner at that position."""
+    vocab, device = target_probs.shape[-1], target_probs.device
+    uniform, exponential, row = [], [], 0
     for req in requests:
-        k = len(req.spec_token_ids)
+        k, first = len(req.spec_token_ids), len(req.output_token_ids)
         if req.params.greedy:  # greedy rows take argmaxes: no randomness (fixed, harmless values)
-            uniforms.append(torch.zeros(k, device=device))
-            exponentials.append(torch.ones(vocab, device=device))
+            uniform.append(torch.zeros(k, device=device))
+            exponential.append(torch.ones(k + 1, vocab, device=device))
+            row += k + 1
             continue
-        generator = torch.Generator(device=device)
-        generator.manual_seed(stream_seed(req.seed ^ SPEC_STREAM, len(req.output_token_ids)))
-        uniforms.append(torch.rand(k, generator=generator, device=device))  # [k]
-        exponentials.append(
-            torch.empty(vocab, device=device).exponential_(generator=generator)  # [V]
-        )
-    return torch.cat(uniforms), torch.stack(exponentials)
+        positions = list(range(first, first + k + 1))  # output index each row decides
+        noise = randomness.exponentials(req.seed, positions, vocab, device)  # [k + 1, V]
+        v = randomness.uniforms(req.seed, positions[:k], device)  # [k]
+        if k and req.spec_probs is None:  # point masses: couple (randomness.py)
+            p = target_probs[row : row + k]  # [k, V]: the rows that check a guess
+            x = torch.tensor(req.spec_token_ids, device=device)  # [k]
+            winner = randomness.race_rows(p, noise[:k])  # [k]: the target's own draws y_t
+            p_x = p.gather(1, x[:, None])[:, 0]  # [k]
+            v = randomness.coupled_uniforms(p_x, winner == x, v)
+        uniform.append(v)
+        exponential.append(noise)
+        row += k + 1
+    return torch.cat(uniform), torch.cat(exponential)
 
 
 def _draft_probs(requests: list[Request], vocab: int, device) -> torch.Tensor | None:
@@ -84,7 +101,11 @@ def _draft_probs(requests: list[Request], vocab: int, device) -> torch.Tensor | 
 
 
 def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list[list[int]]:
-    """logits [sum_b (1 + k_b), vocab] -> the tokens each request keeps (1 .. k_b + 1 each)."""
+    """logits [sum_b (1 + k_b), vocab] -> the tokens each request keeps (1 .. k_b + 1 each).
+
+    Guesses without q rows (n-gram, greedy, a coupled draft) are checked as point masses with
+    coupled uniforms; guesses with q rows (a draft with acceptance "rejection") by min(1, p/q)
+    with independent ones."""
     vocab = logits.shape[-1]
     if logits.is_meta:  # a shape-only model: all-zero logits (greedy picks token 0)
         logits = torch.zeros(logits.shape, dtype=torch.float32)
@@ -105,7 +126,7 @@ def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list
     cu = [0]
     for req in requests:
         cu.append(cu[-1] + len(req.spec_token_ids))
-    uniform, exponential = _randomness(requests, vocab, device)
+    uniform, exponential = _randomness(requests, target_probs)
     max_k = max((len(r.spec_token_ids) for r in requests), default=0)
     tokens, counts = ops(
         rejection_sampling,
@@ -115,7 +136,7 @@ def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list
         target_probs=target_probs,  # [num_draft + num_seqs, V]
         is_greedy=torch.tensor([r.params.greedy for r in requests], device=device),  # [num_seqs]
         uniform=uniform,  # [num_draft]
-        exponential=exponential,  # [num_seqs, V]
+        exponential=exponential,  # [num_draft + num_seqs, V]: a row per target row
         max_num_draft_tokens=max_k,  # known on the host: the launcher reads nothing back
     )  # -> [num_seqs, max_k + 1], [num_seqs]
     # the step's one device -> host read: the kept tokens, with their counts in front
