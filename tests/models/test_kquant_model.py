@@ -1,0 +1,66 @@
+"""A GGUF with K-quant projections, kept packed: the file's values, and the dequantized model's tokens.
+
+The tiny model's rows are 96 or 256 values long; a K-quant block holds 256, so (as llama.cpp does
+for rows that do not fit) only ffn_down, whose rows are 256 long, is Q4_K / Q6_K here and the other
+projections Q4_1.
+"""
+
+import gguf
+import pytest
+import torch
+
+from stagewise.engine.llm import LLM
+from stagewise.models.registry import load_model
+from stagewise.sampling_params import SamplingParams
+from stagewise.stages.dequantize import dequantize
+from stagewise.stages.packed_weight import is_packed
+from tests.checkpoints import hf_tiny_model, write_gguf
+
+PROMPTS = ["hello world", "the cat sat on"]
+GREEDY = SamplingParams(max_tokens=5, temperature=0)
+
+
+def write_k_gguf(directory, type_name: str):
+    k_type, q4_1 = gguf.GGMLQuantizationType[type_name], gguf.GGMLQuantizationType.Q4_1
+
+    def types(name: str):
+        return k_type if name.endswith("ffn_down.weight") else q4_1
+
+    path = directory / f"tiny-{type_name}.gguf"
+    return write_gguf(path, hf_tiny_model(seed=3), projection_type=types), type_name.lower()
+
+
+@pytest.fixture(scope="module", params=["Q4_K", "Q6_K"])
+def tiny_k(request, tmp_path_factory):
+    return write_k_gguf(tmp_path_factory.mktemp("k"), request.param)
+
+
+def test_kept_packed_with_the_files_values(tiny_k, capsys):
+    path, kind = tiny_k
+    packed = load_model(str(path), device="cpu", quantization="auto")
+    floats = load_model(str(path), device="cpu", quantization="none")
+    assert "dequantized at load" not in capsys.readouterr().err  # every type kept: no notice
+    for lp, lf in zip(packed.weights.layers, floats.weights.layers):
+        assert is_packed(lp.w_down) and lp.w_down.kind == kind
+        assert lp.w_gate_up.kind == "q4_1"
+        assert torch.equal(dequantize(lp.w_down), lf.w_down)  # bit for bit gguf.quants' numbers
+
+
+def test_same_greedy_tokens_as_the_dequantized_model(tmp_path):
+    """Q4_K (Q4_K_M's main type; q6_k's tiers are checked in test_kquants.py): naive computes the
+    float32 model's numbers, torch the same through int4pack (bfloat16 scales and activations)."""
+    path, _ = write_k_gguf(tmp_path, "Q4_K")
+    ref = LLM(str(path), backend="naive", mode="kv", device="cpu", quantization="none")
+    ref_tokens = [o.token_ids for o in ref.generate(PROMPTS, GREEDY)]
+    for backend in ("naive", "torch"):
+        llm = LLM(str(path), backend=backend, mode="kv", device="cpu", quantization="auto")
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == ref_tokens, backend
+
+
+def test_a_type_not_kept_is_dequantized_with_one_line(tmp_path, capsys):
+    q5_0 = gguf.GGMLQuantizationType.Q5_0
+    path = write_gguf(tmp_path / "q5_0.gguf", hf_tiny_model(seed=3), projection_type=q5_0)
+    loaded = load_model(str(path), device="cpu", quantization="auto")
+    assert not is_packed(loaded.weights.layers[0].w_down)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Q5_0 tensors are dequantized at load" in err[0]
