@@ -161,7 +161,26 @@ def _schedule_admitting_after_preemption(running, waiting, budget, max_num_seqs,
     return scheduled
 
 
+def _rmsnorm_mean_over_the_block(x, weight, eps):
+    block = 1 << (x.shape[1] - 1).bit_length()  # the kernel's BLOCK: divides by it instead of hidden
+    return x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) / block + eps) * weight
+
+
+def _online_softmax_without_rescale(scores, values, block_n):
+    m = torch.full((scores.shape[0],), float("-inf"))
+    l, acc = torch.zeros(scores.shape[0]), torch.zeros(scores.shape[0], values.shape[1])  # noqa: E741
+    for start in range(0, scores.shape[1], block_n):
+        s, v = scores[:, start : start + block_n], values[start : start + block_n]
+        m = torch.maximum(m, s.max(dim=1).values)
+        p = torch.exp(s - m[:, None])
+        l, acc = l + p.sum(dim=1), acc + p @ v  # noqa: E741 - forgets alpha: old sums keep the old max
+    return acc / l[:, None]
+
+
 PLAUSIBLE_BUGS = {
+    "12a.silu_and_mul": lambda gu: torch.nn.functional.silu(gu[:, : gu.shape[1] // 2]) * gu[:, : gu.shape[1] // 2],
+    "12a.rmsnorm": _rmsnorm_mean_over_the_block,
+    "12a.online_softmax": _online_softmax_without_rescale,
     "08.cached_attention": _attention_on_new_key_only,
     "09.allocate": _allocate_ignoring_owned,
     "09.free": _free_head_first,
