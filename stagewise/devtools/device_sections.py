@@ -37,13 +37,17 @@ def autotune_picks() -> list[dict]:
     Triton's Autotuner keeps `cache: {key tuple: Config}` (the key: the values of its `key=`
     arguments, then the argument dtypes); an autotuner that has run only one config keeps none."""
     import gc
+    import warnings
 
     try:
         from triton.runtime.autotuner import Autotuner
     except ImportError:  # no triton here
         return []
+    with warnings.catch_warnings():  # isinstance on every live object wakes deprecated modules' warnings
+        warnings.simplefilter("ignore")
+        tuners = [o for o in gc.get_objects() if isinstance(o, Autotuner)]
     picks = []
-    for tuner in (o for o in gc.get_objects() if isinstance(o, Autotuner)):
+    for tuner in tuners:
         fn = getattr(tuner, "base_fn", None) or getattr(tuner, "fn", None)
         name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "?")
         for key, config in dict(getattr(tuner, "cache", {})).items():
