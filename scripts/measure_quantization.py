@@ -10,6 +10,9 @@
    SmolLM2's floats are already its file's Q4_1 / Q8_0 values, so int4:g32 (= q4_1 RTN) lands close
    to them: read the g64 / g128 and int8 rows as the informative ones there.
 2. K-quants through the torch tier vs naive on one SmolLM2-sized matrix (1536 x 576 -> K = 1536).
+3. One decode row (M = 1) through a 4096 x 4096 K-quant matrix, one thread, best of 20: the torch
+   tier's route per kind beside float32 `F.linear` and a bfloat16 copy (indicative on a shared
+   machine: the timings say which route is in which range, not a benchmark's figures).
 """
 
 import argparse
@@ -110,6 +113,47 @@ def kquant_rows() -> list[dict]:
     return rows
 
 
+def best_ms(fn, repeats: int = 20) -> float:
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def kquant_speed_rows() -> list[dict]:
+    import torch.nn.functional as F
+
+    from stagewise.models.quantized import packed_from_blocks
+    from stagewise.stages import dequant_gemm_torch
+    from stagewise.stages.dequantize import dequantize_rows
+    from tests.kquant_blocks import quantize_k
+
+    n = k = 4096
+    w = (np.random.default_rng(1).standard_normal((n, k)) * 0.02).astype(np.float32)
+    x = torch.randn(1, k)
+    rows = [{"route": "float32 F.linear", "ms": best_ms(lambda: F.linear(x, torch.from_numpy(w)))}]
+    for type_name in ("Q4_K", "Q5_K", "Q6_K"):
+        packed = packed_from_blocks(quantize_k(w, type_name), type_name, (n, k), "w")
+        bf16 = dequantize_rows(packed).to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        form = dequant_gemm_torch.form_name(packed)
+        rows.append(
+            {
+                "route": f"{packed.kind} torch tier ({form})",
+                "ms": best_ms(lambda p=packed: dequant_gemm_torch.gemm(x, p)),
+            }
+        )
+        rows.append({"route": f"{packed.kind} as a bf16 copy", "ms": best_ms(lambda a=xb, b=bf16: F.linear(a, b))})
+    for row in rows:
+        print(f"4096 x 4096, M = 1: {row['route']:32s} {row['ms']:.3f} ms")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None)
@@ -117,6 +161,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = {"hf_at_load": hf_rows(), "kquants_torch_tier": kquant_rows()}
+    result["kquants_decode_ms_1_thread"] = kquant_speed_rows()
+    result["load_average"] = open("/proc/loadavg").read().split()[:3]
     if not args.no_smollm2:
         result["hf_at_load"] += smollm2_rows()
     if args.json:
