@@ -25,6 +25,13 @@ from rich.text import Text
 from stagewise.trace.fit import Col, FitTable
 
 
+def rate(per_s: float) -> str:
+    """A rate with three significant digits and no exponent: 0.0874, 7.27, 31.4, 1234."""
+    if per_s >= 100:
+        return f"{per_s:.0f}"
+    return f"{per_s:.3g}" if per_s >= 1e-3 else f"{per_s:.1e}"
+
+
 @dataclass
 class RequestClock:
     """Arrival times (perf_counter seconds) of one request's output tokens."""
@@ -44,9 +51,9 @@ class RequestClock:
             str(n),
             f"{(self.times[0] - self.start) * 1e3:.1f}",
             "-" if tbt is None else f"{tbt * 1e3:.1f}",
-            "-" if not tbt else f"{1 / tbt:.1f}",
+            "-" if not tbt else rate(1 / tbt),
             f"{latency:.2f}",
-            f"{n / latency:.1f}" if latency > 0 else "-",
+            rate(n / latency) if latency > 0 else "-",
         ]
 
 
@@ -98,7 +105,8 @@ def stats_table(clocks: list[RequestClock]) -> FitTable:
     caption = None
     if end is not None and end > clocks[0].start:
         caption = f"all requests: {total} output tokens in {end - clocks[0].start:.2f} s = "
-        caption += f"{total / (end - clocks[0].start):.1f} tokens/s (TPS: one stream's decode speed)"
+        caption += f"{rate(total / (end - clocks[0].start))} tokens/s together (the throughput; TPS is one "
+        caption += "stream's decode speed)"
     return FitTable("per request, as this command saw it", cols, rows, caption=Text(caption) if caption else None)
 
 
