@@ -37,9 +37,9 @@ notebook: install
 # Execute every notebook and store its outputs (figures, printed numbers) in the committed .ipynb, with the
 # hash of its .py source in the metadata (tests/test_notebooks.py checks the hash; `make test` executes the
 # notebooks in memory and never rewrites them). QUICK=1: the smaller workloads (metadata mode "quick");
-# JOBS=N notebooks at once; NOTEBOOKS="00_pipeline 05_attention" only those
+# JOBS=N notebooks at once; NOTEBOOKS="00_pipeline 05_attention" only those; STALE=1 only those whose .py changed
 notebooks-outputs: install
-	.venv/bin/python scripts/render_notebooks.py $(if $(QUICK),--quick) --jobs $(or $(JOBS),1) $(NOTEBOOKS)
+	.venv/bin/python scripts/render_notebooks.py $(if $(QUICK),--quick) $(if $(STALE),--stale) --jobs $(or $(JOBS),1) $(NOTEBOOKS)
 
 lint:
 	.venv/bin/ruff check stagewise tests

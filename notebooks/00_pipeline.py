@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -55,14 +55,14 @@
 # what they cover (section "The seeds: the two source articles").
 
 # %%
-import math
 import os
 
 import matplotlib.pyplot as plt
 import torch
 from rich.console import Console
 
-from stagewise import LLM, SamplingParams
+from stagewise import LLM, SamplingParams, viz
+from stagewise.bench.machine import machine_info
 from stagewise.bench.timing import compare
 from stagewise.config import EngineConfig
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
@@ -74,6 +74,9 @@ from stagewise.trace.tracer import Tracer
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
 console = Console(width=110, color_system=None)  # fixed width: the tree wraps the same everywhere
+machine = machine_info()  # what every timing below was measured on
+print(f"machine: {machine['cpu']}, {machine['logical_cores']} logical cores, torch on {machine['torch_threads']} "
+      f"thread, GPU: {machine['gpu']['name'] if machine['gpu'] else 'none'}; {'quick' if QUICK else 'full'} mode")
 
 # %% [markdown]
 # ## Text in, text out
@@ -100,10 +103,31 @@ print(f"prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} output
 print(f"TTFT {m.ttft * 1e3:.0f} ms (prefill), mean TBT {m.tbt_mean * 1e3:.0f} ms (decode)")
 
 # %% [markdown]
+# The model did not read the question alone. `chat=True` renders the model's
+# chat template around it, and SmolLM2's template adds a default **system
+# prompt** when the conversation has none. Those tokens are part of the
+# prompt: they are prefilled, cached and paid for like the question's.
+
+# %%
+print(out.prompt)  # the text the model actually reads: the template's markers and its system prompt
+
+# %% [markdown]
 # Two numbers describe the user's experience (seeds, chapter 4):
 # **TTFT**, time to first token, is the prefill; **TBT**, time between
 # tokens, is one decode step. The first call also pays one-off warm-up costs,
-# so its TTFT is pessimistic.
+# so its TTFT is pessimistic. The seeds define the rest from these two: the
+# decode speed **TPS = 1 / TBT**, and for a request of `n` output tokens the
+# **latency = TTFT + (n - 1) · TBT**. The request's own metrics (each token's
+# timestamp) satisfy both, with TBT the mean gap:
+
+# %%
+n = len(out.token_ids)
+print(f"TPS = 1 / TBT      : {m.tps:.2f} tokens/s  =  1 / {m.tbt_mean * 1e3:.1f} ms = {1 / m.tbt_mean:.2f}")
+print(f"latency            : {m.latency * 1e3:.1f} ms")
+print(f"TTFT + (n - 1) TBT : {m.ttft * 1e3:.1f} + {n - 1} x {m.tbt_mean * 1e3:.2f} = "
+      f"{(m.ttft + (n - 1) * m.tbt_mean) * 1e3:.1f} ms")
+assert abs(m.latency - (m.ttft + (n - 1) * m.tbt_mean)) < 1e-9 and abs(m.tps - 1 / m.tbt_mean) < 1e-9
+print(f"output tokens / latency = {n / m.latency:.2f} tokens/s: below TPS, because it counts the TTFT too")
 #
 # ## The engine steps
 #
@@ -185,45 +209,10 @@ for p, d in zip(layer0(prefill), layer0(decode)):
 # the next layer's first RMSNorm.
 
 # %%
-def weight_of(rec: dict) -> str:
-    w = [t for t in rec["inputs"] if t["name"].startswith("w") or t["name"] == "weight"]
-    return " ".join(f"{t['name']} {t['shape']}" for t in w)
-
-
-def flows_out(rec: dict) -> str:
-    out = [t for t in rec["outputs"] if t["name"] not in ("k_cache", "v_cache")]
-    if not out:  # written in place: kv_store fills the cache
-        return "K, V -> cache slots"
-    return ", ".join(f"{t['name']} {t['shape']}" for t in out[:2])
-
-
-recs = layer0(prefill)
 T = prefill["requests"][0]["num_scheduled"]
-fig, ax = plt.subplots(figsize=(12, 0.95 * len(recs) + 1.8))
-top = len(recs) + 0.6
-ax.text(2.5, top + 0.35, f"h: [{T}, {llm.loaded.config.hidden_size}]  (embedding output, T = {T} prompt tokens)",
-        ha="center", fontsize=10)  # fmt: skip
-for i, rec in enumerate(recs):
-    y = len(recs) - i - 0.5
-    add = any(t["name"] == "residual" for t in rec["inputs"])
-    color = {"rmsnorm": "#c6dbef", "ffn": "#c7e9c0", "kv_store": "#fdd0a2"}.get(rec["stage"], "#dadaeb")
-    ax.add_patch(plt.Rectangle((1, y), 3, 0.6, color=color, ec="black"))
-    ax.text(2.5, y + 0.3, rec["stage"] + ("  (+ residual)" if add else ""), ha="center", va="center", fontsize=10)
-    ax.text(4.2, y + 0.3, weight_of(rec), va="center", fontsize=8, color="dimgray")
-    ax.annotate("", xy=(2.5, y + 0.6), xytext=(2.5, y + 1.0), arrowprops=dict(arrowstyle="->"))
-    ax.text(2.6, y - 0.2, flows_out(rec), fontsize=8, va="center")
-    if rec["stage"] == "rmsnorm":  # the residual stream: read and added here (<->), or started here (<-)
-        style = "<->" if add else "<-"
-        ax.annotate("", xy=(1, y + 0.3), xytext=(0.2, y + 0.3), arrowprops=dict(arrowstyle=style, color="tab:red"))
-ax.plot([0.2, 0.2], [len(recs) - 0.2, -0.6], color="tab:red", lw=2)
-ax.text(0.1, len(recs) / 2, "residual stream [T, hidden]", rotation=90, ha="right", va="center", color="tab:red")
-ax.text(2.5, -0.7, "-> layer 1 (its first RMSNorm adds this FFN output to the residual stream)", ha="center")
-ax.set_xlim(-0.5, 9.5)
-ax.set_ylim(-1, top + 0.8)
-ax.axis("off")
-ax.set_title(f"one decoder layer of {llm.loaded.config.name}, prefill step, as traced (layer 0 of "
-             f"{llm.loaded.config.num_layers})")  # fmt: skip
-plt.tight_layout()
+cfg = llm.loaded.config
+viz.layer_board(layer0(prefill), T, cfg.hidden_size, f"one decoder layer of {cfg.name}, prefill step, as traced "
+                f"(layer 0 of {cfg.num_layers})")  # fmt: skip
 plt.show()
 
 # %% [markdown]
@@ -278,10 +267,13 @@ timings = compare(
 for name, t in timings.items():
     print(f"{name:22} {t.median_ms:8.0f} ms for {len(tokens[name])} tokens")
 print("tier:", engines["kv (contiguous cache)"].describe()["backend"])
+kv_gain = timings["naive (recompute)"].median_ms / timings["kv (contiguous cache)"].median_ms
+print(f"recompute / kv cache: {kv_gain:.1f}x the time for the same {num_new} tokens")
 
 # %% [markdown]
-# Same tokens, and the cache wins as soon as a few tokens are generated; the
-# gap grows with the length of the sequence (the recompute engine's cost per
+# Same tokens. A ratio above 1 means the cache won; with only a few tokens
+# (quick mode) and a busy machine it can sit near 1, since the prompt's
+# prefill, the same for both, is most of the work. The gap grows with the length of the sequence (the recompute engine's cost per
 # token grows with n, the cached engines' stays nearly flat). Notebooks 08-10
 # take the engine apart (KV cache, paged KV cache, continuous batching); 11
 # puts prefill and decode on the roofline, 12 opens the Triton kernels.
@@ -308,41 +300,19 @@ c = llm.loaded.config
 print(f"hidden {c.hidden_size}; QKV (H + 2 Hkv) d = ({c.num_heads} + 2 x {c.num_kv_heads}) x {c.head_dim} = "
       f"{c.qkv_size}; attention H d = {c.q_size}; FFN 2 inter = {2 * c.intermediate_size}, inter = "
       f"{c.intermediate_size}; vocab {c.vocab_size:,}")
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
-flow = [s for s in prefill["stages"] if s["layer"] in (0, None) and s["outputs"]]
-where = {s["stage"]: "" for s in flow} | {"rmsnorm": " (final)"}  # stages outside the blocks
-labels = [s["stage"] + (" L0" if s["layer"] is not None else where[s["stage"]]) for s in flow]
-widths = [math.prod(s["outputs"][0]["shape"][1:]) for s in flow]  # numbers per token (or per sequence)
-left.barh(range(len(flow)), widths, color="tab:blue")
-for i, s in enumerate(flow):
-    left.text(widths[i], i, f" {s['outputs'][0]['shape']}", va="center", fontsize=8)
-left.set_yticks(range(len(flow)), labels)
-left.invert_yaxis()
-left.set_xscale("log")
-left.set_xlim(0.8, max(widths) * 20)
-left.set_xlabel("numbers per row of the stage's first output (log scale)")
-left.set_title("shape flow of the prefill step (layer 0 + head)")
-
-
-def time_per_stage(step: dict) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for s in step["stages"]:
-        totals[s["stage"]] = totals.get(s["stage"], 0.0) + (s["dur_us"] or 0.0) / 1e3
-    return totals
-
-
-pre_t, dec_t = time_per_stage(prefill), time_per_stage(trace["steps"][-1])  # the last decode step
-names = sorted(pre_t, key=pre_t.get)
-y = range(len(names))
-right.barh([i + 0.2 for i in y], [pre_t[n] / sum(pre_t.values()) * 100 for n in names], 0.4, label="prefill")
-right.barh([i - 0.2 for i in y], [dec_t.get(n, 0) / sum(dec_t.values()) * 100 for n in names], 0.4, label="decode")
-right.set_yticks(list(y), names)
-right.set_xlabel("% of the step's stage time (summed over layers)")
-last = trace["steps"][-1]
-right.set_title(f"prefill ({prefill['dur_us'] / 1e3:.0f} ms) vs one decode step ({last['dur_us'] / 1e3:.0f} ms)")
-right.legend()
-plt.tight_layout()
+viz.shape_flow_and_time(prefill, trace["steps"][-1])  # the last decode step
 plt.show()
+
+# %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `LLM.generate` in `vllm/entrypoints/llm.py` adds the requests and calls
+# `LLMEngine.step` until all are finished; one step is `EngineCore.step` in
+# `vllm/v1/engine/core.py`: `scheduler.schedule()`, `model_executor.execute_model`,
+# `scheduler.update_from_output`. `LLM.chat` renders the chat template as
+# `chat=True` does here. TTFT and the gaps between tokens are collected per step
+# in `IterationStats` (`time_to_first_tokens_iter`, `inter_token_latencies_iter`,
+# `vllm/v1/metrics/stats.py`).
 
 # %% [markdown]
 # ## Takeaways
@@ -406,3 +376,9 @@ def my_greedy(logits: torch.Tensor) -> torch.Tensor:
 
 # %%
 check("00.greedy", my_greedy)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/engine/test_engine.py tests/trace
+#     .venv/bin/python -m pytest -q tests/exercises -k 00

@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -58,6 +58,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from stagewise import viz
 from stagewise.bench.timing import compare
 from stagewise.config import PRESETS
 from stagewise.kernels.attention_common import online_softmax_reference
@@ -137,23 +138,34 @@ p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)  # [L0, L0]
 assert torch.allclose(p @ v[:L0, kv_head], out_naive[:L0, head], atol=1e-5)
 print(f"sequence 0: {L0} tokens -> S and P are [{L0}, {L0}] per head, x {H} heads")
 
-fig, ax = plt.subplots(figsize=(6.5, 5.5))
-im = ax.imshow(p, cmap="magma", vmax=min(1.0, float(p.max())))
 labels = [tok.decode([i]) for i in seqs[0]]
-ax.set_xticks(range(L0), labels, rotation=90, fontsize=6)
-ax.set_yticks(range(L0), labels, fontsize=6)
-ax.set_title(f"P = softmax(S) for layer 2, head {head} (KV head {kv_head})")
-ax.set_xlabel("key")
-ax.set_ylabel("query")
-fig.colorbar(im, ax=ax, fraction=0.046)
-plt.tight_layout()
+viz.attention_probs(p, labels, f"P = softmax(S) for layer 2, head {head} (KV head {kv_head})")
 plt.show()
 
 # %% [markdown]
 # The picture is lower-triangular (the causal mask) and every row sums to 1.
 # This head mostly looks at the current and the previous token (a "local"
-# head); other heads spread out, or put most of their weight on the first
-# token — the "attention sink" whose huge residual row we saw in notebook 02.
+# head); other heads spread out. How much does each head of this layer give the
+# first token, the "attention sink" whose huge residual row we saw in notebook
+# 02? The weight on key 0, averaged over the queries after it:
+
+# %%
+sink = []
+for h in range(H):
+    s_h = (q[:L0, h] @ k[:L0, h // (H // Hkv)].T) * scale
+    p_h = torch.softmax(s_h.masked_fill(~causal, float("-inf")), dim=-1)  # [L0, L0]
+    sink.append(float(p_h[1:, 0].mean()))  # weight on key 0, queries 1.. L0-1
+print("mean weight on the first token, per head:", " ".join(f"{w:.2f}" for w in sink))
+uniform = float((1 / torch.arange(2, L0 + 1)).mean())  # query i spreading evenly over its i + 1 keys
+print(f"largest: head {max(range(H), key=sink.__getitem__)} gives it {max(sink):.0%} of its attention; a uniform "
+      f"head would give it {uniform:.0%}; heads giving it most (> 50%) of their weight: {sum(w > 0.5 for w in sink)}")
+
+# %% [markdown]
+# Read the lines together: a head well above the uniform share leans on the
+# first token, a head near it does not single it out, and the last count says
+# whether any head of this layer gives it most of its weight. Other layers can
+# behave differently: `RecordAttention(layer=...)` above records any layer, and
+# these lines measure it.
 #
 # ## The online softmax, tile by tile
 #
@@ -247,31 +259,8 @@ assert worst < 1e-5
 # terms `exp(s_j - m_new)` are added (blue). That is why `l` can go down.
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5))
-tiles = np.arange(len(ends))
-key_x = np.arange(L0) / BLOCK_N - 0.5 + 0.5 / BLOCK_N  # key j drawn inside its tile's slot
-left.bar(key_x, scores.numpy(), width=0.9 / BLOCK_N, color="lightgray", label="scores s, per key")
-left.step(tiles, m_hist, where="mid", color="tab:red", lw=2, label="running max m")
-left.set_xlabel(f"tile (BLOCK_N = {BLOCK_N} keys)")
-left.set_ylabel("score", color="tab:red")
-left.legend(loc="lower right", fontsize=8)
-twin = left.twinx()
-twin.plot(tiles, l_hist, "o-", color="tab:blue")
-twin.set_ylabel("running sum l = sum exp(s - m)", color="tab:blue")
-left.set_title(f"online softmax state: layer 2, head {head}, last query of sequence 0")
-
-carried = [0.0] + [l_hist[j - 1] * np.exp(m_hist[j - 1] - m_hist[j]) for j in range(1, len(ends))]  # alpha * l_old
-new_terms = [l_hist[j] - carried[j] for j in range(len(ends))]  # sum over the tile of exp(s - m_new)
-right.bar(tiles, carried, color="lightgray", label="alpha * l_old (rescaled old sum)")
-right.bar(tiles, new_terms, bottom=carried, color="tab:blue", label="this tile: sum exp(s_j - m_new)")
-for j in range(1, len(ends)):
-    alpha = np.exp(m_hist[j - 1] - m_hist[j])
-    right.text(j, l_hist[j], f"alpha={alpha:.2f}", ha="center", va="bottom", fontsize=8)
-right.set_xlabel("tile")
-right.set_ylabel("l after the tile")
-right.set_title("l = alpha * l_old + this tile's terms")
-right.legend(fontsize=8)
-plt.tight_layout()
+viz.online_softmax_tiles(scores.tolist(), m_hist, l_hist, BLOCK_N,
+                         f"online softmax state: layer 2, head {head}, last query of sequence 0")  # fmt: skip
 plt.show()
 
 # %% [markdown]
@@ -319,16 +308,7 @@ for b in range(len(cq) - 1):
     for i in range(lq):
         visible[cq[b] + i, ck[b] : ck[b] + i + (lk - lq) + 1] = True
 
-fig, ax = plt.subplots(figsize=(8, 4.5))
-ax.imshow(visible, cmap="Greens", aspect="auto", interpolation="nearest")
-for c in cq[1:-1]:
-    ax.axhline(c - 0.5, color="gray", lw=0.8)
-for c in ck[1:-1]:
-    ax.axvline(c - 0.5, color="gray", lw=0.8)
-ax.set_xlabel("key row (packed, cu_seqlens_k)")
-ax.set_ylabel("query row (packed, cu_seqlens_q)")
-ax.set_title("who may see whom: block diagonal, causal, aligned bottom-right")
-plt.tight_layout()
+viz.visible_keys(visible, cq, ck, "who may see whom: block diagonal, causal, aligned bottom-right")
 plt.show()
 
 # %% [markdown]
@@ -390,8 +370,8 @@ for T in lengths:
 
 # %%
 Ts = np.logspace(7, 17, 41, base=2)  # 128 .. 131072 tokens
-fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-for ax, (name, elem) in zip(axes[:2], [("smollm2-135m", 4), ("llama-3-8b", 2)]):
+panels = []
+for name, elem in [("smollm2-135m", 4), ("llama-3-8b", 2)]:
     c = PRESETS[name]
     print(f"{name}: H = {c.num_heads} query heads, Hkv = {c.num_kv_heads} KV heads, "
           f"G = {c.num_heads // c.num_kv_heads}, d = {c.head_dim}")
@@ -401,24 +381,16 @@ for ax, (name, elem) in zip(axes[:2], [("smollm2-135m", 4), ("llama-3-8b", 2)]):
     passes = Ts[np.argmax(naive_bytes > weights_bytes)]
     print(f"{name}: S and P outgrow all the weights ({weights_bytes / 1e9:.2f} GB) at T ~ {passes:,.0f} tokens; "
           f"at T = {Ts[-1]:,.0f}: {naive_bytes[-1] / 1e12:,.1f} TB per layer")
-    ax.loglog(Ts, naive_bytes, label="naive: S and P, 2 x H x T^2 (fp32)", color="tab:red")
-    ax.loglog(Ts, flash_bytes, label="tiled: holds only Q, K, V, out, O(T)", color="tab:green")
-    ax.axhline(weights_bytes, color="gray", ls="--", lw=1, label="all the model's weights")
-    ax.set_xlabel("sequence length T (tokens)")
-    ax.set_ylabel("bytes per layer")
-    ax.set_title(f"{name}: attention memory per layer")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
-
-axes[2].loglog(lengths, naive_ms, "o-", color="tab:red", label="naive stage, measured")
+    panels.append({"title": f"{name}: attention memory per layer", "xlabel": "sequence length T (tokens)",
+                   "ylabel": "bytes per layer", "hline": (weights_bytes, "all the model's weights"), "curves": [
+                       (Ts, naive_bytes, "-", "tab:red", "naive: S and P, 2 x H x T^2 (fp32)"),
+                       (Ts, flash_bytes, "-", "tab:green", "tiled: holds only Q, K, V, out, O(T)")]})
 ref_t = np.array(lengths, dtype=float)
-axes[2].loglog(ref_t, naive_ms[-1] * (ref_t / ref_t[-1]) ** 2, "--", color="gray", label="slope T^2")
-axes[2].set_xlabel("sequence length T")
-axes[2].set_ylabel("ms (CPU)")
-axes[2].set_title("naive attention time, one sequence, SmolLM2 heads")
-axes[2].legend(fontsize=8)
-axes[2].grid(alpha=0.3, which="both")
-plt.tight_layout()
+panels.append({"title": "naive attention time, one sequence, SmolLM2 heads", "xlabel": "sequence length T",
+               "ylabel": "ms (CPU)", "curves": [
+                   (lengths, naive_ms, "o-", "tab:red", "naive stage, measured"),
+                   (ref_t, naive_ms[-1] * (ref_t / ref_t[-1]) ** 2, "--", "gray", "slope T^2")]})
+viz.loglog_panels(panels)
 plt.show()
 
 # %% [markdown]
@@ -460,8 +432,8 @@ def naive_bytes_moved(T: int, c, elem: int) -> int:
 
 
 traffic_T = [256, 512, 1024, 2048, 4096, 8192] if QUICK else [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-for ax, name in zip(axes, ["smollm2-135m", "llama-3-8b"]):
+panels = []
+for name in ["smollm2-135m", "llama-3-8b"]:
     c = PRESETS[name]
     G = c.num_heads // c.num_kv_heads
     plan = flash_attention_plan(4096, G, c.head_dim, torch.bfloat16, gpu_target(90))
@@ -469,20 +441,17 @@ for ax, name in zip(axes, ["smollm2-135m", "llama-3-8b"]):
     tiles = {"H100 bf16, smallest BLOCK_M": tiles[0], "H100 bf16, largest BLOCK_M": tiles[-1]}
     tiles["CPU interpreter"] = (INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"])
     naive_b = [naive_bytes_moved(T, c, 2) for T in traffic_T]
-    ax.loglog(traffic_T, naive_b, "o-", color="tab:red", label="naive: S and P to memory and back")
+    curves = [(traffic_T, naive_b, "o-", "tab:red", "naive: S and P to memory and back")]
     for (label, (bm, bn)), colour in zip(tiles.items(), ["tab:green", "tab:olive", "tab:gray"]):
         tiled = [tiled_bytes_moved(T, c, bm, bn, 2) for T in traffic_T]
-        ax.loglog(traffic_T, tiled, "s-", color=colour, label=f"tiled, {label} ({bm}x{bn})")
+        curves.append((traffic_T, tiled, "s-", colour, f"tiled, {label} ({bm}x{bn})"))
         print(f"{name:13} {label:28} BLOCK_M {bm:3}: T = {traffic_T[-1]:,}: {tiled[-1] / 1e9:7.2f} GB, "
               f"naive {naive_b[-1] / 1e9:8.1f} GB ({naive_b[-1] / tiled[-1]:5.0f}x more)")
     linear = [(2 * c.q_size + 2 * c.kv_size) * T * 2 for T in traffic_T]  # every input read once, out written once
-    ax.loglog(traffic_T, linear, "--", color="black", lw=1, label="O(N): read Q, K, V once, write out once")
-    ax.set_xlabel("prompt length N (tokens)")
-    ax.set_ylabel("bytes moved, one layer (bf16 inputs)")
-    ax.set_title(f"{name}: attention traffic of one causal prefill")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, which="both")
-plt.tight_layout()
+    curves.append((traffic_T, linear, "--", "black", "O(N): read Q, K, V once, write out once"))
+    panels.append({"title": f"{name}: attention traffic of one causal prefill", "xlabel": "prompt length N (tokens)",
+                   "ylabel": "bytes moved, one layer (bf16 inputs)", "curves": curves})
+viz.loglog_panels(panels, width=7)
 plt.show()
 
 # %% [markdown]
@@ -494,6 +463,16 @@ plt.show()
 # on-chip memory) means fewer passes over K/V: that is the `d^2 / M` of
 # FlashAttention's bound. The tiny interpreter tiles need many more passes
 # than a GPU's; the interpreter is there to prove correctness, not speed.
+
+# %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `Attention` in `vllm/attention/layer.py` is the layer a model calls; the
+# work is done by a backend: `FlashAttentionImpl.forward` in
+# `vllm/v1/attention/backends/flash_attn.py` (the FlashAttention CUDA kernels,
+# varlen over `cu_seqlens`), or, in Triton, `unified_attention` in
+# `vllm/attention/ops/triton_unified_attention.py`, whose inner loop is this
+# notebook's online softmax over tiles of keys.
 
 # %% [markdown]
 # ## Takeaways
@@ -554,3 +533,10 @@ def my_online_step(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: 
 
 # %%
 check("05.online_softmax", my_online_step)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/kernels/test_flash_attention.py
+#     .venv/bin/python -m pytest -q tests/stages/test_stages_oracle.py -k attention
+#     .venv/bin/python -m pytest -q tests/exercises -k 05

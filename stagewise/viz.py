@@ -171,6 +171,37 @@ def online_softmax_tiles(scores: list[float], m_hist: list[float], l_hist: list[
     return _done(fig)
 
 
+def visible_keys(visible, cu_q: list[int], cu_k: list[int], title: str):
+    """The [Tq, Tk] mask of which packed key rows each packed query row may see, sequences ruled off."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.imshow(visible, cmap="Greens", aspect="auto", interpolation="nearest")
+    for c in cu_q[1:-1]:
+        ax.axhline(c - 0.5, color="gray", lw=0.8)
+    for c in cu_k[1:-1]:
+        ax.axvline(c - 0.5, color="gray", lw=0.8)
+    ax.set(xlabel="key row (packed, cu_seqlens_k)", ylabel="query row (packed, cu_seqlens_q)", title=title)
+    return _done(fig)
+
+
+def loglog_panels(panels: list[dict], width: float = 5.7):
+    """Side-by-side log-log plots; each panel: title, xlabel, ylabel, curves [(x, y, style, color, label)], hline.
+
+    `hline` is an optional (y, label): a dashed horizontal reference such as "all the model's weights".
+    """
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.5), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for x, y, style, color, label in panel["curves"]:
+            ax.loglog(x, y, style, color=color, label=label)
+        if panel.get("hline"):
+            ax.axhline(panel["hline"][0], color="gray", ls="--", lw=1, label=panel["hline"][1])
+        ax.set(xlabel=panel["xlabel"], ylabel=panel["ylabel"], title=panel["title"])
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    return _done(fig)
+
+
 # ---------------------------------------------------------------- 13 tensor parallelism
 
 
