@@ -35,6 +35,7 @@ EXPECTED = [
     "12a_triton_kernels",
     "12b_triton_kernels",
     "13_tensor_parallel",
+    "14_quantization",
     "15_speculative_decoding",
     "16_capstone",
 ]
