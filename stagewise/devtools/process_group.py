@@ -14,7 +14,6 @@ kill of the groups it started, then SIGKILL to whatever is left.
 import os
 import signal
 import subprocess
-import time
 
 _live_groups: set[int] = set()  # groups this process started and has not yet seen end
 
@@ -26,11 +25,14 @@ def _kill_group(pgid: int, sig=signal.SIGKILL) -> None:
         pass
 
 
-def _terminate(pgid: int) -> None:
+def _terminate(proc: subprocess.Popen) -> None:
     """SIGTERM (a child passes it on to its own groups), a moment's grace, then SIGKILL."""
-    _kill_group(pgid, signal.SIGTERM)
-    time.sleep(1)
-    _kill_group(pgid)
+    _kill_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=1)  # the child's handler has killed its own groups and exited
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_group(proc.pid)
 
 
 def forward_terminate() -> None:
@@ -58,7 +60,7 @@ def run_in_group(cmd: list[str], timeout: float, **kwargs) -> tuple[str, int | s
         out, _ = proc.communicate(timeout=max(timeout, 1))
         code: int | str = proc.returncode
     except subprocess.TimeoutExpired:
-        _terminate(proc.pid)
+        _terminate(proc)
         try:
             out, _ = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired as exp:  # a process outside the group holds the pipe open
