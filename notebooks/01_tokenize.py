@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -30,8 +30,9 @@
 # * **correctness**: the ids must be *exactly* the ones the model was trained
 #   on, or the model reads garbage. So the naive and the fast tokenizer must
 #   agree bit for bit;
-# * **no unknown token**: working on UTF-8 *bytes* means any string — Chinese,
-#   emoji, code — has an encoding.
+# * **no unknown token, if every byte has a token**: working on UTF-8 *bytes*
+#   means any string — Chinese, emoji, code — *can* have an encoding, as long
+#   as the vocabulary holds all 256 byte letters (section 3 counts SmolLM2's).
 #
 # This notebook follows the package's tokenize stage
 # (`stagewise/stages/tokenize.py`): motivation -> training a small BPE ->
@@ -156,7 +157,9 @@ assert "".join(pieces) == sentence  # lossless: the pieces concatenate back to t
 # character. Printable Latin-1 bytes stand for themselves; the others (space,
 # newline, control bytes...) are shifted above U+0100. That is why BPE
 # vocabularies are full of `Ġ` (a space) and `Ċ` (a newline). The vocabulary
-# is written in this 256-letter alphabet, so no input can be "unknown".
+# is written in this 256-letter alphabet; whether *every* input has an
+# encoding depends on the vocabulary holding all 256 letters as tokens, which
+# the cell after this one counts.
 
 # %%
 shifted = sum(1 for b, letter in byte_map.items() if ord(letter) != b)
@@ -169,6 +172,25 @@ print("distinct byte letters:", len(set(byte_map.values())))
 # A Chinese character is 3 UTF-8 bytes, so 3 letters of the byte alphabet:
 spelled = "".join(byte_map[b] for b in " 大模型".encode())
 print(repr(" 大模型"), "->", repr(spelled), f"({len(spelled)} byte letters)")
+
+# %% [markdown]
+# Does the vocabulary hold all 256 byte letters as tokens? Count the ones it
+# lacks, and encode a control byte among them:
+
+# %%
+lacking = [b for b, letter in byte_map.items() if letter not in tok.token_to_id]  # bytes with no token
+print(f"SmolLM2's vocabulary lacks {len(lacking)} of the 256 byte letters:", " ".join(f"{b:02x}" for b in lacking))
+never_utf8 = [b for b in lacking if b in (0xC0, 0xC1) or b >= 0xF5]  # bytes no valid UTF-8 text contains
+print(f"{len(never_utf8)} of them never occur in valid UTF-8; the others are control bytes or rare lead bytes")
+for text in ["\x06", "a\x06b"]:
+    print(f"{text!r} encodes to {tok.encode(text, add_special_tokens=False)}")
+
+# %% [markdown]
+# So "no unknown token" holds for SmolLM2 only up to those bytes: a text
+# holding one of them (a stray control character, say) loses it silently, and
+# `decode(encode(text))` no longer gives the text back. Text made of ordinary
+# characters is unaffected: every byte of every printable character has its
+# token. (If the count above reads 0, this vocabulary has them all.)
 
 # %% [markdown]
 # ### 4. Merge by rank
@@ -363,7 +385,8 @@ plt.show()
 #    vocabulary piece (the best-scoring adjacent pair that forms a piece merges
 #    first), not by a merge list;
 # 3. a character the vocabulary lacks falls back to its UTF-8 **bytes**, one
-#    `<0xNN>` token each — so, as with byte-level BPE, nothing is unknown;
+#    `<0xNN>` token each — so nothing is unknown, provided all 256 byte tokens
+#    are in the vocabulary;
 # 4. decoding turns `▁` back into spaces and drops the dummy prefix. An LLM
 #    output that continues a prompt keeps that space, as the gap between the
 #    prompt's last word and the output's first (`tok.decode(ids,
@@ -409,8 +432,19 @@ if spm is not None:
 # %% [markdown]
 # `<s>` is the beginning-of-sequence token SentencePiece models add; words
 # start with `▁`; and `Ž` and `č`, outside the training alphabet, became their
-# UTF-8 bytes, two `<0xNN>` tokens each. Byte-level BPE gets the same "nothing
-# is unknown" guarantee by working on bytes from the start.
+# UTF-8 bytes, two `<0xNN>` tokens each. Byte-level BPE starts from bytes
+# instead, and gives the same guarantee only when its vocabulary holds every
+# byte letter: section 3 showed the bytes SmolLM2's lacks, and that text made of
+# them encodes to nothing.
+#
+# ## In vLLM (v0.11.0)
+#
+# vLLM does not implement BPE: `get_tokenizer` in
+# `vllm/transformers_utils/tokenizer.py` loads the Hugging Face (Rust) tokenizer,
+# the "optimized" path here. Outputs are detokenized as they stream by
+# `IncrementalDetokenizer` / `FastIncrementalDetokenizer` in
+# `vllm/v1/engine/detokenizer.py`, and chat templates are applied by
+# `apply_hf_chat_template` in `vllm/entrypoints/chat_utils.py`.
 #
 # ## Takeaways
 #
@@ -477,3 +511,9 @@ def my_first_merge(corpus: str) -> tuple[str, str]:
 
 # %%
 check("01.first_merge", my_first_merge)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/tokenizer
+#     .venv/bin/python -m pytest -q tests/exercises -k 01

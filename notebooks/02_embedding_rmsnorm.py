@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -352,6 +352,17 @@ print(f"token 0, layer 20: largest |values| {top.values.round().tolist()} in dim
 print(f"those 3 of {cfg.hidden_size} dimensions hold {share:.1%} of the row's sum of squares")
 
 # %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `VocabParallelEmbedding` in
+# `vllm/model_executor/layers/vocab_parallel_embedding.py` is the embedding gather
+# (its rows split over tensor-parallel ranks). `RMSNorm` in
+# `vllm/model_executor/layers/layernorm.py`: `forward_native` is this notebook's
+# naive path (upcast to float32, the residual added first when `residual` is
+# given, the pair returned), `forward_cuda` calls the fused kernels `rms_norm` /
+# `fused_add_rms_norm` (`csrc/layernorm_kernels.cu`).
+
+# %% [markdown]
 # ## Takeaways
 #
 # * embedding = `weight[ids]`, `[T] -> [T, hidden]`: zero FLOPs, `T * hidden`
@@ -372,8 +383,10 @@ print(f"those 3 of {cfg.hidden_size} dimensions hold {share:.1%} of the row's su
 # Solutions: `notebooks/solutions/nb02.py`.
 #
 # **1. RMSNorm from the formula.** `out = weight * x / sqrt(mean(x^2) + eps)`,
-# per row, over the last axis. Compute the mean of squares in float32 whatever
-# the input dtype (why: the bf16 accumulator above).
+# per row, over the last axis. Compute the norm in float32 whatever the input
+# dtype (why: the bf16 accumulator above) and cast back to the input's dtype
+# before multiplying by the weight, as the stage does. The check feeds
+# float32, bfloat16 and float16 rows, and allows one rounding step per value.
 
 # %%
 from stagewise.exercises import check  # noqa: E402
@@ -414,3 +427,10 @@ def my_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 # %%
 check("02.embedding", my_embedding)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/kernels/test_rmsnorm.py tests/kernels/test_embedding.py
+#     .venv/bin/python -m pytest -q tests/stages/test_stages_oracle.py -k 'rmsnorm or embedding'
+#     .venv/bin/python -m pytest -q tests/exercises -k 02

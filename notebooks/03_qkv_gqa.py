@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -46,8 +46,8 @@ import os
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.patches import Rectangle
 
+from stagewise import viz
 from stagewise.bench.timing import compare
 from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
@@ -152,10 +152,13 @@ for label, num_tokens in [("decode, T=1", 1), (f"prefill, T={prefill_tokens}", p
     print(f"{label:16} three GEMMs {t3 * 1e3:8.1f} us   one fused GEMM {t1 * 1e3:8.1f} us   ratio {t3 / t1:.2f}x")
 
 # %% [markdown]
-# (Medians of a few runs: the exact ratio moves from run to run. Expect the
-# gap to be largest when each product is small — decode — where the fixed
-# cost per call is a large part of the total, and to shrink for big batches,
-# where the arithmetic dominates.
+# (Medians of a few runs: the exact ratio moves from run to run.) A ratio
+# above 1 means fusing saved time. Expect the gap to be largest when each
+# product is small — decode — where the fixed cost per call is a large part of
+# the total. For a big batch the arithmetic dominates and the ratio sits near
+# 1; it can even drop below 1 on a CPU when the BLAS happens to pick a better
+# blocking for the three narrow matrices than for the wide one — then fusion
+# gains nothing here, and its benefit is the saved calls and launches.
 # Note also that `w_q`, `w_k`, `w_v` here are column *slices* of `w_qkv`: a
 # real unfused model would store three separate matrices.)
 #
@@ -217,6 +220,13 @@ for name in ["smollm2-135m", "llama-3-8b", "llama-3-70b", "llama-3-405b"]:
         f"{name:13} KV per token (bf16): MHA {mha_b / 1e3:8.1f} kB, GQA {gqa_b / 1e3:7.1f} kB "
         f"({mha_b / gqa_b:.0f}x less); 1M tokens: MHA {mha_b * 1e6 / 1e9:6.0f} GB, GQA {gqa_b * 1e6 / 1e9:4.0f} GB"
     )
+mha_405 = rows[-1][3]
+print(f"Llama 3 405B, MHA: {mha_405:,} bytes per token = {mha_405 / 1e3:.1f} kB (1000 B) = {mha_405 / 1024:.0f} KiB (1024 B)")
+
+# %% [markdown]
+# The last line is the seeds' chapter-6 number: they write it as 8064 KB,
+# which is this same count of bytes in KiB (1024 bytes each); the table above
+# uses kB (1000 bytes), like the GB beside it.
 
 # %% [markdown]
 # ## Pictures
@@ -228,38 +238,12 @@ for name in ["smollm2-135m", "llama-3-8b", "llama-3-70b", "llama-3-405b"]:
 
 
 # %%
-def draw_gqa(ax, num_heads: int, num_kv_heads: int, title: str) -> None:
-    group = num_heads // num_kv_heads
-    colours = plt.cm.tab10.colors
-    qw = 1.0 / num_heads  # query head box width (axes fraction)
-    kw = 1.0 / num_kv_heads
-    for hq in range(num_heads):
-        kv = hq // group
-        ax.add_patch(Rectangle((hq * qw, 0.65), qw * 0.9, 0.25, facecolor=colours[kv % 10], edgecolor="white", lw=0.5))
-        ax.plot([(hq + 0.45) * qw, (kv + 0.45) * kw], [0.65, 0.35], color=colours[kv % 10], lw=0.6, alpha=0.6)
-        if num_heads <= 16:
-            ax.text((hq + 0.45) * qw, 0.775, f"q{hq}", ha="center", va="center", color="white", fontsize=9)
-    for kv in range(num_kv_heads):
-        ax.add_patch(Rectangle((kv * kw, 0.1), kw * 0.9, 0.25, color=colours[kv % 10]))
-        ax.text((kv + 0.45) * kw, 0.225, f"kv{kv}", ha="center", va="center", color="white", fontsize=9)
-    ax.text(0, 0.95, "query heads", fontsize=9, va="bottom")
-    ax.text(0, 0.02, "KV heads (what the cache stores)", fontsize=9, va="bottom")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.05)
-    ax.axis("off")
-    ax.set_title(title)
-
-
-fig, axes = plt.subplots(2, 1, figsize=(13, 6))
-draw_gqa(axes[0], H, Hkv, f"SmolLM2: H={H} -> Hkv={Hkv}, kv_head = q_head // {H // Hkv}")
 c405 = PRESETS["llama-3-405b"]
-draw_gqa(
-    axes[1],
-    c405.num_heads,
-    c405.num_kv_heads,
-    f"Llama 3 405B: H={c405.num_heads} -> Hkv={c405.num_kv_heads}, kv_head = q_head // {c405.group_size}",
-)
-plt.tight_layout()
+viz.gqa_map([
+    (H, Hkv, f"SmolLM2: H={H} -> Hkv={Hkv}, kv_head = q_head // {H // Hkv}"),
+    (c405.num_heads, c405.num_kv_heads,
+     f"Llama 3 405B: H={c405.num_heads} -> Hkv={c405.num_kv_heads}, kv_head = q_head // {c405.group_size}"),
+])  # fmt: skip
 plt.show()
 
 # %% [markdown]
@@ -283,6 +267,15 @@ ax.set_title("GQA shrinks the KV cache by H / Hkv")
 ax.legend()
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `QKVParallelLinear` in `vllm/model_executor/layers/linear.py` is the fused
+# QKV weight (each rank's share of query and KV heads); `LlamaAttention.forward` in
+# `vllm/model_executor/models/llama.py` cuts its output with
+# `qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)`, as `split_qkv`
+# does, and the attention backends read GQA's shared KV heads by index.
 
 # %% [markdown]
 # ## Takeaways
@@ -346,3 +339,10 @@ def my_kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
 
 # %%
 check("03.kv_bytes_per_token", my_kv_bytes_per_token)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/stages/test_stages_oracle.py -k qkv
+#     .venv/bin/python -m pytest -q tests/kernels/test_matmul.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 03

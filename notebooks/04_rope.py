@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -243,15 +243,21 @@ timings = compare(
 )
 for name, t in timings.items():
     print(f"{name:24} {t.median_ms * 1e3:9.1f} us for {num_tokens} tokens")
+ratio = timings["compute cos/sin"].median_ms / timings["gather cache[positions]"].median_ms
+print(f"computing the angles costs {ratio:.1f}x the gather here")
 
 # %% [markdown]
-# (On a GPU the gap is the same in kind: a gather is pure bandwidth, while
-# `sin`/`cos` are multi-instruction special functions for every element. The
-# gathered rows are the same in every layer of a step: `rope.naive`, the
+# How to read the ratio: above 1, the gather wins on this machine — it only
+# copies `d` numbers per token, while the other path evaluates `sin` and `cos`
+# (many instructions each) for every element. Near or below 1, this machine
+# computes special functions about as fast as it moves memory, and the cache
+# buys memory traffic you did not need to save; either way the numbers are the
+# same. This is a CPU measurement: a GPU has other ratios of arithmetic to
+# bandwidth, and the same two lines timed there are the only way to know.
+# The gathered rows are the same in every layer of a step: `rope.naive`, the
 # textbook, gathers them in each layer anyway; the torch tier
 # (`stagewise/stages/rope_torch.py`, the CPU default) rotates q and k as one
-# tensor instead, which measured as fast as gathering once per step, and its
-# docstring has the numbers.)
+# tensor instead, and its docstring has its measurements.
 #
 # ## Pictures
 #
@@ -302,6 +308,16 @@ right.set_title("cos_sin_cache[:512]  ([max_position, rotary_dim])")
 fig.colorbar(im, ax=right, fraction=0.046)
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `RotaryEmbedding` in `vllm/model_executor/layers/rotary_embedding/base.py`:
+# `_compute_cos_sin_cache` builds the `[max_position, rotary_dim]` cache once,
+# `forward_native` gathers `cos_sin_cache[positions]` and rotates q and k
+# (`is_neox_style=True` is the rotate-half convention used here); `get_rope` in
+# `rotary_embedding/__init__.py` picks the scaled variants (Llama 3's
+# `Llama3RotaryEmbedding`, YaRN, ...).
 
 # %% [markdown]
 # ## Takeaways
@@ -371,3 +387,10 @@ ax.set_title(f"rot(q, m) . rot(k, n), theta = {my_theta:g}")
 fig.colorbar(im, ax=ax, fraction=0.046)
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/kernels/test_rope.py tests/stages/test_rope_scaling.py
+#     .venv/bin/python -m pytest -q tests/stages/test_stages_oracle.py -k rope
+#     .venv/bin/python -m pytest -q tests/exercises -k 04

@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -182,8 +182,10 @@ assert torch.allclose(tri, ref, rtol=1e-4, atol=1e-4)
 #   the GEMM becomes compute-bound;
 # * `silu_and_mul` does a handful of FLOPs per output element (counted as 5
 #   below) and moves 3 float32 numbers for it (read gate and up, write h), at
-#   any T: always memory-bound, so the only way to speed it up is to move fewer
-#   bytes — hence the fusion, measured in the next section.
+#   any T: its intensity never grows. Whether it is then limited by the bytes
+#   or by the `exp` inside the sigmoid (one "FLOP" in the count, many
+#   instructions in fact) depends on the machine: the GB/s it reaches, next to
+#   the plain copy-like floor of the next section, tells which.
 
 # %%
 prefill_tokens = 128 if QUICK else 512
@@ -224,10 +226,9 @@ for num_tokens in [1, prefill_tokens]:
 # tokens. (Timing one layer's weights over and over — the size is printed
 # above — lets the CPU's caches hold them, which flatters the decode bandwidth
 # here; in a real decode step the weights of every layer stream through in
-# turn.) `silu_and_mul` is
-# a small share of the time, but its FLOPs per byte never improve with T: on
-# a GPU, where the GEMMs are fast, such elementwise passes are exactly what
-# fusion removes.
+# turn.) `silu_and_mul` is a small share of the time, but its FLOPs per byte
+# never improve with T: where the GEMMs are fast (a GPU), such elementwise
+# passes are what fusion removes.
 #
 # ## Measure the fusion: `silu(gate) * up` in one pass or two
 #
@@ -285,6 +286,8 @@ for name, t in fusion_t.items():
     print(f"  {name:32} {moved / 1e6:6.1f} MB moved  {t.median_ms:7.2f} ms  {moved / t.median_ms / 1e6:5.1f} GB/s")
 speedup = fusion_t["unfused: silu, then mul"].median_ms / fusion_t["fused by row tiles"].median_ms
 print(f"bytes: unfused / fused = {5 / 3:.2f}x;  measured time: unfused / fused = {speedup:.2f}x")
+above_floor = fusion_t["fused by row tiles"].median_ms / fusion_t["floor: add, same bytes as fused"].median_ms
+print(f"fused / floor = {above_floor:.2f}x: the same bytes, plus the sigmoid's exp")
 if torch.cuda.is_available():  # on a GPU: the Triton kernel itself against the two PyTorch kernels
     gu_gpu = gate_up_big.cuda()
     gpu_paths = {
@@ -296,15 +299,24 @@ if torch.cuda.is_available():  # on a GPU: the Triton kernel itself against the 
         print(f"  {name:32} {t.median_ms * 1e3:8.1f} us")
 
 # %% [markdown]
-# Compare the last line's two ratios. The fused path moves fewer bytes for the
-# same result, and the floor shows how fast those bytes can move at all. How
-# the bytes ratio turns into time depends on the machine: the unfused path
-# also allocates a fresh `[T, inter]` temporary each call (new memory costs
-# page faults on a CPU, so it can lose *more* than its bytes say); caches can
-# hold part of the tensors (then it loses less); and the sigmoid's `exp` is
-# arithmetic that must hide behind the memory traffic (the gap between the
-# fused path and the floor). On a GPU, where every pass goes to HBM and the
-# arithmetic is cheap, time follows bytes closely.
+# Read the last two lines. The fused path moves fewer bytes for the same
+# result, and the floor moves the same bytes with trivial arithmetic. Each
+# ratio answers its own question:
+#
+# * **unfused / fused time against the bytes ratio.** Near it: the bytes
+#   decide. Above it: the unfused path lost more than its bytes — its fresh
+#   `[T, inter]` temporary costs page faults on a CPU on every call. Below it,
+#   even below 1: caches held part of the tensors, or the fused loop's many
+#   small calls cost more than the bytes they saved.
+# * **fused / floor.** Near 1: the pass is limited by its bytes. Well above 1:
+#   the sigmoid's `exp` costs more than moving the bytes here, so this pass
+#   is partly compute-bound on this machine, and no reduction in bytes makes
+#   it faster than its arithmetic.
+#
+# All of these outcomes happen on real CPUs. A GPU has far more arithmetic per
+# byte of memory bandwidth, which is why fused elementwise kernels pay off
+# there; when one is present the cell also times the Triton kernel against the
+# two PyTorch kernels.
 #
 # ## The FFN's share of a layer
 #
@@ -400,13 +412,23 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `LlamaMLP` in `vllm/model_executor/models/llama.py`: `gate_up_proj`
+# (a `MergedColumnParallelLinear`, the fused `[W_gate | W_up]`), `act_fn =
+# SiluAndMul()`, `down_proj` (a `RowParallelLinear`). `SiluAndMul` in
+# `vllm/model_executor/layers/activation.py`: `forward_native` is
+# `F.silu(x[..., :d]) * x[..., d:]`, `forward_cuda` the fused one-pass kernel.
+
+# %% [markdown]
 # ## Takeaways
 #
 # * the FFN is `x @ [W_gate | W_up]`, `silu(gate) * up`, `@ W_down`:
 #   `[T, hidden] -> [T, 2*inter] -> [T, inter] -> [T, hidden]`;
 # * fusing gate and up makes one wide GEMM; fusing silu and mul makes the
-#   activation one read and one write (3 passes instead of 5) — it is
-#   memory-bound at every T, so bytes are what it costs;
+#   activation one read and one write (3 passes instead of 5); its intensity
+#   is fixed at any T, and whether bytes or the `exp` limit it is measured,
+#   not assumed;
 # * the FFN holds most of a SmolLM2 layer's weights, so it dominates FLOPs at
 #   short contexts and weight bytes in decode, until long contexts hand the
 #   lead to attention and its KV cache.
@@ -448,3 +470,10 @@ def my_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> to
 
 # %%
 check("06.ffn", my_ffn)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/kernels/test_activation.py
+#     .venv/bin/python -m pytest -q tests/stages/test_stages_oracle.py -k 'ffn or silu'
+#     .venv/bin/python -m pytest -q tests/exercises -k 06

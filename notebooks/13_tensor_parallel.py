@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -34,9 +34,8 @@ import os
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.patches import Rectangle
 
-from stagewise import LLM, SamplingParams
+from stagewise import LLM, SamplingParams, viz
 from stagewise.calc.hardware import HARDWARE
 from stagewise.calc.roofline import analyze
 from stagewise.calc.tensor_parallel import INTERCONNECTS, analyze_tp
@@ -104,42 +103,25 @@ print(f"{w405.value / h100.memory_bytes:.1f} H100s' worth of weights; one decode
 smol = PRESETS["smollm2-135m"]
 N = 3
 plans = [shard_plan(smol, r, N) for r in range(N)]
-colors = ["tab:blue", "tab:orange", "tab:green"]
 d, hid, inter = smol.head_dim, smol.hidden_size, smol.intermediate_size
-fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
-
-
-def draw(ax, title, width, height, spans, by_columns):
-    for start, stop, rank in spans:
-        if by_columns:
-            ax.add_patch(Rectangle((start, 0), stop - start, height, color=colors[rank], alpha=0.8, ec="white"))
-        else:
-            ax.add_patch(Rectangle((0, height - stop), width, stop - start, color=colors[rank], alpha=0.8, ec="white"))
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, height)
-    ax.set_title(title, fontsize=10)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 q_spans = [(p.q_heads.start * d, p.q_heads.stop * d, p.rank) for p in plans]
 k_spans = [(smol.q_size + p.kv_heads.start * d, smol.q_size + p.kv_heads.stop * d, p.rank) for p in plans]
 v_spans = [(a + smol.kv_size, b + smol.kv_size, r) for a, b, r in k_spans]
-qkv_title = f"w_qkv [{hid}, {smol.qkv_size}]: columns by head\n(Q | K | V)"
-draw(axes[0], qkv_title, smol.qkv_size, hid, q_spans + k_spans + v_spans, True)
-draw(axes[1], f"w_o [{smol.q_size}, {hid}]: rows by head", hid, smol.q_size, q_spans, False)
 gu = [(p.inter.start, p.inter.stop, p.rank) for p in plans]
 gate_up_spans = gu + [(a + inter, b + inter, r) for a, b, r in gu]
-draw(axes[2], f"w_gate_up [{hid}, {2 * inter}]: columns\n(gate | up)", 2 * inter, hid, gate_up_spans, True)
-draw(axes[3], f"w_down [{inter}, {hid}]: rows", hid, inter, gu, False)
-for r, c in enumerate(colors):
-    axes[3].plot([], [], color=c, lw=8, label=f"rank {r}")
-axes[3].legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
 per_rank = plans[0]
-fig.suptitle(f"SmolLM2-135M ({smol.num_heads} query heads, {smol.num_kv_heads} KV heads) over {N} ranks: each holds "
-             f"{len(per_rank.q_heads)} query heads, {len(per_rank.kv_heads)} KV head(s), "
-             f"{len(per_rank.inter)} FFN columns")
-plt.tight_layout()
+viz.matrix_splits(
+    [
+        (f"w_qkv [{hid}, {smol.qkv_size}]: columns by head\n(Q | K | V)", smol.qkv_size, hid,
+         q_spans + k_spans + v_spans, True),
+        (f"w_o [{smol.q_size}, {hid}]: rows by head", hid, smol.q_size, q_spans, False),
+        (f"w_gate_up [{hid}, {2 * inter}]: columns\n(gate | up)", 2 * inter, hid, gate_up_spans, True),
+        (f"w_down [{inter}, {hid}]: rows", hid, inter, gu, False),
+    ],
+    N,
+    f"SmolLM2-135M ({smol.num_heads} query heads, {smol.num_kv_heads} KV heads) over {N} ranks: each holds "
+    f"{len(per_rank.q_heads)} query heads, {len(per_rank.kv_heads)} KV head(s), {len(per_rank.inter)} FFN columns",
+)  # fmt: skip
 plt.show()
 print("valid N for SmolLM2:", valid_tp_sizes(smol), "· for Llama 3 405B:", valid_tp_sizes(l405))
 
@@ -232,7 +214,7 @@ for rank in (0, 1):
           f"its qkv_proj / o_proj GEMMs: median {mm[len(mm) // 2]:.0f} µs")
 kinds = sorted({r.stage for r in step.stages})
 fig, ax = plt.subplots(figsize=(10, 3.5))
-for rank, color in zip((0, 1), colors):
+for rank, color in zip((0, 1), ("tab:blue", "tab:orange")):
     ms = [sum((r.dur_us or 0) for r in step.stages if r.rank == rank and r.stage == k) / 1000 for k in kinds]
     ax.barh([i + 0.4 * rank for i in range(len(kinds))], ms, height=0.4, color=color, label=f"rank {rank}")
 ax.set_yticks([i + 0.2 for i in range(len(kinds))], kinds)
@@ -288,10 +270,19 @@ print(f"one decode all-reduce: {message / 1024:.0f} KiB, {message / link.bandwid
 # %% [markdown]
 # The weights per device do not fit an 80 GB H100 (vLLM serves 405B on 8
 # H100s in fp8, or on 16) and fit a 141 GB H200 with room left for the KV
-# cache. Each decode all-reduce is a few KiB: its bandwidth time is tiny next
-# to the link's fixed latency — **latency-bound**, once per all-reduce, twice
+# cache. Each decode all-reduce is the size printed above (one token's hidden
+# state, tens of KiB): its bandwidth time is tiny next to the link's fixed latency — **latency-bound**, once per all-reduce, twice
 # per block. Over PCIe the latency is higher and TP's share of the step grows
 # (the bars above).
+#
+# ## In vLLM (v0.11.0)
+#
+# `ColumnParallelLinear` and `RowParallelLinear` in
+# `vllm/model_executor/layers/linear.py` hold each rank's columns / rows; the row
+# layer ends with `tensor_model_parallel_all_reduce`
+# (`vllm/distributed/communication_op.py`), which calls `GroupCoordinator.all_reduce`
+# in `vllm/distributed/parallel_state.py` (NCCL or vLLM's custom all-reduce for
+# small messages). `VocabParallelEmbedding` / `ParallelLMHead` split the vocabulary.
 #
 # ## Takeaways
 #
@@ -347,3 +338,9 @@ def my_valid_tp_sizes(cfg) -> list[int]:
 
 # %%
 check("13.valid_tp_sizes", my_valid_tp_sizes)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/parallel/test_tensor_parallel.py tests/calc/test_calc_tp.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 13

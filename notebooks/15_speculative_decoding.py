@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -85,12 +85,16 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# While the weights dominate the bytes a step reads, the extra rows are
-# nearly free: the same weights are streamed once whether they multiply one
-# row or five. The gap between the two curves is what speculation can win.
-# Where the extra rows are not free (they cost arithmetic, and attention over
-# the cache for several query rows takes the prefill path), the ratio printed
-# above is the price of a verify step.
+# How to read the printed ratios. **Near 1** (the measured curve flat, far
+# below the dashed line): the step is bound by streaming the weights, which
+# happens once whether they multiply one row or five, so the extra rows are
+# nearly free and the gap between the two curves is what speculation can win.
+# **Growing towards n**: on this machine the extra rows cost real arithmetic
+# (a CPU's arithmetic is not idle during decode the way a GPU's is, and
+# attention over the cache for several query rows takes the prefill path);
+# then a verify step is expensive and speculation pays only when most guesses
+# are kept, which section 2 makes exact. Either way the ratio printed above is
+# the price of a verify step here.
 
 # %% [markdown]
 # ## 2. The acceptance arithmetic
@@ -244,6 +248,16 @@ ax.set_title("n-gram speculation on a quoting prompt: several tokens per step", 
 plt.show()
 
 # %% [markdown]
+# ## In vLLM (v0.11.0)
+#
+# `NgramProposer.propose` in `vllm/v1/spec_decode/ngram_proposer.py` finds the
+# last n tokens earlier in the sequence and proposes what followed; the target
+# model scores all guesses in one step and `RejectionSampler` in
+# `vllm/v1/sample/rejection_sampler.py` keeps the accepted prefix (greedy: equal to
+# the argmax; random: accept with probability min(1, p/q), else redraw from the
+# residual).
+
+# %% [markdown]
 # ## Takeaways
 #
 # * A decode step is bound by reading the weights; a few more query rows in
@@ -298,3 +312,9 @@ def my_rejection_step(p: torch.Tensor, q: torch.Tensor, x: int, u: float, expone
 
 # %%
 check("15.rejection_step", my_rejection_step)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/engine/test_spec_greedy.py tests/engine/test_spec_sampling.py tests/stages/test_rejection_sampling.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 15
