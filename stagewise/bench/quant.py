@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from stagewise.bench.machine import machine_info
 from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
 from stagewise.models.registry import load_model
@@ -207,6 +208,7 @@ def run_quant(settings: QuantSettings, progress=print) -> dict:
                 ratios[f"packed_over_{other}"] = median["packed"] / median[other]
     return {
         "benchmark": "quant",
+        "machine": machine_info(),
         "threads": threads,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
