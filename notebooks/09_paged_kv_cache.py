@@ -58,7 +58,6 @@ import os
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import ListedColormap
 
 from stagewise import LLM, SamplingParams
 from stagewise.bench.workloads import SEED_TEXT, single_prompt
@@ -67,6 +66,7 @@ from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json
 from stagewise.trace.tracer import Tracer
+from stagewise.viz_engine import block_pool_over_time, block_table_board, shared_rows
 
 # %matplotlib inline
 
@@ -180,29 +180,10 @@ for s in trace["steps"]:
     for r in s["requests"]:
         for b in r["blocks"]:
             owner[s["index"], b] = order.index(names[r["request_id"]]) + 1
-colors = ["white", "tab:blue", "tab:orange", "tab:green", "tab:red"]
-
-fig, ax = plt.subplots(figsize=(11, 7))
-ax.imshow(owner, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, aspect="auto", interpolation="nearest")
-ax.set_xticks(range(NUM_BLOCKS))
-ax.set_xticks(np.arange(-0.5, NUM_BLOCKS), minor=True)
-ax.set_yticks(np.arange(-0.5, len(trace["steps"])), minor=True)
-ax.grid(which="minor", color="lightgray", lw=0.5)
-ax.tick_params(which="minor", length=0)
-ax.set_xlabel("physical block id")
-ax.set_ylabel("engine step")
-for name, (_, _, at) in plan.items():
-    if at > 0:
-        ax.axhline(at - 0.5, color=colors[order.index(name) + 1], lw=2, ls="--")
-        ax.text(NUM_BLOCKS - 0.4, at - 0.6, f"{name} arrives", ha="right", va="bottom", fontsize=9)
-for k, name in enumerate(order):
-    prompt_len, max_tokens, _ = plan[name]
-    ax.plot([], [], "s", color=colors[k + 1], ms=10, label=f"{name}: {prompt_len} prompt + {max_tokens} output tokens")
-ax.plot([], [], "s", color="white", mec="gray", ms=10, label="free")
-ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
-ax.set_title(f"who owns which KV block, step by step ({NUM_BLOCKS} blocks x {BLOCK} tokens)")
-plt.tight_layout()
-plt.show()
+legend = [f"{name}: {plan[name][0]} prompt + {plan[name][1]} output tokens" for name in order]
+arrivals = {order.index(name): at for name, (_, _, at) in plan.items() if at > 0}
+title = f"who owns which KV block, step by step ({NUM_BLOCKS} blocks x {BLOCK} tokens)"
+block_pool_over_time(owner, legend, arrivals, title)
 
 # %% [markdown]
 # ### The board picture: block-table rows pointing into the pool
@@ -242,34 +223,18 @@ for step in range(stop + 1):
 engine = board.engine
 running = list(engine.scheduler.running)
 
-fig, ax = plt.subplots(figsize=(12, 6.5))
-pool_x, pool_w = 8.0, 3.0
-for b in range(NUM_BLOCKS):
-    ax.add_patch(plt.Rectangle((pool_x, NUM_BLOCKS - 1 - b), pool_w, 0.85, fill=False, ec="gray"))
-    ax.text(pool_x + pool_w + 0.1, NUM_BLOCKS - 1 - b + 0.42, f"block {b}", va="center", fontsize=8)
-for req, y in zip(running, np.linspace(NUM_BLOCKS - 2, 1, len(running))):
+rows = []
+for req in running:
     name = board_names[req.request_id]
-    color = colors[order.index(name) + 1]
     ids = engine.block_manager.block_ids(req.request_id)
     row = engine.cache.row(req.request_id)
     table = engine.cache.block_table[row, : len(ids)].tolist()
     assert table == ids, "the block table the kernels read is the block manager's list"
-    ax.text(-0.2, y + 0.42, f"{name}: block_table[{row}]\n{req.num_computed_tokens} tokens cached",
-            ha="right", va="center", fontsize=9)  # fmt: skip
-    for i, b in enumerate(table):
-        ax.add_patch(plt.Rectangle((i, y), 0.9, 0.85, color=color, zorder=2))
-        ax.text(i + 0.45, y + 0.42, str(b), ha="center", va="center", color="white", fontsize=10, zorder=3)
-        held = max(0, min(BLOCK, req.num_computed_tokens - i * BLOCK))
-        ax.add_patch(plt.Rectangle((pool_x, NUM_BLOCKS - 1 - b), pool_w * held / BLOCK, 0.85, color=color, alpha=0.8))
-        ax.annotate("", xy=(pool_x, NUM_BLOCKS - 1 - b + 0.42), xytext=(i + 0.45, y + 0.42), zorder=1,
-                    arrowprops=dict(arrowstyle="->", color=color, lw=1.2, connectionstyle="arc3,rad=-0.1"))  # fmt: skip
-ax.set_xlim(-3, pool_x + pool_w + 1.2)
-ax.set_ylim(-0.5, NUM_BLOCKS + 0.5)
-ax.axis("off")
-ax.set_title(f"after engine step {stop}: block-table rows (left) -> physical blocks of the pool (right), "
-             f"{engine.block_manager.num_used_blocks} of {NUM_BLOCKS} in use")  # fmt: skip
-plt.tight_layout()
-plt.show()
+    rows.append((f"{name}: block_table[{row}]\n{req.num_computed_tokens} tokens cached", order.index(name) + 1,
+                 table, req.num_computed_tokens))  # fmt: skip
+used = engine.block_manager.num_used_blocks
+title = f"after engine step {stop}: block-table rows (left) -> the pool's blocks (right), {used} of {NUM_BLOCKS} in use"
+block_table_board(rows, NUM_BLOCKS, BLOCK, title)
 
 # %% [markdown]
 # ## 3. Check: the slot of every token, and the tokens themselves
@@ -472,24 +437,7 @@ print(f"prefix cache off: {plain_llm.last_stats.prefix_hit_tokens} hit tokens")
 # ### The picture: two block-table rows pointing at shared blocks
 
 # %%
-rows = [runs[0][1]["blocks"], runs[1][1]["blocks"]]
-shared = set(rows[0]) & set(rows[1])
-width = max(len(r) for r in rows)
-fig, ax = plt.subplots(figsize=(1.0 * width + 3, 2.4))
-for y, row in enumerate(rows):
-    for x, b in enumerate(row):
-        color = "gold" if b in shared else ("tab:blue" if y == 0 else "tab:orange")
-        ax.add_patch(plt.Rectangle((x, 1 - y), 0.95, 0.9, color=color))
-        ax.text(x + 0.47, 1 - y + 0.45, str(b), ha="center", va="center", fontsize=11)
-ax.set_xlim(0, width)
-ax.set_ylim(0, 2)
-ax.set_yticks([1.45, 0.45], ["request 1 (first Q)", "request 2 (second Q)"])
-ax.set_xticks(np.arange(width) + 0.47, [f"logical\nblock {i}" for i in range(width)], fontsize=8)
-ax.set_title(f"block-table rows at admission: gold = the same physical block, shared ({len(shared) * BLOCK} tokens)")
-for side in ("top", "right", "left", "bottom"):
-    ax.spines[side].set_visible(False)
-plt.tight_layout()
-plt.show()
+shared_rows([runs[0][1]["blocks"], runs[1][1]["blocks"]], ["request 1 (first Q)", "request 2 (second Q)"], BLOCK)
 
 # %% [markdown]
 # ## In vLLM (v0.11.0)

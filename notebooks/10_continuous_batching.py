@@ -56,11 +56,9 @@
 # what they cover (section "The seeds: the two source articles").
 
 # %%
-import json
 import os
 import time
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
@@ -151,25 +149,12 @@ print(f"from step 3 on: decode-only steps carry {decode_only} tokens; "
 #   after step 3 (the last line lists them with their sizes); every other step
 #   is decode only, one token per running request.
 #
-# The tracer's JSON (`stagewise.trace.export.to_json`, schema
-# `stagewise.trace` v2) is what this table was read from. Step 3 of it (the
-# mixed prefill + decode step), one key per line, without the per-stage shape
-# records and without `view` — the whole engine after the step (queues, every
-# request, every block's owner), which `stagewise view run.json` replays in a
-# browser:
-
-# %%
-for key, value in trace["steps"][3].items():
-    if key not in ("stages", "start_us", "dur_us", "view"):
-        print(f"{key!r}: {json.dumps(value)}")
-print("view queues after the step:", trace["steps"][3]["view"]["queues"])
-
-# %% [markdown]
-# `batch` is what the forward pass received: all scheduled tokens of all
-# requests flattened into one `[T]` batch with their `positions`,
-# `cu_seqlens_q` (where each request's tokens start), each request's
-# `seq_lens` after the step, its `block_table` row and every token's
-# `slot_mapping` (notebook 09). No padding anywhere.
+# The tracer's JSON (`stagewise.trace.export.to_json`) is what this table was
+# read from; each step also holds `batch`, what the forward pass received: all
+# scheduled tokens flattened into one `[T]` batch with their `positions`,
+# `cu_seqlens_q`, `seq_lens`, `block_table` rows and every token's
+# `slot_mapping` (notebook 09). No padding anywhere. (`stagewise view run.json`
+# replays a saved trace in a browser.)
 #
 # Check: stepping by hand, with requests joining mid-way, must give each
 # request exactly the tokens it gets when it runs alone.
@@ -189,7 +174,12 @@ print("every request got the same tokens as when it runs alone")
 
 
 # %%
-from stagewise.viz_engine import timeline  # noqa: E402 - the Gantt chart of a trace (plotting only)
+from stagewise.viz_engine import (  # noqa: E402 - plotting only
+    gaps_while_prefilling,
+    step_time_and_throughput,
+    timeline,
+    work_and_latency,
+)
 
 timeline(trace, label, "continuous batching, max_num_seqs=3, 32 tokens per step", budget=32)
 
@@ -312,24 +302,12 @@ timeline(results["paged"]["trace"], labels["paged"], f"continuous batching (mode
 # how long each request took from arrival to its last token.
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), gridspec_kw={"width_ratios": [1, 3]})
-names = ["static", "continuous"]
-padding = [results[m]["stats"].padding_tokens for m in ("kv", "paged")]
-computed = [results[m]["stats"].tokens_computed for m in ("kv", "paged")]
-left.bar(names, [c - p for c, p in zip(computed, padding)], color=["tab:blue", "tab:green"], label="real tokens")
-left.bar(names, padding, bottom=[c - p for c, p in zip(computed, padding)], color="tab:red", label="padding")
-left.set_ylabel("rows pushed through the model")
-left.set_title("work done")
-left.legend()
-x = np.arange(len(work.requests))
-for offset, mode, name, color in ((-0.2, "kv", "static", "tab:blue"), (0.2, "paged", "continuous", "tab:green")):
-    right.bar(x + offset, [o.metrics.latency for o in results[mode]["outs"]], 0.4, color=color, label=name)
-right.set_xticks(x, [f"#{i}\n{r.prompt_tokens}+{r.max_tokens}" for i, r in enumerate(work.requests)], fontsize=8)
-right.set_ylabel("seconds from arrival to last token")
-right.set_title("latency per request (prompt + output tokens)")
-right.legend()
-plt.tight_layout()
-plt.show()
+work_and_latency(
+    {"static": results["kv"]["stats"], "continuous": results["paged"]["stats"]},
+    {"static": [o.metrics.latency for o in results["kv"]["outs"]],
+     "continuous": [o.metrics.latency for o in results["paged"]["outs"]]},
+    [f"#{i}\n{r.prompt_tokens}+{r.max_tokens}" for i, r in enumerate(work.requests)],
+)  # fmt: skip
 
 # %% [markdown]
 # Static batching computes the padding rows and keeps dead rows running until
@@ -428,26 +406,7 @@ print(f"KV read per sequence per step: at most {kv / 1e6:.2f} MB, against "
 # per second for the machine.
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-Bs = np.array(list(step_ms))
-ms = np.array(list(step_ms.values()))
-left.plot(Bs, ms, "o-", color="tab:blue", label="measured decode step")
-left.plot(Bs, ms[0] * Bs / Bs[0], ":", color="gray", label=f"B x the step at B={Bs[0]} (no sharing)")
-left.set_xscale("log", base=2)
-left.set_xticks(Bs, [str(b) for b in Bs])
-left.set_ylim(0, max(ms) * 1.3)
-left.set_xlabel("running sequences B")
-left.set_ylabel("decode step time = TBT (ms)")
-left.set_title(f"{cfg.name}, float32: one step for B sequences")
-left.legend()
-right.plot(ms, Bs / ms * 1e3, "o-", color="tab:green")
-for b, t in zip(Bs, ms):
-    right.annotate(f"B={b}", (t, b / t * 1e3), textcoords="offset points", xytext=(6, -4), fontsize=9)
-right.set_xlabel("TBT each user sees (ms)")
-right.set_ylabel("throughput (output tokens/s)")
-right.set_title("what a larger batch buys, and what it costs")
-plt.tight_layout()
-plt.show()
+step_time_and_throughput(step_ms, cfg.name)
 
 # %% [markdown]
 # ### 6.3 A long prompt among decoding requests
@@ -505,21 +464,7 @@ print(f"this run: the {smaller} cap gave the shorter longest gap")
 # first token.
 
 # %%
-fig, ax = plt.subplots(figsize=(12, 4.5))
-for (name, run), color in zip(runs.items(), ("tab:red", "tab:blue")):
-    times = run["arrivals"][run["decoders"][0]]
-    ax.plot(times[1:], 1e3 * np.diff(times), "o-", ms=3, color=color,
-            label=f"prefill_beside_decodes={run['cap']} ({name})")  # fmt: skip
-    first_token = run["arrivals"][run["long"]][0]
-    ax.axvspan(run["long_arrival"], first_token, color=color, alpha=0.12)
-ax.set_ylim(0, None)
-ax.set_xlabel("seconds since the decoders were submitted")
-ax.set_ylabel("gap before this token (ms)")
-ax.set_title(f"TBT of a decoding request while a {long_tokens}-token prompt is prefilled "
-             f"(shaded: the long prompt, arrival to first token)")  # fmt: skip
-ax.legend()
-plt.tight_layout()
-plt.show()
+gaps_while_prefilling(runs, long_tokens)
 
 # %% [markdown]
 # What the two settings do is fixed by the scheduler: with the large one, one
@@ -622,19 +567,15 @@ check("10.continuous_rows", my_continuous_rows)
 # `running` / `waiting` as the step leaves them:
 #
 # 1. running requests first, in order, while budget is left: each gets
-#    `min(num_tokens - num_computed_tokens, budget)` tokens (a whole prompt, a
-#    chunk of one, or its one decode token);
-# 2. when `allocate` fails, preempt the *last* running request by recompute:
-#    `free` it, set its `num_computed_tokens` to 0, put it at the *front* of
-#    `waiting`, and try again; if the request preempted was the one asking,
-#    stop scheduling running requests;
-# 3. then, only if nobody was preempted, admit waiting requests from the front
-#    while there are seats (`max_num_seqs`) and budget: each gets its tokens
-#    the same way; if `allocate` fails, it and everyone behind it wait.
+#    `min(num_tokens - num_computed_tokens, budget)` tokens;
+# 2. when `allocate` fails, preempt the *last* running request by recompute
+#    (`free` it, `num_computed_tokens = 0`, to the *front* of `waiting`) and
+#    try again; if that was the request asking, stop;
+# 3. only if nobody was preempted, admit waiting requests from the front while
+#    seats and budget last; if `allocate` fails, it and everyone behind wait.
 #
 # The check runs your function beside the real `Scheduler` on four random
-# workloads (small budgets and pools, so chunks and preemptions happen) and
-# compares every step.
+# workloads (chunks and preemptions happen) and compares every step.
 
 # %%
 def my_schedule(running, waiting, budget: int, max_num_seqs: int, allocate, free) -> list[tuple[str, int]]:
@@ -647,5 +588,6 @@ check("10.schedule_step", my_schedule)
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:
 #
-#     .venv/bin/python -m pytest -q tests/engine/test_scheduler_properties.py tests/engine/test_prefill_beside_decodes.py
+#     .venv/bin/python -m pytest -q tests/engine/test_scheduler_properties.py
+#     .venv/bin/python -m pytest -q tests/engine/test_prefill_beside_decodes.py
 #     .venv/bin/python -m pytest -q tests/exercises -k 10

@@ -71,8 +71,8 @@ from stagewise.kernels.attention_common import online_softmax_reference
 from stagewise.kernels.targets import launch_target
 from stagewise.stages import STAGES
 from stagewise.stages.ffn import silu_and_mul_naive
-from stagewise.viz_engine import committed_device_checks, device_results
-from stagewise.viz_engine import show_source as show
+from stagewise.viz_kernels import committed_device_checks, device_results
+from stagewise.viz_kernels import show_source as show
 
 # %matplotlib inline
 

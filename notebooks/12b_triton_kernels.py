@@ -68,10 +68,8 @@
 # %%
 import os
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.colors import ListedColormap
 
 import stagewise.kernels  # first: decides GPU or interpreter before any kernel is defined
 from stagewise import LLM, SamplingParams
@@ -88,8 +86,15 @@ from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.sampling import processed_probs
-from stagewise.viz_engine import committed_device_checks, device_results
-from stagewise.viz_engine import show_source as show
+from stagewise.viz_kernels import (
+    causal_tile_map,
+    committed_device_checks,
+    device_results,
+    paged_keys,
+    split_merge,
+    stage_errors,
+)
+from stagewise.viz_kernels import show_source as show
 
 # %matplotlib inline
 
@@ -205,46 +210,14 @@ show(attention_common.attend_keys, start="for n0 in range")
 # %%
 G = smol.num_heads // smol.num_kv_heads
 L = 512  # prompt tokens: queries = keys, causal
-
-
-def tile_kinds(block_m: int, block_n: int, q_len: int, k_len: int, group: int) -> np.ndarray:
-    """0 = skipped, 1 = loaded with the causal mask, 2 = loaded whole: the kernel's bounds full / hi per row tile."""
-    shift = k_len - q_len
-    kinds = np.zeros((-(-q_len * group // block_m), -(-k_len // block_n)), dtype=int)
-    for t in range(kinds.shape[0]):
-        f0 = t * block_m
-        last_query = (min(f0 + block_m, q_len * group) - 1) // group
-        hi = max(min(k_len, last_query + shift + 1), 0)
-        full = max(min(k_len, f0 // group + shift + 1), 0) // block_n * block_n
-        kinds[t, : -(-hi // block_n)] = 1
-        kinds[t, : full // block_n] = 2
-    return kinds
-
-
 plans = {
     f"this machine ({here.name})": flash_kernels.flash_attention_plan(L, G, smol.head_dim, torch.float32, here),
     "sm_90, bf16 (first autotune candidate)": flash_kernels.flash_attention_plan(
         L, G, smol.head_dim, torch.bfloat16, gpu_target(90)
     ),
 }
-fig, axes = plt.subplots(1, 2, figsize=(14, 6))
-cmap = ListedColormap(["whitesmoke", "tab:orange", "tab:blue"])
-for ax, (name, plan) in zip(axes, plans.items()):
-    bm, bn = plan.configs[0].kwargs["BLOCK_M"], plan.configs[0].kwargs["BLOCK_N"]
-    kinds = tile_kinds(bm, bn, L, L, G)
-    ax.imshow(kinds, cmap=cmap, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
-    loaded = (kinds > 0).sum()
-    ax.set_title(f"{name}: BLOCK_M {bm}, BLOCK_N {bn}\n{loaded} of {kinds.size} K/V tiles loaded "
-                 f"({loaded / kinds.size:.0%}), {(kinds == 1).sum()} of them masked")  # fmt: skip
-    ax.set_xlabel(f"key tile ({bn} keys)")
-    ax.set_ylabel(f"row tile ({bm} rows = {bm / G:.3g} queries x {G} heads)")
-for color, what in zip(cmap.colors, ("skipped: never loaded", "diagonal: loaded, masked", "below: loaded, no mask")):
-    axes[1].plot([], [], "s", color=color, ms=10, label=what)
-axes[1].legend(loc="upper right")
-fig.suptitle(f"causal FlashAttention, one KV head of a {L}-token prompt (SmolLM2 shapes): grid "
-             f"(row tiles, sequences, KV heads) = ({kinds.shape[0]}, 1, {smol.num_kv_heads}) on the right")  # fmt: skip
-plt.tight_layout()
-plt.show()
+tiles = {name: (plan.configs[0].kwargs["BLOCK_M"], plan.configs[0].kwargs["BLOCK_N"]) for name, plan in plans.items()}
+causal_tile_map(tiles, L, G, smol.num_kv_heads)  # kinds of tiles: stagewise.viz_kernels.tile_kinds, the kernel's bounds
 
 # %% [markdown]
 # About half the tiles are never loaded (the causal triangle), and only a thin
@@ -302,25 +275,7 @@ pin = STAGES["paged_attention"].example_inputs(config, 9, DEVICE, torch.float32,
 meta = pin["metadata"]  # the step's AttentionMetadata: block table, lengths (device and host)
 pa_plan = paged_kernels.paged_attention_plan(meta.max_q_len, H // Hkv, d, torch.float32, here).launch_options()
 n0, bs = meta.seq_lens_host[0], pin["k_cache"].shape[1]
-row = meta.block_table[0].tolist()
-fig, ax = plt.subplots(figsize=(13, 2.6))
-for pos in range(n0):
-    block = row[pos // bs]
-    ax.add_patch(plt.Rectangle((pos, 0), 1, 1, color=plt.cm.tab10(block % 10), ec="white"))
-    ax.text(pos + 0.5, 0.5, block * bs + pos % bs, ha="center", va="center", fontsize=6, color="white")
-for b in range(-(-n0 // bs)):
-    ax.text(b * bs + bs / 2, 1.15, f"block_table[0][{b}] = {row[b]}", ha="center", fontsize=8)
-for t, t0 in enumerate(range(0, n0, pa_plan["BLOCK_N"])):
-    width = min(pa_plan["BLOCK_N"], n0 - t0)
-    ax.add_patch(plt.Rectangle((t0 + 0.1, -0.35), width - 0.2, 0.25, color=("dimgray", "darkgray")[t % 2]))
-    ax.text(t0 + 0.5, -0.5, f"key tile {t}: positions {t0}-{t0 + width - 1}", fontsize=8, va="top")
-ax.set_xlim(0, n0)
-ax.set_ylim(-1, 1.5)
-ax.set_yticks([])
-ax.set_xlabel("key position in the sequence (the number in each cell: its slot in the pool)")
-ax.set_title(f"{n0} keys in blocks of {bs}, scattered over a pool of {pin['k_cache'].shape[0]} blocks")
-plt.tight_layout()
-plt.show()
+paged_keys(meta.block_table[0].tolist(), n0, bs, pa_plan["BLOCK_N"], pin["k_cache"].shape[0])
 
 args = {key: pin[key] for key in ("q", "k_cache", "v_cache", "scale")}  # the launcher takes tensors and ints:
 args.update(block_table=meta.block_table, seq_lens=meta.seq_lens, cu_seqlens_q=meta.cu_seqlens_q)  # unpacked
@@ -402,19 +357,13 @@ print(f"paged_attention with 4 splits vs unsplit: max difference {float((one - s
 
 # %%
 w = torch.exp2(m_part[0] - m_part[0].max())
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
+panels = [
+    ("m_s: the split's max score (base 2)", m_part[0].tolist()),
+    ("w_s = 2^(m_s - M)", w.tolist()),
+    ("w_s l_s / sum: share of the denominator", (w * l_part[0] / (w * l_part[0]).sum()).tolist()),
+]
 splits = [f"keys {int(r[0])}-{int(r[-1])}" for r in ranges]
-for ax, values, title in (
-    (axes[0], m_part[0], "m_s: the split's max score (base 2)"),
-    (axes[1], w, "w_s = 2^(m_s - M)"),
-    (axes[2], w * l_part[0] / (w * l_part[0]).sum(), "w_s l_s / sum: share of the denominator"),
-):
-    ax.bar(splits, values.tolist(), color="tab:purple")
-    ax.set_title(title, fontsize=10)
-    ax.tick_params(axis="x", labelsize=8)
-fig.suptitle(f"split-K: one decode query (head 0) over {n_keys} keys in {S} splits")
-plt.tight_layout()
-plt.show()
+split_merge(panels, splits, f"split-K: one decode query (head 0) over {n_keys} keys in {S} splits")
 
 # %% [markdown]
 # ## 5. Check: naive vs Triton for every stage
@@ -498,30 +447,12 @@ print("every stage agrees with its reference: exact where it must be, within a f
 # epsilon: the kernels sit within a few units of rounding of the reference.
 
 # %%
-floor = 1e-10
 names = [n for n in STAGES if results[n, torch.float32][0] == "relative max error"]
 exact_stages = [n for n in STAGES if n not in names]
-x = np.arange(len(names))
-fig, ax = plt.subplots(figsize=(12, 5))
-for offset, dtype, color in ((-0.2, torch.float32, "tab:blue"), (0.2, torch.bfloat16, "tab:orange")):
-    errs = [results[n, dtype][1] for n in names]
-    bars = ax.bar(x + offset, [max(e, floor) for e in errs], 0.4, color=color, label=str(dtype).removeprefix("torch."))
-    for b, e in zip(bars, errs):
-        if e == 0:
-            ax.text(b.get_x() + b.get_width() / 2, floor * 1.5, "exact", ha="center", va="bottom", rotation=90)
-    name = str(dtype).removeprefix("torch.")
-    ax.axhline(eps[dtype], color=color, ls="--", lw=1, label=f"{name} eps {eps[dtype]:.1e}")
-ax.set_yscale("log")
-ax.set_ylim(floor, 0.1)
-ax.set_xticks(x, names, rotation=30)
-ax.set_ylabel("max |triton - naive| / max |naive|")
-ax.set_title(
-    f"naive vs Triton ({stagewise.kernels.TRITON_MODE}), tiny config, T in {token_counts}; "
-    f"exact matches also for: {', '.join(exact_stages)}"
-)
-ax.legend(fontsize=8, ncol=2)
-plt.tight_layout()
-plt.show()
+errors = {str(dt).removeprefix("torch."): {n: results[n, dt][1] for n in names} for dt in dtypes}
+stage_errors(errors, {str(dt).removeprefix("torch."): e for dt, e in eps.items()},
+             f"naive vs Triton ({stagewise.kernels.TRITON_MODE}), tiny config, T in {token_counts}; "
+             f"exact matches also for: {', '.join(exact_stages)}")  # fmt: skip
 
 # %% [markdown]
 # ### The whole model

@@ -1,12 +1,8 @@
-"""Pictures of the engine (a trace's timeline) and the printouts notebooks 12a/12b read kernels with.
+"""Pictures of the engine for notebooks 09, 10 and 16: the block pool, a trace's timeline, steps, timings.
 
 Plotting only; the notebooks import these so their cells stay about the idea. matplotlib is
 imported when a function is called, not when this module is.
 """
-
-import inspect
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -94,48 +90,6 @@ def timeline(trace: dict, label: dict, title: str, budget: int | None = None, xm
     plt.show()
 
 
-# ---------------------------------------------------------------- reading kernels (notebooks 12a, 12b)
-
-ROOT = Path(__file__).resolve().parents[1]  # the repository: kernels' files and committed results
-
-
-def show_source(fn, start: str | None = None, stop: str | None = None) -> None:
-    """Print a kernel's source from its file, optionally from the line holding `start` to the one with `stop`."""
-    fn = getattr(fn, "fn", fn)  # a Triton kernel object keeps the Python function it was made from in .fn
-    lines, first = inspect.getsourcelines(fn)
-    i = next(n for n, line in enumerate(lines) if start in line) if start else 0
-    j = next(n for n, line in enumerate(lines) if n > i and stop in line) + 1 if stop else len(lines)
-    print(f"# {Path(inspect.getsourcefile(fn)).relative_to(ROOT)}, lines {first + i}-{first + j - 1}")
-    for n, line in enumerate(lines[i:j], start=first + i):
-        print(f"{n:4d} {line}", end="")
-
-
-def committed_device_checks() -> dict:
-    """GPU folder name -> the committed `benchmarks/results/<gpu>/device_check.json`, for each one present."""
-    files = sorted(ROOT.glob("benchmarks/results/*/device_check.json"))
-    return {p.parent.name: json.loads(p.read_text()) for p in files}
-
-
-def device_results(kernel: str, runs: dict, on_gpu: bool) -> None:
-    """Print what the committed device checks measured for one kernel family (a reference run elsewhere)."""
-    for name, run in runs.items():
-        gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
-        print(f"reference run on another machine ({gpu}, benchmarks/results/{name}), not this one:")
-        for row in run["sections"].get("kernels", {}).get("rows", []):
-            if not row["kernel"].startswith(kernel) or "error" in row:
-                continue
-            if "share_of_copy" in row:
-                share = row["share_of_copy"]
-                what = f"{row['triton_value']:,.0f} {row['metric']} = {share:.0%} of the copy bandwidth"
-            else:
-                ratio = row["ratio_vs_stock"]
-                what = f"{row['triton_ms']:.3f} ms vs {row['stock']} {row['stock_ms']:.3f} ms ({ratio:.2f}x its speed)"
-            print(f"{gpu}, {row['dtype']}, {row['shape']}: {what}")
-    if not runs:
-        where = "time the kernel on this GPU" if on_gpu else "this machine can check the kernel, not time it"
-        print("no device check committed: " + where)
-
-
 def steps_chart(steps: list[list[tuple[str, int]]], title: str, budget: int | None = None):
     """Stacked bars: the tokens each request got in every engine step (`[(request id, tokens), ...]`)."""
     import matplotlib.pyplot as plt
@@ -153,5 +107,181 @@ def steps_chart(steps: list[list[tuple[str, int]]], title: str, budget: int | No
     ax.set_ylabel("tokens scheduled")
     ax.set_title(title)
     ax.legend(ncol=len(ids) + 1, fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+# ---------------------------------------------------------------- notebook 10: batching measured
+
+
+def work_and_latency(stats: dict, latencies: dict, request_labels: list[str]):
+    """Left: rows computed per engine (real vs padding); right: each request's latency per engine.
+
+    `stats`: engine name -> its `last_stats` (tokens_computed, padding_tokens);
+    `latencies`: engine name -> seconds from arrival to last token, one per request.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), gridspec_kw={"width_ratios": [1, 3]})
+    names, colors = list(stats), ["tab:blue", "tab:green"]
+    real = [st.tokens_computed - st.padding_tokens for st in stats.values()]
+    left.bar(names, real, color=colors, label="real tokens")
+    left.bar(names, [st.padding_tokens for st in stats.values()], bottom=real, color="tab:red", label="padding")
+    left.set_ylabel("rows pushed through the model")
+    left.set_title("work done")
+    left.legend()
+    x = np.arange(len(request_labels))
+    for offset, (name, lat), color in zip((-0.2, 0.2), latencies.items(), colors):
+        right.bar(x + offset, lat, 0.4, color=color, label=name)
+    right.set_xticks(x, request_labels, fontsize=8)
+    right.set_ylabel("seconds from arrival to last token")
+    right.set_title("latency per request (prompt + output tokens)")
+    right.legend()
+    plt.tight_layout()
+    plt.show()
+
+
+def step_time_and_throughput(step_ms: dict, model_name: str):
+    """Left: decode step time against the batch B (with B x the B = 1 step); right: throughput against TBT."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    batch, ms = np.array(list(step_ms)), np.array(list(step_ms.values()))
+    left.plot(batch, ms, "o-", color="tab:blue", label="measured decode step")
+    left.plot(batch, ms[0] * batch / batch[0], ":", color="gray", label=f"B x the step at B={batch[0]} (no sharing)")
+    left.set_xscale("log", base=2)
+    left.set_xticks(batch, [str(b) for b in batch])
+    left.set_ylim(0, max(ms) * 1.3)
+    left.set_xlabel("running sequences B")
+    left.set_ylabel("decode step time = TBT (ms)")
+    left.set_title(f"{model_name}, float32: one step for B sequences")
+    left.legend()
+    right.plot(ms, batch / ms * 1e3, "o-", color="tab:green")
+    for b, t in zip(batch, ms):
+        right.annotate(f"B={b}", (t, b / t * 1e3), textcoords="offset points", xytext=(6, -4), fontsize=9)
+    right.set_xlabel("TBT each user sees (ms)")
+    right.set_ylabel("throughput (output tokens/s)")
+    right.set_title("what a larger batch buys, and what it costs")
+    plt.tight_layout()
+    plt.show()
+
+
+def gaps_while_prefilling(runs: dict, long_tokens: int):
+    """Every gap one decoding request saw, per setting; shaded: the long prompt, arrival to first token.
+
+    `runs`: setting name -> {"arrivals": request id -> token times, "decoders", "long", "long_arrival", "cap"}.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for (name, run), color in zip(runs.items(), ("tab:red", "tab:blue")):
+        times = run["arrivals"][run["decoders"][0]]
+        ax.plot(
+            times[1:],
+            1e3 * np.diff(times),
+            "o-",
+            ms=3,
+            color=color,
+            label=f"prefill_beside_decodes={run['cap']} ({name})",
+        )
+        ax.axvspan(run["long_arrival"], run["arrivals"][run["long"]][0], color=color, alpha=0.12)
+    ax.set_ylim(0, None)
+    ax.set_xlabel("seconds since the decoders were submitted")
+    ax.set_ylabel("gap before this token (ms)")
+    ax.set_title(f"TBT of a decoding request while a {long_tokens}-token prompt is prefilled (shaded: the long prompt)")
+    ax.legend()
+    plt.tight_layout()
+    plt.show()
+
+
+# ---------------------------------------------------------------- notebook 09: the block pool
+
+OWNER_COLORS = ["white", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+
+
+def block_pool_over_time(owner: np.ndarray, legend: list[str], arrivals: dict, title: str):
+    """One row per engine step, one column per physical block, coloured by its owner (0 = free).
+
+    `owner [steps, num_blocks]`: 1 + the index of the owning request in `legend`;
+    `arrivals`: legend index -> the step before which that request arrives (dashed line).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    num_steps, num_blocks = owner.shape
+    colors = OWNER_COLORS[: len(legend) + 1]
+    fig, ax = plt.subplots(figsize=(11, 7))
+    ax.imshow(owner, cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(num_blocks))
+    ax.set_xticks(np.arange(-0.5, num_blocks), minor=True)
+    ax.set_yticks(np.arange(-0.5, num_steps), minor=True)
+    ax.grid(which="minor", color="lightgray", lw=0.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("physical block id")
+    ax.set_ylabel("engine step")
+    for k, at in arrivals.items():
+        ax.axhline(at - 0.5, color=colors[k + 1], lw=2, ls="--")
+        ax.text(num_blocks - 0.4, at - 0.6, f"{legend[k].split(':')[0]} arrives", ha="right", va="bottom", fontsize=9)
+    for k, text in enumerate(legend):
+        ax.plot([], [], "s", color=colors[k + 1], ms=10, label=text)
+    ax.plot([], [], "s", color="white", mec="gray", ms=10, label="free")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(title)
+    plt.tight_layout()
+    plt.show()
+
+
+def block_table_board(rows: list[tuple], num_blocks: int, block_size: int, title: str):
+    """Block-table rows (left) with an arrow from each entry to its physical block in the pool (right).
+
+    `rows`: (label, color index, block-table row, tokens cached) per running request; each pool
+    block is filled as far as it holds that request's tokens.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 6.5))
+    pool_x, pool_w = 8.0, 3.0
+    for b in range(num_blocks):
+        ax.add_patch(plt.Rectangle((pool_x, num_blocks - 1 - b), pool_w, 0.85, fill=False, ec="gray"))
+        ax.text(pool_x + pool_w + 0.1, num_blocks - 1 - b + 0.42, f"block {b}", va="center", fontsize=8)
+    for (label, k, table, cached), y in zip(rows, np.linspace(num_blocks - 2, 1, len(rows))):
+        color = OWNER_COLORS[k]
+        ax.text(-0.2, y + 0.42, label, ha="right", va="center", fontsize=9)
+        for i, b in enumerate(table):
+            ax.add_patch(plt.Rectangle((i, y), 0.9, 0.85, color=color, zorder=2))
+            ax.text(i + 0.45, y + 0.42, str(b), ha="center", va="center", color="white", fontsize=10, zorder=3)
+            held = max(0, min(block_size, cached - i * block_size))
+            ax.add_patch(plt.Rectangle((pool_x, num_blocks - 1 - b), pool_w * held / block_size, 0.85, color=color))
+            arrow = dict(arrowstyle="->", color=color, lw=1.2, connectionstyle="arc3,rad=-0.1")
+            ax.annotate("", xy=(pool_x, num_blocks - 1 - b + 0.42), xytext=(i + 0.45, y + 0.42), arrowprops=arrow)
+    ax.set_xlim(-3, pool_x + pool_w + 1.2)
+    ax.set_ylim(-0.5, num_blocks + 0.5)
+    ax.axis("off")
+    ax.set_title(title)
+    plt.tight_layout()
+    plt.show()
+
+
+def shared_rows(rows: list[list[int]], labels: list[str], block_size: int):
+    """Block-table rows side by side; a physical block that appears in more than one row is gold."""
+    import matplotlib.pyplot as plt
+
+    shared = set.intersection(*(set(r) for r in rows))
+    width = max(len(r) for r in rows)
+    fig, ax = plt.subplots(figsize=(1.0 * width + 3, 1.2 * len(rows)))
+    for y, row in enumerate(rows):
+        for x, b in enumerate(row):
+            color = "gold" if b in shared else OWNER_COLORS[y + 1]
+            ax.add_patch(plt.Rectangle((x, len(rows) - 1 - y), 0.95, 0.9, color=color))
+            ax.text(x + 0.47, len(rows) - 1 - y + 0.45, str(b), ha="center", va="center", fontsize=11)
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, len(rows))
+    ax.set_yticks([len(rows) - 1 - y + 0.45 for y in range(len(rows))], labels)
+    ax.set_xticks(np.arange(width) + 0.47, [f"logical\nblock {i}" for i in range(width)], fontsize=8)
+    ax.set_title(
+        f"block-table rows at admission: gold = the same physical block, shared ({len(shared) * block_size} tokens)"
+    )
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
     plt.tight_layout()
     plt.show()
