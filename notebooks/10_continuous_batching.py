@@ -146,8 +146,8 @@ print(f"from step 3 on: decode-only steps carry {decode_only} tokens; "
 #   admitted in the very next step; R4 arrives before step 6, finds no seat,
 #   and joins the step after R1 leaves. A request that joins brings its whole
 #   prompt into a step where the others decode: those steps are the large ones
-#   after step 3 (the last line lists them with their sizes); every other step
-#   is decode only, one token per running request.
+#   from step 3 on (the last line lists them with their sizes); every other
+#   step is decode only, one token per running request.
 #
 # The tracer's JSON (`stagewise.trace.export.to_json`) is what this table was
 # read from; each step also holds `batch`, what the forward pass received: all
