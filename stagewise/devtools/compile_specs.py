@@ -21,7 +21,7 @@ from stagewise.kernels.embedding import embedding_tiles
 from stagewise.kernels.flash_attention import flash_attention_plan
 from stagewise.kernels.kv_store import kv_store_tiles
 from stagewise.kernels.matmul import DECODE_MAX_M, gemm_plan
-from stagewise.kernels.paged_attention import paged_attention_plan
+from stagewise.kernels.paged_attention import int64_offsets, paged_attention_plan
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.rmsnorm import rmsnorm_plan
 from stagewise.kernels.rope import rope_tiles
@@ -298,7 +298,8 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
     paged.update(stride_o_head=(splits if partial else 1) * d, stride_o_split=d if partial else 0)
     paged.update(stride_ml_token=heads * splits if partial else 0, stride_ml_head=splits if partial else 0)
     paged.update(stride_bt_row=-(-phase.context // BLOCK_SIZE), stride_slot=kv_heads * d)
-    paged.update(stride_kv_head=d, BLOCK_SIZE=BLOCK_SIZE, NUM_SPLITS=splits, INT64_OFFSETS=False)
+    int64 = int64_offsets(plan.configs[0].kwargs["BLOCK_M"])  # as the launcher: no tensor nears 2^31
+    paged.update(stride_kv_head=d, BLOCK_SIZE=BLOCK_SIZE, NUM_SPLITS=splits, INT64_OFFSETS=int64)
     paged.update(**_precision(dtype))
     label = f"paged_attention split {splits}" if partial else "paged_attention"
     launches.append(Launch("paged_attention", label, "stagewise.kernels.paged_attention",

@@ -213,7 +213,7 @@ def paged_attention(
         NUM_SPLITS=num_splits,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,
-        INT64_OFFSETS=needs_int64_offsets(q, k_cache, v_cache, block_table, target),
+        INT64_OFFSETS=int64_offsets(blocks["BLOCK_M"], q, k_cache, v_cache, block_table, target),
         **blocks,
     )
     if num_splits > 1:
@@ -268,6 +268,16 @@ def _check_values(
         raise KernelInputError(
             f"{NAME}: max_seq_len {max_seq_len} is below the longest seq_lens {max(lens)}"
         )
+
+
+def int64_offsets(block_m: int, *tensors: torch.Tensor) -> bool:
+    """64-bit offsets: when a tensor reaches 2^31 elements, and for decode tiles (BLOCK_M 16).
+
+    A decode step is memory bound, so its integer math is free, and with 32-bit offsets ptxas
+    spills the decode tile (sm_80, bf16, head_dim 128: 96 registers and 8 B of spills; 64-bit:
+    128 registers, none). Prefill tiles compute: they take 32-bit offsets where those fit.
+    """
+    return block_m <= 16 or needs_int64_offsets(*tensors)
 
 
 # ---- tiles ----
