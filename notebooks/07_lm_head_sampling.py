@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -453,9 +453,18 @@ assert bool((real_kernel_allowed == real_reference_allowed).all())
 # Same allowed sets on the full vocabulary, found by counting and summing
 # over the row a fixed number of times instead of sorting it. (On a GPU this
 # is the point: a sort of `[B, vocab]` is a multi-pass, memory-hungry
-# operation; the kernel reads each row a fixed number of times from fast
-# memory with no scratch tensor. The interpreter cannot tell you anything
+# operation; the kernel streams each row from the GPU's main memory a fixed
+# number of times, with no scratch tensor. The interpreter cannot tell you anything
 # about speed; `stagewise bench stages` on a GPU does — see notebook 12.)
+#
+# ## In vLLM (v0.11.0)
+#
+# `GPUModelRunner.execute_model` in `vllm/v1/worker/gpu_model_runner.py`
+# keeps only the rows that need a token (`hidden_states[logits_indices]`) before
+# `LogitsProcessor` (`vllm/model_executor/layers/logits_processor.py`) applies the
+# LM head. `Sampler.forward` in `vllm/v1/sample/sampler.py` then applies penalties,
+# temperature and min_p (`MinPLogitsProcessor`, `vllm/v1/sample/logits_processor/builtin.py`)
+# and draws with `TopKTopPSampler` (`vllm/v1/sample/ops/topk_topp_sampler.py`).
 #
 # ## Takeaways
 #
@@ -519,3 +528,9 @@ def my_min_p(probs: torch.Tensor, min_p: float) -> torch.Tensor:
 
 # %%
 check("07.min_p", my_min_p)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/stages/test_sampling.py tests/kernels/test_sampling_kernel.py
+#     .venv/bin/python -m pytest -q tests/exercises -k 07

@@ -5,9 +5,9 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (stagewise)
 #     language: python
-#     name: python3
+#     name: stagewise
 # ---
 
 # %% [markdown]
@@ -370,6 +370,14 @@ for b in (1, 32):
 # "when the KV cache approaches the size of the weights, a larger batch no
 # longer raises throughput").
 #
+# ## In vLLM (v0.11.0)
+#
+# vLLM has no roofline calculator: it measures. `vllm bench latency`
+# (`vllm/benchmarks/latency.py`) times prefill and decode of a fixed batch, and
+# `vllm bench throughput` (`vllm/benchmarks/throughput.py`) a whole workload; the
+# knobs that move a step along the roofline are the scheduler's
+# `max_num_batched_tokens` and `max_num_seqs` (`SchedulerConfig`).
+#
 # ## Takeaways
 #
 # * Intensity = FLOPs / bytes. Ridge = peak / bandwidth (a few hundred FLOP/B
@@ -420,3 +428,9 @@ def my_decode_intensity(batch: int, flops_per_seq: float, weight_bytes: float, k
 
 # %%
 check("11.decode_intensity", my_decode_intensity)
+
+# %% [markdown]
+# The tests that cover this notebook's stage, and its exercises run on the solutions:
+#
+#     .venv/bin/python -m pytest -q tests/calc
+#     .venv/bin/python -m pytest -q tests/exercises -k 11
