@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.bench.english_text import SOURCE, TEXT
+from stagewise.bench.machine import machine_info
 from stagewise.bench.weight_formats import PROMPTS, agreement
 from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
@@ -94,7 +95,7 @@ def run_perplexity(s: PerplexitySettings, progress=None) -> dict:
     packed = load_model(s.model, device="cpu", quantization="auto")
     ids = floats.tokenizer.encode(TEXT)[: s.text_tokens]
     prompts = PROMPTS[: s.prompts]
-    result: dict = {"model": s.model, "text": SOURCE, "text_tokens": len(ids), "tiers": {}}
+    result: dict = {"model": s.model, "machine": machine_info(), "text": SOURCE, "text_tokens": len(ids), "tiers": {}}
     result["kinds_packed"] = sorted({t.kind for t in packed.weights.packed()})
     for backend in s.backends:
         say(f"{backend}: perplexity of {len(ids)} tokens, float32 then packed")
