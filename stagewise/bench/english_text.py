@@ -1,12 +1,15 @@
 """A fixed English text for perplexity: chapter 1 of *Pride and Prejudice* (Jane Austen, 1813).
 
-Public domain (published 1813; the author died in 1817). The wording follows Project Gutenberg's
-eBook #1342 (https://www.gutenberg.org/ebooks/1342), with straight quotes and the paragraphs
-joined by blank lines. About 850 words, ~1,100 tokens with SmolLM2's tokenizer: long enough that
+Public domain (published 1813; the author died in 1817). The passage was written out for this file,
+not copied from a checked edition: small points of wording or punctuation may differ from
+Project Gutenberg's eBook #1342 (https://www.gutenberg.org/ebooks/1342). That does not matter for
+what it is used for (one fixed English prose text, the same for every model compared); do not
+quote it as Austen's exact text. Straight quotes, paragraphs joined by blank lines.
+About 850 words, ~1,100 tokens with SmolLM2's tokenizer: long enough that
 a perplexity is an average over many predictions, short enough for one prefill on a CPU.
 """
 
-SOURCE = "Jane Austen, Pride and Prejudice (1813), chapter 1; public domain; Project Gutenberg eBook #1342"
+SOURCE = "after Jane Austen, Pride and Prejudice (1813), chapter 1; public domain; not collated with an edition"
 
 TEXT = """\
 It is a truth universally acknowledged, that a single man in possession of a good fortune, must be \
