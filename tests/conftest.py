@@ -49,3 +49,34 @@ def hf_smollm():
     path = smollm2_gguf_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     return model.eval()
+
+
+# The suite's longest tests, started first. pytest-xdist's worksteal hands each worker one contiguous
+# share of the collection and lets an idle worker steal from the end of another's queue: a long test
+# collected last (the notebooks are) would run alone at the end while the other worker idles. With the
+# long ones first, what is left at the end is short. Substrings of test ids, longest first (measured
+# with `--durations`); a test that matches none keeps its place.
+RUN_FIRST = [
+    "test_notebook_executes_and_draws[08_",
+    "test_notebook_executes_and_draws[15_",
+    "test_notebook_executes_and_draws[12b_",
+    "test_draws_follow_processed_probs",
+    "test_ci_subset_passes_the_gate",
+    "test_cli_tree_on_real_model",
+    "test_notebook_executes_and_draws[14_",
+    "test_notebook_executes_and_draws[10_",
+    "test_notebook_executes_and_draws[13_",
+    "test_notebook_executes_and_draws",
+    "test_real_model",
+    "test_cli_405b_meta_trace_shapes",
+    "test_smollm2_tp3_greedy_tokens_equal_tp1_in_every_mode",
+    "test_allowed_set_matches_naive_over_a_grid",
+    "test_gate_catches_the_old_paged_attention_tile",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, key in enumerate(RUN_FIRST) if key in item.nodeid), len(RUN_FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their collection order
