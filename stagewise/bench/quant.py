@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from stagewise.bench.machine import machine_info
+from stagewise.bench.weight_formats import agreement
 from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
 from stagewise.models.registry import load_model
@@ -63,16 +64,6 @@ def rss_anon() -> int:
     except OSError:
         pass
     return 0
-
-
-def agreement(a: list[int], b: list[int]) -> int:
-    """Tokens equal before the first difference."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def gguf_path(model: str) -> Path:
