@@ -273,8 +273,9 @@ print(f"recompute / kv cache: {kv_gain:.1f}x the time for the same {num_new} tok
 # %% [markdown]
 # Same tokens. A ratio above 1 means the cache won; with only a few tokens
 # (quick mode) and a busy machine it can sit near 1, since the prompt's
-# prefill, the same for both, is most of the work. The gap grows with the length of the sequence (the recompute engine's cost per
-# token grows with n, the cached engines' stays nearly flat). Notebooks 08-10
+# prefill, the same for both, is most of the work. The gap grows with the
+# length of the sequence (the recompute engine's cost per token grows with n,
+# the cached engines' stays nearly flat). Notebooks 08-10
 # take the engine apart (KV cache, paged KV cache, continuous batching); 11
 # puts prefill and decode on the roofline, 12 opens the Triton kernels.
 #

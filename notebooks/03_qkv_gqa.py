@@ -221,7 +221,10 @@ for name in ["smollm2-135m", "llama-3-8b", "llama-3-70b", "llama-3-405b"]:
         f"({mha_b / gqa_b:.0f}x less); 1M tokens: MHA {mha_b * 1e6 / 1e9:6.0f} GB, GQA {gqa_b * 1e6 / 1e9:4.0f} GB"
     )
 mha_405 = rows[-1][3]
-print(f"Llama 3 405B, MHA: {mha_405:,} bytes per token = {mha_405 / 1e3:.1f} kB (1000 B) = {mha_405 / 1024:.0f} KiB (1024 B)")
+print(
+    f"Llama 3 405B, MHA: {mha_405:,} bytes per token = {mha_405 / 1e3:.1f} kB (1000 B) "
+    f"= {mha_405 / 1024:.0f} KiB (1024 B)"
+)
 
 # %% [markdown]
 # The last line is the seeds' chapter-6 number: they write it as 8064 KB,
