@@ -27,6 +27,7 @@
 # | the FFN | `ffn` | 06 |
 # | the paged KV cache: where each token's K/V live | `slot_mapping` | 09 |
 # | the block allocator | `allocate`, `free` | 09 |
+# | the prefix cache's lookup | `cached_prefix` | 09 |
 # | the scheduler's step: budget, seats, chunks, preemption | `schedule` | 10 |
 # | greedy sampling | `greedy` | 00 |
 #
@@ -39,8 +40,9 @@
 #
 # Path: your parts, each checked again -> the engine assembled -> run on three
 # requests with a small token budget and a small pool of blocks (so chunks and
-# preemptions happen) -> the same tokens as `LLM()` -> the picture of its
-# steps.
+# preemptions happen) -> the same tokens as `LLM()` -> two requests sharing a
+# prompt prefix, the second reusing the first's blocks through your lookup ->
+# the picture of the steps.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): 3 new tokens per request
 # instead of 8.
@@ -50,7 +52,8 @@ import os
 import time
 from pathlib import Path
 
-import torch
+os.environ.setdefault("STAGEWISE_QUIET", "1")  # no Triton kernel runs here: no notice about its CPU interpreter
+import torch  # noqa: E402
 
 from stagewise import LLM, SamplingParams
 from stagewise.exercises import result
@@ -91,7 +94,8 @@ assert all(v.passed for v in verdicts.values()), "fix the failing parts first"
 #
 # 1. **schedule**: your `schedule(running, waiting, budget, max_num_seqs,
 #    allocate, free)`, with `allocate` and `free` your block allocator over
-#    the pool's free queue;
+#    the pool's free queue; a request's first `allocate` starts from the
+#    blocks your `cached_prefix` finds (section 4);
 # 2. **batch**: the scheduled tokens of every request, flattened by your
 #    `cu_seqlens` and `positions`;
 # 3. **forward**: the model's 30 blocks on your stage functions; in every
@@ -124,11 +128,11 @@ print("stage calls answered by your functions:", engine.ops.calls)
 # ## 3. Check: the same tokens as `LLM()`
 #
 # The package's engine (`mode="paged"`: its scheduler, block manager, paged
-# attention and sampler, the default tier) on the same prompts, greedy, no
-# stop token:
+# attention and sampler; `backend="naive"`, the reference tier of every
+# stage) on the same prompts, greedy, no stop token:
 
 # %%
-llm = LLM(loaded, mode="paged")
+llm = LLM(loaded, mode="paged", backend="naive")
 params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
 reference = [out.token_ids for out in llm.generate(prompts, params)]
 for prompt, mine, ref in zip(prompts, yours, reference):
@@ -137,7 +141,46 @@ assert yours == reference, f"your engine: {yours}\nLLM():       {reference}"
 print("your engine generates LLM()'s greedy tokens")
 
 # %% [markdown]
-# ## 4. The picture: what your scheduler did
+# ## 4. A shared prompt prefix: your lookup
+#
+# After each step the engine names every full block of a request's computed
+# tokens by its chained hash (`hash((parent, block's tokens))`, the hash 09's
+# check uses) in a dict `cached: hash -> block id`. A freed block keeps its
+# name until your `allocate` hands it to someone else. When a request is
+# admitted, the engine asks your `cached_prefix(token_ids, block_size, cached)`
+# for the longest cached prefix, takes a shared reference on those blocks and
+# counts their tokens as computed: the step computes only the rest. (Your
+# `schedule` does not know about the cache: it charged the whole prompt to
+# the token budget. vLLM's scheduler asks for the hits first, and charges
+# only the rest.)
+#
+# Two requests with the same opening sentence and one seat: the second starts
+# after the first has finished and freed its blocks, which are still cached.
+
+# %%
+opening = "The capital of France is Paris. The capital of Spain is Madrid. The capital of"
+shared = [opening + " Italy is", opening + " Germany is"]
+shared_ids = [tok.encode(p) for p in shared]
+common = next(i for i, (a, b) in enumerate(zip(*shared_ids)) if a != b)  # tokens the two prompts share
+engine2 = StudentEngine(loaded, StudentParts.of(solved), num_blocks=32, block_size=4, budget=64, seats=1)
+yours2 = engine2.generate(shared_ids, new_tokens)
+first_steps = {rid: n for rid, n in reversed([x for step in engine2.steps for x in step])}  # each one's first step
+for rid, ids in zip(["r0", "r1"], shared_ids):
+    print(f"{rid}: prompt of {len(ids)} tokens, {engine2.reused[rid]} found in the cache, "
+          f"{first_steps[rid]} computed in its first step")  # fmt: skip
+print(f"the prompts share {common} tokens: {common // 4} full blocks of 4")
+reference2 = [out.token_ids for out in llm.generate(shared, params)]
+assert engine2.reused["r1"] == common // 4 * 4 > 0 and yours2 == reference2
+print("the second request reused the first's blocks, and both generate LLM()'s greedy tokens")
+
+# %% [markdown]
+# A block is found only when every block before it is too (the hash is
+# chained: it names the whole prefix, not one block's tokens), and never the
+# block holding the prompt's last token, whose logits the request still needs.
+# The tokens match `LLM()`'s because a cached block holds exactly the K/V the
+# second request would have computed: same tokens, same positions.
+#
+# ## 5. The picture: what your scheduler did
 #
 # One bar per engine step, one colour per request: the tokens your scheduler
 # gave it. Prompts are cut into chunks where the budget runs out; a request
@@ -158,7 +201,9 @@ steps_chart(engine.steps, f"your engine: {len(prompts)} requests, {engine.preemp
 #   `Scheduler.update_from_output` (your `schedule` and the bookkeeping after
 #   the forward pass).
 # * `vllm/v1/core/kv_cache_manager.py`, `KVCacheManager.allocate_slots` and
-#   `vllm/v1/core/block_pool.py`, `BlockPool` (your `allocate` and `free`).
+#   `vllm/v1/core/block_pool.py`, `BlockPool` (your `allocate` and `free`);
+#   `KVCacheManager.get_computed_blocks`, called by the scheduler before it
+#   admits a waiting request, is your `cached_prefix`.
 # * `vllm/v1/worker/gpu_model_runner.py`, `GPUModelRunner.execute_model`:
 #   builds the flat batch (positions, `query_start_loc` = your `cu_seqlens`,
 #   the slot mapping through `vllm/v1/worker/block_table.py`) and calls the

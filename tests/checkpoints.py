@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from stagewise.config import PRESETS
+from stagewise.config import PRESETS, ModelConfig
 from stagewise.models.tokenizer_files import tokenizer_to_hf_dir
 from stagewise.tokenizer import Tokenizer
 from tests.kquant_blocks import BYTES as K_QUANT_BYTES
@@ -24,9 +24,15 @@ CFG = PRESETS["tiny"]
 
 
 def hf_tiny_model(
-    seed: int = 0, tie: bool = True, rope_scaling: dict | None = None, vocab_size: int = CFG.vocab_size
+    seed: int = 0,
+    tie: bool = True,
+    rope_scaling: dict | None = None,
+    vocab_size: int = CFG.vocab_size,
+    cfg: ModelConfig = CFG,
 ) -> LlamaForCausalLM:
-    """`rope_scaling`: config.json's dict ({"rope_type": "llama3", ...}), None for plain RoPE."""
+    """`rope_scaling`: config.json's dict ({"rope_type": "llama3", ...}), None for plain RoPE;
+    `cfg`: other sizes than the tiny preset's (e.g. hidden 256, a whole K-quant block per row)."""
+    CFG = cfg  # noqa: N806 (the preset's name, read below)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -100,12 +106,14 @@ def write_gguf(
     rope_freqs: np.ndarray | None = None,
     extra=None,
     projection_type: "gguf.GGMLQuantizationType | Callable | None" = None,
+    cfg: ModelConfig = CFG,
 ) -> Path:
     """`write_tokenizer(writer)` adds the tokenizer.ggml.* keys; `rope_freqs` is llama.cpp's llama3 tensor;
     `extra(writer)` adds more keys or tensors (files a Llama loader must refuse); `projection_type`
     (e.g. Q4_1) stores the seven projections of every layer quantized, as SmolLM2's file does; a
     function of the GGUF tensor name -> type (or None: float32) picks per tensor (e.g. Q4_K only
-    where the row is a multiple of 256)."""
+    where the row is a multiple of 256); `cfg`: the sizes `model` was built with (`hf_tiny_model`)."""
+    CFG = cfg  # noqa: N806 (the preset's name, read below)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(CFG.num_layers)

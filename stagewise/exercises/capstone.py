@@ -11,7 +11,9 @@ check states). `StudentEngine` runs the package's Llama forward pass (`LlamaMode
                    read back through it; a whole prompt through the student's causal attention
                    (05), a chunk or a decode token through the student's online-softmax tile step
                    (05), GQA through the student's repeat_kv (03)
-    memory         the student's allocate and free (09) over a free queue of blocks
+    memory         the student's allocate and free (09) over a free queue of blocks, and the
+                   student's prefix lookup (09): a request's first allocation starts from the
+                   cached blocks of its longest cached prefix, shared, not recomputed
     scheduling     the student's schedule() step (10): token budget, seats, chunked prefill,
                    preemption by recompute
     batching       the student's cu_seqlens and positions (00) for the flat token batch
@@ -48,6 +50,7 @@ PARTS = {  # field of StudentParts -> the exercise whose answer it is
     "slot_mapping": "09.slot_mapping",
     "allocate": "09.allocate",
     "free": "09.free",
+    "cached_prefix": "09.cached_prefix",
     "schedule": "10.schedule_step",
 }
 
@@ -69,6 +72,7 @@ class StudentParts:
     slot_mapping: object
     allocate: object
     free: object
+    cached_prefix: object
     schedule: object
 
     @classmethod
@@ -177,13 +181,42 @@ class StudentEngine:
         self.v_pool = torch.zeros(shape, dtype=loaded.dtype)
         self.free_queue, self.ref_counts = deque(range(num_blocks)), [0] * num_blocks
         self.rows: dict[str, list[int]] = {}  # request id -> its block-table row
+        self.cached: dict[int, int] = {}  # chained hash of a full block's prefix -> the block holding it
+        self.block_hash: list[int | None] = [None] * num_blocks  # block -> the hash it is cached under
+        self.reused: dict[str, int] = {}  # request id -> prompt tokens found in the cache at admission
         self.steps: list[list[tuple[str, int]]] = []  # what each step scheduled
         self.preemptions = 0  # requests the student's scheduler sent back to waiting
 
     def allocate(self, seq: Seq, n: int) -> bool:
+        """Room for n more tokens of seq; a request's first allocation starts from its cached prefix.
+
+        The scheduler asked for n tokens not knowing the cache; the tokens found there are not
+        computed again, so this step computes min(n, tokens left) of them (`_forward`).
+        """
         row = self.rows.setdefault(seq.request_id, [])
+        first = not row and seq.num_computed_tokens == 0  # admitted now, not a running request growing
+        if first:
+            for block in self.parts.cached_prefix(list(seq.token_ids), self.block_size, dict(self.cached)):
+                if self.ref_counts[block] == 0:  # cached but free: take it back from the free queue
+                    self.free_queue.remove(block)
+                self.ref_counts[block] += 1  # shared: the request that wrote it may still hold it
+                row.append(block)
+            seq.num_computed_tokens = len(row) * self.block_size  # their K/V are in the pool already
+            n = min(n, seq.num_tokens - seq.num_computed_tokens)  # >= 1: a hit never covers the last token
+        owned = len(row)
         got = self.parts.allocate(self.free_queue, self.ref_counts, row, seq.num_computed_tokens + n, self.block_size)
-        return got is not False
+        if got is False:
+            if first:  # no room: give the hits back, the request waits as it was
+                self.free(seq)
+                seq.num_computed_tokens = 0
+            return False
+        if first:
+            self.reused[seq.request_id] = seq.num_computed_tokens
+        for block in row[owned:]:  # a reused free block forgets the prefix it held
+            if self.block_hash[block] is not None and self.cached.get(self.block_hash[block]) == block:
+                del self.cached[self.block_hash[block]]
+            self.block_hash[block] = None
+        return True
 
     def free(self, seq: Seq) -> None:
         self.parts.free(self.free_queue, self.ref_counts, self.rows.pop(seq.request_id, []))
@@ -199,15 +232,24 @@ class StudentEngine:
             before = {s.request_id for s in running}
             step = self.parts.schedule(running, waiting, self.budget, self.seats, self.allocate, self.free)
             self.preemptions += len(before - {s.request_id for s in running})  # sent back to waiting
-            self.steps.append([tuple(s) for s in step])
             by_id = {s.request_id: s for s in seqs}
-            batch_seqs, counts = [by_id[rid] for rid, _ in step], [n for _, n in step]
+            batch_seqs = [by_id[rid] for rid, _ in step]
+            counts = [min(n, s.num_tokens - s.num_computed_tokens) for s, (_, n) in zip(batch_seqs, step)]
+            self.steps.append([(s.request_id, n) for s, n in zip(batch_seqs, counts)])  # cached tokens left out
             self._forward(batch_seqs, counts)
             for seq in batch_seqs:
                 if seq.num_computed_tokens == seq.num_tokens and len(seq.generated) == seq.max_tokens:
                     running.remove(seq)
                     self.free(seq)
         return [s.generated for s in seqs]
+
+    def _register(self, seq: Seq) -> None:
+        """Name every full block of seq's computed tokens by its chained hash, as 09's lookup reads it."""
+        parent, row = None, self.rows[seq.request_id]
+        for i in range(seq.num_computed_tokens // self.block_size):
+            parent = hash((parent, tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])))
+            if parent not in self.cached and self.block_hash[row[i]] is None:  # the first copy is the one
+                self.cached[parent], self.block_hash[row[i]] = row[i], parent
 
     def _forward(self, seqs: list[Seq], counts: list[int]) -> None:
         p = self.parts
@@ -226,6 +268,7 @@ class StudentEngine:
         next_ids = p.greedy(logits)
         for b, (seq, n) in enumerate(zip(seqs, counts)):
             seq.num_computed_tokens += n
+            self._register(seq)
             if seq.num_computed_tokens == seq.num_tokens:  # the step reached its last token: sample
                 token = int(next_ids[b])
                 seq.generated.append(token)

@@ -8,7 +8,9 @@ target dtype before reading the next one:
 
 - GGUF stores a weight as [out, in] rows, like `torch.nn.Linear`; we view it
   as [in, out] (a transpose, no copy) and concatenate Q|K|V and gate|up; the
-  memory layout per device is chosen in `weights.py`.
+  memory layout per device is chosen in `weights.py`. Packed parts of different kinds
+  (a Q4_K_M file's Q4_K W_q, W_k beside a Q6_K W_v) stay packed side by side
+  (`stages/packed_parts.py`).
 - llama.cpp's converter permutes the rows of W_q and W_k so that its RoPE can
   rotate interleaved pairs (2i, 2i+1). We undo that permutation here, head by
   head, and keep Hugging Face's rotate-half RoPE (pairs (i, i + d/2)).
@@ -33,6 +35,7 @@ from stagewise.models.quantized import (
 )
 from stagewise.models.weights import LayerWeights, LlamaWeights
 from stagewise.stages.dequantize import dequantize_rows
+from stagewise.stages.packed_parts import PackedParts
 from stagewise.stages.packed_weight import PackedWeight, cat_out_features, is_packed
 
 
@@ -181,7 +184,7 @@ def load_gguf(
     tensors = {t.name: t for t in reader.tensors}
     used = {"rope_freqs.weight"}  # read by rope_scaling_from_gguf
     dequantized_types: set[str] = set()
-    mixed: set[str] = set()  # fused weights whose parts are of different kinds (dequantized)
+    mixed: set[str] = set()  # fused weights with packed and float parts (dequantized)
 
     def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
         used.add(name)
@@ -237,11 +240,13 @@ def load_gguf(
 
     def fused(parts: list) -> "torch.Tensor | PackedWeight":
         """[out_i, in] rows (or packed [in, out_i]) -> one [in, sum out_i] weight (a view)."""
-        if all(is_packed(p) for p in parts) and len({p.kind for p in parts}) == 1:
-            return cat_out_features(parts)  # W_q | W_k | W_v stay packed as one weight
-        if any(is_packed(p) for p in parts):  # e.g. Q4_K_M's q4_k W_q, W_k beside a q6_k W_v
+        if all(is_packed(p) for p in parts):
+            if len({p.kind for p in parts}) == 1:
+                return cat_out_features(parts)  # W_q | W_k | W_v stay packed as one weight
+            return PackedParts(parts)  # e.g. Q4_K_M's q4_k W_q | W_k beside a q6_k W_v
+        if any(is_packed(p) for p in parts):  # packed beside float parts (e.g. an F16 W_v)
             mixed.add(" + ".join(p.kind if is_packed(p) else "float" for p in parts))
-        rows = [dequantize_rows(p).to(dtype) if is_packed(p) else p for p in parts]  # mixed kinds
+        rows = [dequantize_rows(p).to(dtype) if is_packed(p) else p for p in parts]
         return torch.cat(rows).t()  # [sum out_i, in] -> [in, sum out_i] view
 
     def single(w) -> "torch.Tensor | PackedWeight":
@@ -278,8 +283,8 @@ def load_gguf(
     notice_dequantized(dequantized_types, path, quantization)
     if mixed:
         print(
-            f"stagewise: {path}: fused projections of mixed kinds ({'; '.join(sorted(mixed))}) "
-            "are dequantized at load",
+            f"stagewise: {path}: fused projections of packed and float parts "
+            f"({'; '.join(sorted(mixed))}) are dequantized at load",
             file=sys.stderr,
         )
     final_norm = get("output_norm.weight", (hidden,))

@@ -158,9 +158,10 @@ def prepare_for(weights, tiers: dict[str, str]) -> None:
     """Build the torch tier's forms of every packed weight at load (not on the first token), when
     the projections run that tier on the CPU (`tiers`: stage -> tier, `StageOps.backends`)."""
     from stagewise.stages import dequant_gemm_torch
+    from stagewise.stages.packed_parts import packed_leaves
 
     if tiers.get("qkv_proj") != "torch" and tiers.get("lm_head") != "torch":
         return
-    for w in weights.packed():
-        if w.device.type == "cpu":
+    for w in (leaf for packed in weights.packed() for leaf in packed_leaves(packed)):
+        if w.device.type == "cpu":  # a PackedParts: each part its own form
             dequant_gemm_torch.prepare(w)

@@ -22,6 +22,12 @@ torch (`stages/dequant_gemm_torch.py`): PyTorch's stock CPU kernels that read
 the codes directly; triton (`kernels/dequant_matmul.py`): one kernel that
 loads codes and scales, expands a tile in registers and multiplies it, so only
 the packed bytes leave memory.
+
+A fused weight whose parts have different formats (a Q4_K_M file's Q4_K W_q, W_k beside a Q6_K
+W_v) arrives as a `PackedParts` (`stages/packed_parts.py`): every tier multiplies part by part
+along the output axis, `x @ [W_1 | W_2] = [x @ W_1 | x @ W_2]`. The naive tier dequantizes
+every part and multiplies once by the whole float32 matrix, so its numbers are the float32
+model's bit for bit.
 """
 
 import torch
@@ -35,22 +41,46 @@ from stagewise.stages.dequantize import (  # noqa: F401  (the textbook formula, 
     gather_rows,
     unpack_codes,
 )
+from stagewise.stages.packed_parts import PackedParts
 from stagewise.stages.packed_weight import PackedWeight
+
+
+def dequantize_fused(w: PackedWeight) -> torch.Tensor:
+    """The [K, N] float32 matrix of w; a PackedParts' parts side by side (an out-major copy)."""
+    if not isinstance(w, PackedParts):
+        return dequantize(w)
+    return torch.cat([dequantize_rows(p) for p in w.parts]).t()  # [sum N_i, K] -> [K, N] view
 
 
 def naive(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """x [M, K], w packed [K, N] -> [M, N] in x's dtype: dequantize, then the plain product."""
-    return x @ dequantize(w).to(x.dtype)  # [M, K] @ [K, N] -> [M, N]
+    return x @ dequantize_fused(w).to(x.dtype)  # [M, K] @ [K, N] -> [M, N]
 
 
-def optimized(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """x [M, K], w packed [K, N] -> [M, N] through the fused Triton dequantize-GEMM."""
+def by_parts(gemm, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """gemm(x, w) for one PackedWeight; for a PackedParts [x @ W_1 | x @ W_2 | ...] [M, sum N_i]."""
+    if not isinstance(w, PackedParts):
+        return gemm(x, w)
+    return torch.cat([gemm(x, p) for p in w.parts], dim=1)  # [M, N_1] | [M, N_2] -> [M, N]
+
+
+def _triton(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.dequant_matmul import dequant_matmul
 
     return dequant_matmul(
         x, w.codes, w.scales, w.mins, bits=w.bits, offset=w.offset, group_size=w.group_size
     )
+
+
+def optimized(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """x [M, K], w packed [K, N] -> [M, N] through the fused Triton dequantize-GEMM."""
+    return by_parts(_triton, x, w)
+
+
+def torch_tier(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """x [M, K], w packed [K, N] -> [M, N] by PyTorch's stock CPU kernels, part by part."""
+    return by_parts(dequant_gemm_torch.gemm, x, w)
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -70,7 +100,7 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: codes and scales expanded in registers, tiled dot (split-K decode)",
-    torch=dequant_gemm_torch.gemm,
+    torch=torch_tier,
     torch_kind="torch: int4pack / bfloat16 stock CPU kernels, bfloat16 activations",
     example_inputs=example_inputs,
     outputs=("out",),

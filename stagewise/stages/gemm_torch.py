@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 import torch
 
 from stagewise.runtime import load_phase
-from stagewise.stages import cpu_load, dequant_gemm_torch, gemm_torch_cache
+from stagewise.stages import cpu_load, dequant_gemm, gemm_torch_cache
 from stagewise.stages.packed_weight import is_packed
 
 SMALL_M = 64  # above this many rows every form is compute-bound and `x @ w` is at least as fast
@@ -158,8 +158,8 @@ FORM_FNS = {"plain": gemm_plain, "transposed": gemm_transposed, "blocked": gemm_
 
 def gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [K, N] -> [M, N], contiguous (a packed w: the stock quantized kernels)."""
-    if is_packed(w):
-        return dequant_gemm_torch.gemm(x, w)
+    if is_packed(w):  # the dequantize-GEMM's torch tier (part by part for mixed kinds)
+        return dequant_gemm.torch_tier(x, w)
     m = x.shape[0]
     if x.device.type != "cpu" or m == 0 or m > SMALL_M or not is_out_major(w):
         return x @ w  # [M, K] @ [K, N] -> [M, N]

@@ -29,6 +29,7 @@ import torch
 
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.packed_parts import PackedParts
 from stagewise.stages.packed_weight import PackedWeight
 from stagewise.trace.hooks import pop_tracer, push_tracer
 
@@ -219,8 +220,11 @@ def _packed_records(name: str, w: PackedWeight) -> list[TensorRecord]:
     """A packed weight as its stored parts, each named for the matrix axis it cuts.
 
     w_qkv (q4_1, [K=576, N=960]) -> w_qkv.codes [N=960, K/2=288] uint8 (two 4-bit codes a byte),
-    w_qkv.scales [N=960, K/32=18] float16, w_qkv.mins [N=960, K/32=18] float16.
+    w_qkv.scales [N=960, K/32=18] float16, w_qkv.mins [N=960, K/32=18] float16. Parts of mixed
+    kinds (`PackedParts`, q4_k+q6_k) are listed part by part: w_qkv[0].codes, ..., w_qkv[1].codes.
     """
+    if isinstance(w, PackedParts):
+        return [r for i, p in enumerate(w.parts) for r in _packed_records(f"{name}[{i}]", p)]
     k, n = w.shape
     what = f"{w.kind} [K={k}, N={n}]"
     out = []
