@@ -48,9 +48,9 @@ import os
 import pathlib
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 import stagewise
+from stagewise import viz_stages
 from stagewise.bench.timing import compare
 from stagewise.models.chat_template import apply_chat_template
 from stagewise.models.files import smollm2_gguf_path
@@ -340,24 +340,8 @@ for label, text in [("chat prompt", prompt), ("docstring corpus", corpus)]:
 # see `IncrementalDecoder` in `stagewise/tokenizer/decode.py`.)
 
 # %%
-fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5))
-merges = [(best, rank) for _, best, rank in merge_steps(" tokenization") if best is not None]
-labels = [f"{a} + {b}" for (a, b), _ in merges]
-left.barh(range(len(merges)), [rank + 1 for _, rank in merges], color="tab:purple")
-left.set_yticks(range(len(merges)), labels, fontsize=8)
-left.invert_yaxis()
-left.set_xscale("log")
-left.set_xlabel("merge rank + 1 (log scale; lower = learned earlier)")
-left.set_title("merges of ' tokenization', in firing order")
-
-per_piece = [len(tok.encode(p, backend="fast")) for p in pre_tokenize(corpus, tok.pre)]
-bins = np.arange(1, max(per_piece) + 2) - 0.5
-middle.hist(per_piece, bins=bins, color="tab:blue", edgecolor="white")
-middle.set_yscale("log")
-middle.set_xlabel("tokens per pre-tokenized piece")
-middle.set_ylabel("pieces (log scale)")
-middle.set_title(f"{len(per_piece):,} pieces of the docstring corpus")
-
+merges = [(best, rank) for _, best, rank in merge_steps(" tokenization") if best is not None]  # ((a, b), rank)
+per_piece = [len(tok.encode(p, backend="fast")) for p in pre_tokenize(corpus, tok.pre)]  # tokens per piece
 samples = {
     "English prose": "The capital of France is Paris. It is known for its museums, its cafes and the river Seine.",
     "Python code": (root / "stages" / "ffn.py").read_text(encoding="utf-8").split('"""')[2],
@@ -365,12 +349,7 @@ samples = {
     "Chinese": "大模型是如何高效推理的：分词、嵌入、注意力、前馈网络、采样。",
 }
 ratios = {name: len(text) / len(tok.encode(text, backend="fast")) for name, text in samples.items()}
-right.bar(list(ratios), list(ratios.values()), color=["tab:green", "tab:orange", "tab:gray", "tab:red"])
-for i, r in enumerate(ratios.values()):
-    right.text(i, r, f"{r:.2f}", ha="center", va="bottom")
-right.set_ylabel("characters per token")
-right.set_title("what one token buys, by kind of text")
-plt.tight_layout()
+viz_stages.tokenizer_pictures(merges, per_piece, ratios)
 plt.show()
 
 # %% [markdown]

@@ -36,9 +36,9 @@
 import os
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
+from stagewise import viz_stages
 from stagewise.bench.timing import compare
 from stagewise.errors import StagewiseError
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
@@ -321,24 +321,7 @@ peak = int(sink_ratio.argmax())
 print(f"token 0's residual RMS peaks at x{float(sink_ratio[peak]):,.0f} the other tokens' median (norm call {peak}, "
       f"layer {peak // 2})")
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
-calls = np.arange(len(recorder.calls)) / 2  # two norms per layer: call i sits at layer i / 2
-left.semilogy(calls, before.median(dim=1).values, label="residual stream, median token", color="tab:blue")
-left.semilogy(calls, before[:, 0], label="residual stream, token 0", color="tab:blue", linestyle="--")
-left.semilogy(calls, after.median(dim=1).values, label="rmsnorm output, median token", color="tab:orange")
-left.semilogy(calls, after[:, 0], label="rmsnorm output, token 0", color="tab:orange", linestyle="--")
-left.set_xlabel("layer (two norms per layer; 30 = the final norm)")
-left.set_ylabel("RMS over the hidden axis (log)")
-left.set_title("before vs after RMSNorm, SmolLM2, one prompt")
-left.legend(fontsize=8)
-left.grid(alpha=0.3)
-
-im = right.imshow(before.T.log10(), aspect="auto", cmap="viridis", extent=(-0.25, 30.25, T - 0.5, -0.5))
-right.set_yticks(range(T), [tok.decode([i]) for i in ids.tolist()], fontsize=7)
-right.set_xlabel("layer")
-right.set_title("log10 RMS of the residual stream, per token")
-fig.colorbar(im, ax=right)
-plt.tight_layout()
+viz_stages.rms_before_after(before, after, [tok.decode([i]) for i in ids.tolist()])
 plt.show()
 
 # %% [markdown]

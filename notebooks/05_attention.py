@@ -516,18 +516,21 @@ check("05.causal_attention", my_causal_attention)
 
 # %% [markdown]
 # **2. One step of the online softmax.** The check owns the loop: it starts
-# from `m = -inf`, `l = 0`, `acc = 0` and hands your function one tile of keys
-# at a time. `my_online_step(m [R], l [R], acc [R, d], scores [R, n],
-# values [n, d])` returns the state after folding that tile in: the new
-# running max `m`, `l = alpha * l + sum exp(s - m_new)` and
+# from `m = -inf`, `l_sum = 0`, `acc = 0` and hands your function one tile of
+# keys at a time (`l_sum` is the running sum `l` above: a lone `l` reads too
+# much like `1` in code). `my_online_step(m [R], l_sum [R], acc [R, d],
+# scores [R, n], values [n, d])` returns the state after folding that tile in:
+# the new running max `m`, `l_sum = alpha * l_sum + sum exp(s - m_new)` and
 # `acc = alpha * acc + exp(s - m_new) @ values`, with `alpha = exp(m - m_new)`
 # (careful with the very first tile, where `m` is `-inf`; scores may hold
 # `-inf` for masked keys). After every tile the state must equal the softmax
-# statistics of the keys seen so far; at the end `acc / l` is the output.
+# statistics of the keys seen so far; at the end `acc / l_sum` is the output.
 
 
 # %%
-def my_online_step(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor):
+def my_online_step(
+    m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
+):
     raise NotImplementedError
 
 

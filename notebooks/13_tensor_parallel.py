@@ -271,9 +271,9 @@ print(f"one decode all-reduce: {message / 1024:.0f} KiB, {message / link.bandwid
 # The weights per device do not fit an 80 GB H100 (vLLM serves 405B on 8
 # H100s in fp8, or on 16) and fit a 141 GB H200 with room left for the KV
 # cache. Each decode all-reduce is the size printed above (one token's hidden
-# state, tens of KiB): its bandwidth time is tiny next to the link's fixed latency — **latency-bound**, once per all-reduce, twice
-# per block. Over PCIe the latency is higher and TP's share of the step grows
-# (the bars above).
+# state, tens of KiB): its bandwidth time is tiny next to the link's fixed
+# latency — **latency-bound**, once per all-reduce, twice per block. Over PCIe
+# the latency is higher and TP's share of the step grows (the bars above).
 #
 # ## In vLLM (v0.11.0)
 #
