@@ -21,9 +21,11 @@ test: install
 	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 # Lint and format check (100 columns in stages/, kernels/, models/, engine/, tokenizer/, kv/: their ruff.toml;
-# 120 elsewhere). --no-cache: ruff's cache would miss those per-folder ruff.toml files
+# 120 elsewhere). --no-cache: ruff's cache would miss those per-folder ruff.toml files. The notebooks' jupytext
+# sources are linted too (the .ipynb are made from them), not format-checked: ruff format would rewrap most of
+# them (their hand-wrapped two-line f-strings become three-line calls), and each rewrap means a re-render
 check: install
-	.venv/bin/ruff check --no-cache stagewise tests scripts
+	.venv/bin/ruff check --no-cache stagewise tests scripts notebooks/*.py
 	.venv/bin/ruff format --no-cache --check stagewise tests scripts
 
 # JupyterLab goes into the same .venv (only here: `make test` runs the notebooks without it); the kernel named
