@@ -5,6 +5,7 @@ The tiny preset's rows are 96 long; a K-quant block holds 256, so this model has
 """
 
 import dataclasses
+import pickle
 
 import gguf
 import pytest
@@ -99,6 +100,8 @@ def test_columns_cut_part_by_part():
     assert torch.equal(dequant_gemm.dequantize_fused(cut), full[:, index])
     only_a = parts.out_features(slice(4, 9))
     assert is_packed(only_a) and not isinstance(only_a, PackedParts) and only_a.kind == "q4_1"
+    copy = pickle.loads(pickle.dumps(parts))  # what a spawned tensor-parallel rank receives
+    assert copy.dtype == "q4_1+q8_0" and torch.equal(dequant_gemm.dequantize_fused(copy), full)
     with pytest.raises(PackedWeightError, match="no single codes"):
         parts.codes  # noqa: B018 (the property raises)
     with pytest.raises(PackedWeightError, match="does not fall on groups"):
