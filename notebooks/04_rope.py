@@ -49,6 +49,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from stagewise import viz_stages
 from stagewise.bench.timing import compare
 from stagewise.models.gguf_loader import unpermute_rows
 from stagewise.models.registry import load_model
@@ -280,33 +281,8 @@ for i in (0, 8):
     turns = (num_pos - 1) * float(inv_freq[i]) / (2 * np.pi)
     print(f"pair {i}, positions 0..{num_pos - 1}: {turns:.2f} turns of the circle")
 
-fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 5))
-circle = np.linspace(0, 2 * np.pi, 200)
-left.plot(np.cos(circle), np.sin(circle), color="lightgray")
 pairs = [(pair0, "pair 0: 1 rad/token", "tab:blue"), (pair8, f"pair 8: {inv_freq[8]:.3f} rad/token", "tab:orange")]
-for pair, name, colour in pairs:
-    left.plot(pair[:, 0], pair[:, 1], "o", color=colour, ms=5, label=name)
-    for p in (0, 1, 2, 3):
-        left.annotate(str(p), pair[p].tolist(), textcoords="offset points", xytext=(4, 4), color=colour, fontsize=8)
-left.set_aspect("equal")
-left.set_title("a unit pair at positions 0..23 (labels: 0-3)")
-left.set_xlabel("first feature of the pair")
-left.set_ylabel("second feature of the pair")
-left.legend(loc="center")
-
-im = middle.imshow(scores.detach(), cmap="RdBu_r")
-middle.set_xlabel("key position n")
-middle.set_ylabel("query position m")
-middle.set_title("rot(q, m) . rot(k, n): constant along diagonals")
-fig.colorbar(im, ax=middle, fraction=0.046)
-
-im = right.imshow(cache[:512], aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
-right.axvline(d // 2 - 0.5, color="black", lw=1)
-right.set_xticks([0, d // 4, d // 2, 3 * d // 4], ["cos f_0", "cos f_16", "sin f_0", "sin f_16"])
-right.set_ylabel("position")
-right.set_title("cos_sin_cache[:512]  ([max_position, rotary_dim])")
-fig.colorbar(im, ax=right, fraction=0.046)
-plt.tight_layout()
+viz_stages.rope_pictures(pairs, scores.detach(), cache, d)
 plt.show()
 
 # %% [markdown]
@@ -379,13 +355,7 @@ check("04.rope", my_rope)
 my_theta = 100.0  # try other values
 my_cache = build_cos_sin_cache(P, d, my_theta)
 mq, mk = rope.naive(positions=grid_pos, q=q_vec.expand(P, 1, d), k=k_vec.expand(P, 1, d), cos_sin_cache=my_cache)
-fig, ax = plt.subplots(figsize=(5, 4))
-im = ax.imshow((mq[:, 0] @ mk[:, 0].T).detach(), cmap="RdBu_r")
-ax.set_xlabel("key position n")
-ax.set_ylabel("query position m")
-ax.set_title(f"rot(q, m) . rot(k, n), theta = {my_theta:g}")
-fig.colorbar(im, ax=ax, fraction=0.046)
-plt.tight_layout()
+viz_stages.rope_scores((mq[:, 0] @ mk[:, 0].T).detach(), f"rot(q, m) . rot(k, n), theta = {my_theta:g}")
 plt.show()
 
 # %% [markdown]
