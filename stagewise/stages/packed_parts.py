@@ -74,6 +74,15 @@ class PackedParts(PackedWeight):
     def prepared_bytes(self) -> int:
         return sum(p.prepared_bytes() for p in self.parts)
 
+    def held_bytes(self) -> int:
+        """Bytes the parts keep in memory (each: its codes as held, scales, prepared forms)."""
+        return sum(p.held_bytes() for p in self.parts)
+
+    def release_codes(self) -> None:
+        """Each part drops its file-layout codes where its torch form holds them exactly."""
+        for p in self.parts:
+            p.release_codes()
+
     def row_bytes(self) -> int:
         """Mean bytes of one output feature (rows of different parts differ in size)."""
         return self.nbytes // self.shape[1]
@@ -92,6 +101,8 @@ class PackedParts(PackedWeight):
     codes = property(lambda self: self._no_single("codes"))
     scales = property(lambda self: self._no_single("scales"))
     mins = property(lambda self: self._no_single("mins"))
+    code_rows = property(lambda self: self._no_single("codes"))
+    file_parts = property(lambda self: self._no_single("codes"))
     bits = property(lambda self: self._no_single("bits"))
     offset = property(lambda self: self._no_single("offset"))
     group_size = property(lambda self: self._no_single("group_size"))
@@ -108,7 +119,7 @@ class PackedParts(PackedWeight):
             p.share_memory_()
         return self
 
-    def _with(self, fn) -> "PackedParts":
+    def _with(self, fn, codes=None) -> "PackedParts":  # codes: a single weight's only
         return PackedParts([p._with(fn) for p in self.parts])
 
     def out_features(self, index: torch.Tensor | slice) -> "PackedWeight":
