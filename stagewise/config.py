@@ -344,6 +344,9 @@ class EngineConfig:
     # one launch per step instead of hundreds (engine/cuda_graphs.py). On a CPU nothing is captured
     # and the same padded static-buffer path runs eagerly.
     cuda_graphs: bool = False
+    # With cuda_graphs, read a greedy decode step's sampled ids one step late: the next step is queued
+    # first, its input ids taken on the device from this step's output (engine/paged_runner.py).
+    defer_graph_reads: bool = True
 
     def __post_init__(self) -> None:
         positive = {
@@ -360,8 +363,9 @@ class EngineConfig:
         fraction = self.kv_cache_fraction
         if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0.0 < fraction <= 1.0:
             raise StagewiseError(f"kv_cache_fraction must be a number in (0, 1], got {fraction!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise StagewiseError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        for flag in ("enable_prefix_caching", "cuda_graphs", "defer_graph_reads"):
+            if not isinstance(getattr(self, flag), bool):
+                raise StagewiseError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
 
     def prefill_cap(self, device_type: str) -> int | None:
         """Prompt tokens per step beside decodes on this device (None: only max_num_batched_tokens)."""

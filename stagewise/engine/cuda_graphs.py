@@ -46,9 +46,20 @@ The host's work between two replays is kept small:
   change every step (temperatures, seeds, penalties' seen tokens) and run after
   the replay as in an eager step.
 
-`counts` records each upload and each greedy step, so a test can count them.
+- **greedy ids read one step late** (`queue` / `read`): a greedy step's ids are
+  copied into pinned host memory behind the replay, and the engine queues the
+  next step before it waits for them; that step's input ids are copied on the
+  device from this step's output (`ids_from`). The GPU runs step t + 1 while
+  the host reads step t's ids, settles them and builds step t + 2.
+
+`counts` records each upload, each greedy step and each read, and `timeline`
+the order of the latest queues and reads, so a test can count them.
 """
 
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from stagewise.kv.paged import PagedKVCache, PagedKVStep
@@ -64,6 +75,16 @@ def graph_sizes(max_batch: int) -> list[int]:
         sizes.append(size)
         size *= 2
     return sizes + [max_batch]
+
+
+@dataclass
+class QueuedIds:
+    """A greedy step's sampled ids on their way to the host (`DecodeGraphs.queue`)."""
+
+    step: int  # the graph runner's step number
+    ids: torch.Tensor  # [num_seqs] on the device: the next step may take its input ids from here
+    host: np.ndarray  # [num_seqs] view of a pinned host buffer the ids are copied into
+    copied: torch.cuda.Event | None  # recorded after that copy (None on a CPU: already done)
 
 
 class DecodeGraphs:
@@ -93,7 +114,12 @@ class DecodeGraphs:
         self._staging_np, self._table_np = self.staging.numpy(), self.table_staging.numpy()
         self._uploaded = None  # CUDA event after the last step's copies (then staging is free)
         self._slot_blocks: list[tuple | None] = [None] * n  # each slot's table row on the device
-        self.counts = {"steps": 0, "uploads": 0, "table_rows": 0, "greedy_in_graph": 0}
+        # [2, n]: greedy ids of two queued steps (step t's are read after step t + 1 is queued)
+        self.host_ids = torch.zeros(2, n, dtype=torch.long, pin_memory=pinned)
+        self._host_ids_np = self.host_ids.numpy()
+        self.counts = {"steps": 0, "uploads": 0, "table_rows": 0, "greedy_in_graph": 0, "reads": 0}
+        self.counts["dropped"] = 0  # tokens of a step read late, past its request's stop
+        self.timeline: deque[tuple[str, int]] = deque(maxlen=64)  # ("queue" | "read", step)
         self.seq_lens = torch.zeros(
             n, dtype=torch.int32, device=device
         )  # [n] the kernels' int32 copy
@@ -150,8 +176,8 @@ class DecodeGraphs:
 
         One copy for the four per-token rows; one per block-table row whose blocks changed."""
         if self._uploaded is not None and not self._uploaded.query():  # query: no wait
-            # the last step's copies out of staging have not run yet (never so while every graphed
-            # step ends by reading its sampled ids): wait for them before overwriting their source
+            # the last step's copies out of staging have not run yet (a step queued one ahead of
+            # the read: the GPU may still be on the step before): wait for them, not the forward
             self._uploaded.synchronize()
         num = len(ids)
         host = self._staging_np
@@ -195,12 +221,19 @@ class DecodeGraphs:
                 self.logits[size] = logits
         (self.greedy_graphs if greedy else self.graphs)[size] = graph
 
-    def run(self, ids, positions, slots, seq_lens, blocks, greedy: bool = False) -> torch.Tensor:
+    def run(
+        self, ids, positions, slots, seq_lens, blocks, greedy: bool = False, ids_from=None
+    ) -> torch.Tensor:
         """One decode step of len(ids) sequences (blocks[b]: sequence b's block ids) -> logits
-        [num_seqs, vocab], or with `greedy` the argmax token ids [num_seqs]; a static buffer."""
+        [num_seqs, vocab], or with `greedy` the argmax token ids [num_seqs]; a static buffer.
+
+        `ids_from`: a [num_seqs] device tensor holding the input ids instead of `ids` (then
+        placeholders): the previous step's output, copied on the device, never via the host."""
         num_seqs = len(ids)
         size = self._size_for(num_seqs)
         self._fill(size, ids, positions, slots, seq_lens, blocks)
+        if ids_from is not None:
+            self.meta[0, :num_seqs].copy_(ids_from)  # after the upload, before the forward
         self.counts["steps"] += 1
         self.counts["greedy_in_graph"] += int(greedy)
         if not self.capture:
@@ -213,3 +246,27 @@ class DecodeGraphs:
             self._capture(size, greedy)
         graphs[size].replay()
         return (self.greedy_ids if greedy else self.logits)[size][:num_seqs]
+
+    def queue(self, ids, positions, slots, seq_lens, blocks, ids_from=None) -> QueuedIds:
+        """Queue one greedy step (as `run`) and the copy of its ids to the host; wait for nothing.
+
+        On a GPU the call returns while the step runs; `read` waits for its ids alone (the copy's
+        event), not for anything queued after it, such as the next step."""
+        ids_dev = self.run(ids, positions, slots, seq_lens, blocks, greedy=True, ids_from=ids_from)
+        step = self.counts["steps"]
+        host = self.host_ids[step % 2, : len(ids)]  # the other row may hold the step before's ids
+        host.copy_(ids_dev, non_blocking=True)  # from pinned memory: a DMA behind the replay
+        copied = None
+        if ids_dev.is_cuda:
+            copied = torch.cuda.Event()
+            copied.record()
+        self.timeline.append(("queue", step))
+        return QueuedIds(step, ids_dev, self._host_ids_np[step % 2, : len(ids)], copied)
+
+    def read(self, queued: QueuedIds) -> list[int]:
+        """The queued step's sampled ids on the host: the step's one device -> host wait."""
+        if queued.copied is not None:
+            queued.copied.synchronize()
+        self.counts["reads"] += 1
+        self.timeline.append(("read", queued.step))
+        return queued.host.tolist()  # numpy: host memory, already copied

@@ -23,6 +23,19 @@ freed, and only now are the newly full blocks named for the prefix cache.
 Speculative steps run eagerly (a captured CUDA graph covers plain decode
 steps of one token per request only).
 
+Reading one step late (`defer_graph_reads`, with CUDA graphs). A greedy
+graphed step t is queued, and its ids are not read at once: when
+`Scheduler.schedule_ahead` finds the next step certain (same requests, no
+arrival, no length stop at t, blocks free), step t + 1 is queued first, its
+input ids copied on the device from step t's argmax, and only then does the
+host wait for step t's ids, settle them, and return. The GPU computes step
+t + 1 meanwhile. An end-of-sequence id or a stop string at step t ends its
+request when read: its step t + 1 token is dropped, and that step's K/V write
+(the true K/V of its last token, into a block it no longer owns, queued
+before anything can reuse the block) harms nobody. Every other step (prefill,
+arrivals, preemption, speculation, sampling outside the graph, a tracer)
+reads at once, as before.
+
 What goes wrong in a step stays in that step:
 
 - an interrupt (Ctrl-C) in the forward pass undoes the step: every running
@@ -106,6 +119,8 @@ class PagedRunner:
             ecfg.prefill_cap(model.device.type),
         )
         self.suspects: deque[Request] = deque()  # requests of a failed step, each to run alone
+        self.defer_reads = self.graphs is not None and ecfg.defer_graph_reads
+        self._behind = None  # (SchedulerOutput, QueuedIds): a greedy step queued, its ids unread
         self._open_step: SchedulerOutput | None = None  # a step begun and not yet settled
         self.reset_stats()
 
@@ -140,12 +155,15 @@ class PagedRunner:
             self.cache.release_row(req.request_id)
             self._drop_proposals(req)
         self._open_step = None
+        self._behind = None  # its requests recompute; nobody reads its ids
 
     def repair(self) -> None:
         """Finish what an interrupt cut short: a step left open is undone, and block-table rows
         and KV blocks that no running request owns go back to their free lists."""
         if self._open_step is not None:
             self.undo_step()
+        if self._behind is not None and all(s.request.finished for s in self._behind[0].scheduled):
+            self._behind = None  # its requests were aborted: nobody reads its ids
         live = {r.request_id for r in self.scheduler.running}
         for request_id in [r for r in self.cache.row_of if r not in live]:
             self.cache.release_row(request_id)
@@ -186,10 +204,13 @@ class PagedRunner:
         """
         with deferred_interrupts():
             self.repair()
-            sched = self._schedule()
+            sched = self._behind[0] if self._behind is not None else self._schedule()
             self._open_step = sched
         try:
-            tokens = self._compute(sched)
+            if self._behind is None:
+                tokens = self._compute(sched)  # a greedy graphed step may only queue: _behind
+            if self._behind is not None:  # its ids are read now, after the next step is queued
+                tokens = self._catch_up()
         except Exception as exc:  # a request's failure (or the batch's): find whose, go on
             with deferred_interrupts():
                 results = self._step_failed(sched, exc)
@@ -232,6 +253,9 @@ class PagedRunner:
         if self._replays_graph(sched):
             requests = [s.request for s in sched.scheduled]
             if self.proposer is None and plain_greedy(requests):  # the argmax ran inside the graph
+                if self.defer_reads and not self.suspects:
+                    self._behind = (sched, self._graph_queue(sched))  # read in _catch_up
+                    return []
                 return [[t] for t in read_token_ids(self._graph_step(sched, greedy=True))]
             logits = self._graph_step(sched)  # [num requests, vocab]
         else:
@@ -248,12 +272,17 @@ class PagedRunner:
     def _settle(self, sched: SchedulerOutput, tokens: list[list[int]]) -> list[tuple]:
         """Record the sampled tokens; finished requests leave and free their blocks."""
         for s in sched.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            if not s.request.finished:  # finished: a step read late ran one token past its end
+                s.request.num_computed_tokens += s.num_new_tokens
         sampling = [s for s in sched.scheduled if s.samples]
         results, verified = [], {}
         freed_before = self.block_manager.num_freed
         for s, kept in zip(sampling, tokens):
             req = s.request
+            if req.finished:  # stopped (or aborted) at the step before: this token is dropped
+                if self.graphs is not None:
+                    self.graphs.counts["dropped"] += 1
+                continue
             try:
                 for token in kept:  # one by one: a stop or max_tokens cuts the run exactly there
                     delta = req.append_token(token, self.stop_ids, self.max_model_len)
@@ -277,6 +306,10 @@ class PagedRunner:
             self.cache.release_row(req.request_id)
             self._drop_proposals(req)
         note_verified(verified)
+        if self._behind is not None:  # the step queued ahead: its blocks' tokens are known now
+            self.scheduler.name_ahead(self._behind[0])
+            if all(s.request.finished for s in self._behind[0].scheduled):
+                self._behind = None  # every request stopped here: its tokens are all dropped
         self._open_step = None
         self.last_step = sched
         self._freed_after_last_step = self.block_manager.num_freed - freed_before
@@ -296,7 +329,9 @@ class PagedRunner:
         self.last_step = None
         if _fails_every_request(exc):
             raise exc
-        scheduled = [s.request for s in sched.scheduled]
+        scheduled = [s.request for s in sched.scheduled if not s.request.finished]
+        if not scheduled:
+            return []
         if len(scheduled) == 1:
             req = scheduled[0]
             if self.suspects and self.suspects[0] is req:
@@ -380,22 +415,46 @@ class PagedRunner:
         decode = all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled)
         return decode and self.graphs.covers(len(sched.scheduled))
 
+    def _catch_up(self) -> list[list[int]]:
+        """Step t is queued, its ids unread: queue step t + 1 first when nothing read from step t
+        could change it (its input ids: step t's output, on the device); then read step t."""
+        sched, queued = self._behind
+        ahead = None
+        if self._replays_graph(sched) and not self.suspects:
+            with deferred_interrupts():
+                ahead = self.scheduler.schedule_ahead(sched, self.max_model_len)
+            if ahead is not None:
+                self.stats.blocks_in_use.append(self.block_manager.num_used_blocks)
+        ahead_queued = self._graph_queue(ahead, ids_from=queued.ids) if ahead is not None else None
+        tokens = self.graphs.read(queued)  # waits for step t only, not for the step ahead
+        self._behind = (ahead, ahead_queued) if ahead is not None else None
+        return [[t] for t in tokens]
+
+    def _graph_queue(self, sched: SchedulerOutput, ids_from=None):
+        """Queue a greedy graphed step; with `ids_from` (the step before's ids, on the device) it
+        is scheduled ahead: each request's new token is the unread one, at position num_tokens."""
+        return self.graphs.queue(*self._graph_inputs(sched, ahead=ids_from is not None), ids_from)
+
     def _graph_step(self, sched: SchedulerOutput, greedy: bool = False):
         """The step's inputs as host lists, copied into the graphs' static buffers; one replay.
 
         -> logits [num requests, vocab], or with `greedy` the argmax ids [num requests]. The block
         lists go to the graphs' own table, which uploads only the rows that changed."""
+        return self.graphs.run(*self._graph_inputs(sched), greedy=greedy)
+
+    def _graph_inputs(self, sched: SchedulerOutput, ahead: bool = False) -> tuple[list, ...]:
         bs = self.cache.block_size
         ids, positions, slots, seq_lens, tables = [], [], [], [], []
         for s in sched.scheduled:
-            req, pos = s.request, s.request.num_computed_tokens  # the one new token's position
+            req = s.request
+            pos = req.num_tokens if ahead else req.num_computed_tokens  # the new token's position
             blocks = self.block_manager.block_ids(req.request_id)
-            ids.append(req.all_token_ids[pos])
+            ids.append(0 if ahead else req.all_token_ids[pos])  # ahead: taken on the device
             positions.append(pos)
             slots.append(blocks[pos // bs] * bs + pos % bs)
             seq_lens.append(pos + 1)
             tables.append(blocks)
-        return self.graphs.run(ids, positions, slots, seq_lens, tables, greedy=greedy)
+        return ids, positions, slots, seq_lens, tables
 
     def _build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, PagedKVStep]:
         return build_batch(sched, self.cache, self.block_manager, self.model.batch_device)

@@ -39,6 +39,15 @@ cut first (down to none: a plain decode step). Only verified tokens name
 blocks in the prefix cache: blocks are named up to `num_tokens` here, and the
 runner names the accepted guesses' blocks after verification.
 
+A graphed greedy decode step may be scheduled one step ahead
+(`schedule_ahead`): before the current step's sampled tokens are read, the
+same requests get their next decode token, the one not read yet. Only when
+nothing else could change that step: no waiting request, no guesses, no
+request ending by length at the token being read (max_tokens and
+max_model_len are known on the host), and free blocks for every slot. A stop
+the host cannot foresee (an end-of-sequence id, a stop string) ends the
+request when its token is read; its token from the step ahead is dropped.
+
 When a step fails for some request, the engine runs each request of that step
 by itself (`schedule_alone`) to find which one it was; `fail()` then removes
 that request with finish reason "error".
@@ -187,6 +196,46 @@ class Scheduler:
             out.admitted.append(req)
         self._scheduled(out, req, n, cached)
         return out
+
+    def schedule_ahead(self, prev: SchedulerOutput, max_model_len: int) -> SchedulerOutput | None:
+        """The next decode step of `prev`'s requests, scheduled before `prev`'s tokens are read;
+        None when `schedule()` after reading them could schedule anything else.
+
+        Each request's new token sits at position `num_tokens` (its token from `prev`, still on
+        the device). Its block is allocated now; its name in the prefix cache waits for the token
+        (`name_ahead`)."""
+        reqs = [s.request for s in prev.scheduled]
+        if self.waiting or reqs != self.running or len(reqs) > self.max_num_batched_tokens:
+            return None  # an arrival or a preempted request would join: the batch changes
+        if any(s.num_new_tokens != 1 or not s.samples or s.num_spec_tokens for s in prev.scheduled):
+            return None
+        for req in reqs:  # the token being read ends it by length: nothing runs after it
+            if len(req.output_token_ids) + 1 >= req.params.max_tokens:
+                return None
+            if req.num_tokens + 1 >= max_model_len:
+                return None
+        bm = self.block_manager
+        need = sum(
+            bm.blocks_needed(r.num_tokens + 1) - len(bm.block_ids(r.request_id)) for r in reqs
+        )
+        if need > bm.num_free_blocks:
+            return None  # schedule() would preempt: let it, after the read
+        bm.begin_step()
+        out = SchedulerOutput()
+        for req in reqs:
+            if not bm.allocate(req.request_id, req.num_tokens, 1):
+                raise RuntimeError(f"{req.request_id}: a counted free block was missing")
+            out.scheduled.append(ScheduledRequest(req, 1, 0, True))
+        return out
+
+    def name_ahead(self, ahead: SchedulerOutput) -> None:
+        """After the tokens behind are appended: name the blocks the step ahead fills."""
+        for s in ahead.scheduled:
+            req = s.request
+            if not req.finished:
+                self.block_manager.register_full_blocks(
+                    req.request_id, req.all_token_ids, req.num_tokens
+                )
 
     def _scheduled(self, out: SchedulerOutput, req: Request, n: int, cached: int) -> None:
         end = req.num_computed_tokens + n

@@ -60,12 +60,15 @@ NAIVE_BUT_ATTENTION = {"stage_backends": {"paged_attention": "triton"}}  # the g
 
 def test_a_graphed_step_uploads_once_plus_the_changed_table_rows_and_reads_once(tiny, monkeypatch):
     """Per decode step: one staging upload, a block-table row only for a slot whose blocks changed
-    (block size 4: a request crosses into a new block every 4 tokens), one host read (the ids)."""
+    (block size 4: a request crosses into a new block every 4 tokens), one host read (the ids).
+    Ids read at once, each step on its own (test_graph_deferred_reads.py reads them a step late)."""
     from stagewise.runtime import DEBUG_CHECKS_ENV
     from tests.host_reads import HostReadCounter
 
     monkeypatch.setenv(DEBUG_CHECKS_ENV, "0")  # the suite turns value checks (host reads) on
-    ecfg = EngineConfig(max_num_seqs=2, block_size=4, max_num_batched_tokens=32, cuda_graphs=True)
+    ecfg = EngineConfig(
+        max_num_seqs=2, block_size=4, max_num_batched_tokens=32, cuda_graphs=True, defer_graph_reads=False
+    )
     # the Triton sampler: the naive one draws with torch.multinomial, which reads the device
     llm = LLM(tiny, engine_config=ecfg, stage_backends={"paged_attention": "triton", "sampling": "triton"})
     runner, graphs = llm.engine, llm.engine.graphs
