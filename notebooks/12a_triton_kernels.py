@@ -14,49 +14,38 @@
 # %% [markdown]
 # # 12a · Triton kernels: reading them, then writing three
 #
-# Every stage in `stagewise.stages` has tiers with the same signature: a
-# **naive** PyTorch reference, the textbook formula written to be read, and a
-# **triton** tier that launches a Triton kernel (`stagewise/kernels/`); some
-# also have a **torch** tier, a faster PyTorch formulation for CPUs in its own
-# module beside the stage (`*_torch.py`). The naive path is correct by
-# inspection; the kernel is fast by design; this notebook and the next (12b:
-# the attention kernels, split-K, every stage checked and measured) connect
-# the two.
+# Every stage in `stagewise.stages` has tiers with one signature: a **naive**
+# PyTorch reference, the textbook formula written to be read; a **triton**
+# tier that launches a kernel from `stagewise/kernels/`; for some, a **torch**
+# tier, a faster PyTorch form for CPUs (`*_torch.py`). This notebook and 12b
+# (attention, split-K, every stage checked and measured) connect the two.
 #
-# The optimizations fall into a few families, all about moving fewer bytes
-# between memory and the compute units (notebook 11: most of inference is
-# memory-bound): **fusion** (several element-wise steps in one pass, so
-# intermediates never go back to memory), **tiling** (tiles of a GEMM that fit
-# in fast on-chip memory, each loaded tile reused many times), the **online
-# softmax** (attention without ever storing the `[N, N]` score matrix),
-# **indirection** (K/V read through a block table, written through a slot
-# mapping) and **no sort** (sampling thresholds found by counting).
+# The kernels move fewer bytes between memory and the compute units
+# (notebook 11: most of inference is memory-bound): **fusion** (intermediates
+# never go back to memory), **tiling** (each loaded GEMM tile reused many
+# times), the **online softmax** (no `[N, N]` score matrix), **indirection**
+# (K/V through a block table and a slot mapping) and **no sort** (sampling
+# thresholds found by counting).
 #
-# Where do the kernels run? On an NVIDIA GPU, compiled. Without one,
-# `import stagewise.kernels` switches Triton to its **CPU interpreter**
-# (`TRITON_INTERPRET=1`), which executes every program instance in Python:
-# exactly the same kernel code, hence a real correctness check, but orders of
-# magnitude slower than anything compiled. **Interpreter timings say nothing
-# about kernel speed.**
+# On an NVIDIA GPU the kernels are compiled. Without one, `import
+# stagewise.kernels` switches Triton to its **CPU interpreter**
+# (`TRITON_INTERPRET=1`): the same kernel code, every program instance run in
+# Python, a real correctness check, orders of magnitude slower. **Interpreter
+# timings say nothing about kernel speed.**
 #
-# Path: motivation -> the registry -> what each kernel changes -> the online
-# softmax in numbers -> how to read a kernel (program ids, pointers and
-# strides, blocks, masks) -> two kernels read line by line and checked
-# against their naive stage -> **you write three kernels**: `silu_and_mul`
-# (element-wise with a mask), `rmsnorm` (a row reduction) and the online
-# softmax's tile step, each checked against the naive stage, and timed on a
-# GPU when there is one.
-#
-# Every kernel here runs on tiny shapes (a few seconds even in the
-# interpreter), so quick mode (`STAGEWISE_NOTEBOOK_QUICK=1`) changes nothing.
-#
-# This is the one notebook that defines Triton kernels (`@triton.jit`): the
-# exercises are kernels, so the student's own code has to be one. Every other
-# kernel lives in `stagewise/kernels/` and is only read here.
+# Path: the registry -> what each kernel changes -> the online softmax in
+# numbers -> how to read a kernel -> two kernels read line by line and
+# checked -> **you write three kernels** (`silu_and_mul`, `rmsnorm`, the
+# online softmax's tile step), checked, and timed on a GPU when there is one.
+# Tiny shapes throughout: quick mode (`STAGEWISE_NOTEBOOK_QUICK=1`) changes
+# nothing. The one notebook that defines Triton kernels (`@triton.jit`): the
+# exercises are kernels; every other kernel is only read here.
 
 # %%
-import matplotlib.pyplot as plt
-import torch
+import os
+
+os.environ.setdefault("STAGEWISE_QUIET", "1")  # this cell prints where Triton runs
+import torch  # noqa: E402
 
 # isort: off
 import stagewise.kernels  # first: decides GPU or interpreter before any kernel is defined
@@ -71,7 +60,7 @@ from stagewise.kernels.attention_common import online_softmax_reference
 from stagewise.kernels.targets import launch_target
 from stagewise.stages import STAGES
 from stagewise.stages.ffn import silu_and_mul_naive
-from stagewise.viz_kernels import committed_device_checks, device_results
+from stagewise.viz_kernels import committed_device_checks, device_results, online_softmax_state
 from stagewise.viz_kernels import show_source as show
 
 # %matplotlib inline
@@ -80,11 +69,7 @@ ON_GPU = stagewise.kernels.TRITON_MODE == "cuda"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DEVICE_RUNS = committed_device_checks()  # the project's committed GPU results, if any
 print(f"Triton runs on: {stagewise.kernels.TRITON_MODE}" + ("" if ON_GPU else " (correctness only, not speed)"))
-
-
-def on_gpu(kernel: str) -> None:
-    device_results(kernel, DEVICE_RUNS, ON_GPU)
-
+config, smol = PRESETS["tiny"], PRESETS["smollm2-135m"]  # tiny: shapes the interpreter runs in seconds
 
 # %% [markdown]
 # ## 1. The registry: one row per stage
@@ -165,19 +150,10 @@ for block_n in (1, 7, 16, 64, 100):
 #   switches those lanes off (`other=` is what a masked load returns), so any
 #   size works with power-of-two blocks. Nothing checks bounds for you.
 #
-# Below, two kernels read from their files (printed with
-# `inspect.getsource`, never copied into this notebook; 12b reads the GEMM
-# and the attention kernels the same way), each followed by
+# Below, two kernels printed from their files (never copied here), each with
 # what to look at, a check against the naive stage on small irregular shapes
-# (the interpreter runs every program instance in Python: tiny shapes only)
 # and, when the project's GPU results are committed, what the kernel measured
-# there: a reference run on another machine (the committed one is an NVIDIA
-# H200), not on the machine running this notebook.
-
-
-# %%
-config = PRESETS["tiny"]  # the small shapes the interpreter runs in seconds
-
+# there: a reference run on another machine, not the one running this.
 
 # %% [markdown]
 # ### 3.1 RMSNorm: one program per row
@@ -207,7 +183,6 @@ show(rmsnorm_kernels._rmsnorm_kernel)
 # The launcher's plan for this model's row and for the tiny config's:
 
 # %%
-smol = PRESETS["smollm2-135m"]
 here = launch_target(DEVICE)
 for hidden in (smol.hidden_size, config.hidden_size):
     plan = rmsnorm_kernels.rmsnorm_plan(hidden, True).launch_options()
@@ -223,7 +198,7 @@ for rows, hidden in ((1, 48), (5, 96), (3, 100)):  # widths that are no power of
     out, new_res = rmsnorm_kernels.rmsnorm(x, w, 1e-5, res)
     err = max(float((out - ref_out).abs().max()), float((new_res - ref_res).abs().max()))
     print(f"T={rows}, hidden={hidden}: {rows} programs, max |kernel - naive| = {err:.1e}")
-on_gpu("rmsnorm")
+device_results("rmsnorm", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ### 3.2 silu_and_mul: a 2-D grid of tiles, and two loads from one row
@@ -254,7 +229,7 @@ for tokens, inter in ((1, 24), (5, 100)):
     gate_up = torch.randn(tokens, 2 * inter, generator=g).to(DEVICE)
     err = float((activation_kernels.silu_and_mul(gate_up) - silu_and_mul_naive(gate_up)).abs().max())
     print(f"T={tokens}, inter={inter}: max |kernel - naive| = {err:.1e}")
-on_gpu("silu_and_mul")
+device_results("silu_and_mul", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ### The picture: the online softmax's state, tile by tile
@@ -266,35 +241,8 @@ on_gpu("silu_and_mul")
 # rescale.
 
 # %%
-row = torch.linspace(-6, 6, 40) + 0.5 * torch.randn(40, generator=g)  # scores of one query
-block_n = 8
-m_run, alphas, l_run = [], [], []
-m_cur, l_cur = float("-inf"), 0.0
-for start in range(0, row.numel(), block_n):
-    tile = row[start : start + block_n]
-    m_new = max(m_cur, float(tile.max()))
-    alpha = float(torch.exp(torch.tensor(m_cur - m_new)))
-    l_cur = l_cur * alpha + float(torch.exp(tile - m_new).sum())
-    m_cur = m_new
-    m_run.append(m_cur), alphas.append(alpha), l_run.append(l_cur)
-tiles = range(len(m_run))
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
-axes[0].plot(row.numpy(), ".", color="gray")
-for t in tiles:
-    axes[0].axvline(t * block_n - 0.5, color="black", lw=0.5)
-axes[0].set_title(f"one row of scores, tiles of {block_n} keys")
-axes[1].step(tiles, m_run, where="mid", color="tab:red", label="running max m")
-axes[1].bar(tiles, alphas, color="tab:purple", alpha=0.5, label="alpha: rescale of the sums so far")
-axes[1].legend(fontsize=8)
-axes[1].set_title("the max only grows; alpha < 1 when it does")
-axes[2].plot(tiles, l_run, "o-", color="tab:green")
-axes[2].axhline(float(torch.exp(row - row.max()).sum()), color="black", ls=":", label="sum exp(s - max), whole row")
-axes[2].legend(fontsize=8)
-axes[2].set_title("running sum l: the whole row's, at the last tile")
-for ax in axes[1:]:
-    ax.set_xlabel("key tile")
-plt.tight_layout()
-plt.show()
+row = torch.linspace(-6, 6, 40) + 0.5 * torch.randn(40, generator=g)  # scores of one query, rising
+online_softmax_state(row, block_n=8)  # stagewise/viz_kernels.py: the tile step in plain Python, drawn
 
 # %% [markdown]
 # ## In vLLM (v0.11.0)

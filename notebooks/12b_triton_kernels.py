@@ -14,64 +14,35 @@
 # # 12b · The attention kernels, split-K, and the proof that every kernel computes the same thing
 #
 # Notebook 12a read the row kernels and had you write three. This one reads
-# the rest of `stagewise/kernels/` the same way, from the files themselves:
-# the tiled GEMM (a tile of the output per program), FlashAttention (a tile of
-# queries against K/V streamed tile by tile, the online softmax of 12a), paged
-# attention (the same loop, K/V found through the block table of notebook 09)
-# and split-K (one decode's keys cut across programs, their softmax states
-# merged exactly). Then every stage's Triton tier is checked against its
-# naive reference, the whole model with it, and, on a GPU, timed.
-#
-# What these kernels change:
-#
-# * **qkv_proj, o_proj** (`kernels/matmul.py`): a **tiled** GEMM with fp32
-#   accumulation and grouped tile order: each loaded weight tile is reused by
-#   a whole tile of rows, and neighbouring tiles share what is in L2.
-#   Decode shapes (M <= 16 rows) go to a **split-K** kernel
-#   (`kernels/matmul_decode.py`): K is cut into ranges, one program per
-#   (columns, range), so enough programs stream the weights at once; the
-#   fp32 partials are added in a fixed order, so results are deterministic.
-# * **attention** (`kernels/flash_attention.py`): **FlashAttention**: a Q tile
-#   in registers, K/V streamed past it tile by tile with the **online
-#   softmax**, fully masked causal tiles never loaded. S = QK^T and P are never
-#   written: O(N) extra memory instead of O(N^2). The traffic stays quadratic:
-#   K/V are re-read once per query tile, Theta(N^2 d^2 / M) per head for an
-#   on-chip memory M (notebook 05 counts the bytes). A tile's rows are
-#   (query, head) pairs of one GQA group, so a decode step reads K/V once per
-#   KV head.
-# * **paged_attention** (`kernels/paged_attention.py`): the same online
-#   softmax with K/V read **through the block table** (no gathered copy of the
-#   cache); the G query heads of a KV head form one tile, so K/V are read once
-#   per KV head (GQA); split-K for long decodes.
-# * **lm_head** (`kernels/matmul.py`): the GEMM reads `hidden` rows through
-#   `last_token_index` and `weight.T` through its strides: no gathered copy,
-#   no transposed copy.
-# * **sampling** (`kernels/sampling.py`): penalty, temperature, min_p, top-k,
-#   top-p and the draw **fused** into a few streaming passes, each row's
-#   vocabulary split across programs; thresholds by a radix search over the
-#   float bits, **no sort**, no `[B, vocab]` intermediates.
-
+# the rest of `stagewise/kernels/` from the files themselves: the tiled GEMM,
+# FlashAttention (the online softmax of 12a over K/V tiles), paged attention
+# (the same loop, keys found through notebook 09's block table) and split-K
+# (one decode's keys cut across programs, their softmax states merged
+# exactly). What they change is data movement: a loaded weight tile serves a
+# tile of rows; the `[N, N]` scores are never written (O(N) extra memory; the
+# K/V traffic stays quadratic, as notebook 05 counts); no gathered copy of the
+# cache; enough programs for a few long decodes to fill a GPU.
 #
 # On a CPU the kernels run in Triton's interpreter: a real correctness check
 # (the same kernel code), no measure of speed.
 #
 # Path: the GEMM -> FlashAttention -> paged attention -> split-K, each read,
-# pictured and checked against its naive stage -> check (every stage, two
-# dtypes, irregular sizes; the whole model) -> measure (GPU only) -> the
-# committed GPU results.
+# pictured and checked -> every stage (the fused sampler included) and the
+# whole model against the naive tier -> measure (GPU only) or the committed
+# GPU results.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the whole-model check
-# generates 4 tokens instead of 8 and the interpreter timing table (CPU only)
-# covers the decode shape only. The kernel checks are the same (tiny shapes:
-# a few seconds even in the interpreter).
+# generates 4 tokens instead of 8 (and a GPU times 10 repeats, not 30).
 
 # %%
 import os
 
-import numpy as np
+os.environ.setdefault("STAGEWISE_QUIET", "1")  # this cell prints where Triton runs
+import numpy as np  # noqa: E402
 import torch
 
 import stagewise.kernels  # first: decides GPU or interpreter before any kernel is defined
+import stagewise.viz_kernels as vk  # the pictures, printing helpers and the stage comparison
 from stagewise import LLM, SamplingParams
 from stagewise.bench.stage_bench import StagesSettings, run_stages
 from stagewise.config import PRESETS, EngineConfig
@@ -79,21 +50,11 @@ from stagewise.kernels import attention_common, split_k
 from stagewise.kernels import flash_attention as flash_kernels
 from stagewise.kernels import matmul as matmul_kernels
 from stagewise.kernels import paged_attention as paged_kernels
-from stagewise.kernels.sampling import sample_with_mask
 from stagewise.kernels.split_k import choose_num_splits, num_sms
 from stagewise.kernels.targets import gpu_target, launch_target
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
-from stagewise.stages.sampling import processed_probs
-from stagewise.viz_kernels import (
-    causal_tile_map,
-    committed_device_checks,
-    device_results,
-    paged_keys,
-    split_merge,
-    stage_errors,
-)
 from stagewise.viz_kernels import show_source as show
 
 # %matplotlib inline
@@ -103,16 +64,10 @@ ON_GPU = stagewise.kernels.TRITON_MODE == "cuda"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 print(f"Triton runs on: {stagewise.kernels.TRITON_MODE}" + ("" if ON_GPU else " (correctness only, not speed)"))
 
-DEVICE_RUNS = committed_device_checks()  # the project's committed GPU results, if any
-config = PRESETS["tiny"]  # the small shapes the interpreter runs in seconds
-smol = PRESETS["smollm2-135m"]
+DEVICE_RUNS = vk.committed_device_checks()  # the project's committed GPU results, if any
+config, smol = PRESETS["tiny"], PRESETS["smollm2-135m"]  # tiny: shapes the interpreter runs in seconds
 here = launch_target(DEVICE)
 g = torch.Generator().manual_seed(1)
-
-
-def on_gpu(kernel: str) -> None:
-    device_results(kernel, DEVICE_RUNS, ON_GPU)
-
 
 # %% [markdown]
 # ## 1. The tiled GEMM: a tile of `c` per program
@@ -133,19 +88,15 @@ show(matmul_kernels._matmul_kernel, start="pid = tl.program_id(0)")
 #   tile-rows at a time: `pid` walks *down* a column of `GROUP_M` tiles, then
 #   moves one tile-column right, so the programs running side by side share
 #   tiles of `a` and `b` through L2.
-# * `a_ptrs`, `b_ptrs` are 2-D tiles of addresses built from the four strides:
-#   `rows[:, None] * stride_am + offs_k[None, :] * stride_ak`. The LM head
-#   passes `b = weight.t()`, a transposed view: its strides are swapped and
-#   the kernel reads the embedding matrix in place. With `GATHER`, the rows of
-#   `a` come through `row_index` (the last token of each sequence).
-# * the loop advances both pointer tiles by `BLOCK_K` along K; the masks
-#   `offs_k < k_left` switch off the part of the last step past K, and
-#   `mask_m`, `mask_n` the rows and columns past the edge of `c`.
-# * `acc` stays in registers for the whole loop; `c` is written once.
+# * `a_ptrs`, `b_ptrs`: 2-D tiles of addresses from the four strides. The LM
+#   head passes `b = weight.t()`, a transposed view (strides swapped: the
+#   embedding matrix is read in place); with `GATHER`, the rows of `a` come
+#   through `row_index` (the last token of each sequence).
+# * the masks `offs_k < k_left`, `mask_m`, `mask_n` switch off what lies past
+#   K and past the edges of `c`; `acc` stays in registers, `c` is written once.
 #
-# Check on shapes that are multiples of nothing (M above 16, so this kernel
-# and not the decode kernel runs), including the transposed view and the
-# gathered rows:
+# Check on shapes that are multiples of nothing (M above 16: this kernel, not
+# the decode kernel), the transposed view and the gathered rows included:
 
 # %%
 for m, k, n in ((37, 19, 33), (70, 40, 150)):
@@ -159,7 +110,7 @@ for m, k, n in ((37, 19, 33), (70, 40, 150)):
     )
     print(f"[{m}, {k}] @ [{k}, {n}] with tiles {plan}: {grid} programs; max |kernel - torch| = {err:.1e}")
 print(f"(on a GPU, M = 1 .. {matmul_kernels.DECODE_MAX_M} rows go to the split-K decode kernel, matmul_decode.py)")
-on_gpu("matmul")
+vk.device_results("matmul", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ## 2. FlashAttention: the inner loop
@@ -194,30 +145,22 @@ show(attention_common.attend_keys, start="for n0 in range")
 #   tiles run with `MASKED=False`, no mask work at all. Only the diagonal band
 #   `[mid, hi)` builds the `visible` mask: the kernel calls `attend_keys`
 #   twice, once per range.
-# * the pointers: `k_base + rows[:, None] * stride_k_row` is a `[BLOCK_N, d]`
-#   tile of addresses (`k_base` already holds the KV head's offset and the
-#   `d` columns). The queries are a strided view into the fused QKV output (a
-#   token stride of `(H + 2 Hkv) d`), read in place.
-# * `tl.load(..., mask=in_seq[:, None], other=0.0)` in the band: the last tile
-#   runs past the sequence's keys.
+# * the queries are a strided view into the fused QKV output (a token stride
+#   of `(H + 2 Hkv) d`), read in place; `k_base + rows[:, None] * stride_k_row`
+#   is a `[BLOCK_N, d]` tile of key addresses.
 #
-# The picture, from the launcher's own plan: one prefill of this model's
-# shapes (G = 3 query heads per KV head), every (row tile, key tile) pair a
-# program could meet, coloured by what the kernel does with it. Left: the
-# tiles this machine's launch uses; right: the first tile shape the launcher
-# offers an sm_90 GPU's autotuner in bf16.
+# The picture, from the launcher's own plan: one SmolLM2 prefill, every (row
+# tile, key tile) pair coloured by what the kernel does with it. Left: this
+# machine's tiles; right: the first tile shape offered to an sm_90 GPU's
+# autotuner in bf16.
 
 # %%
 G = smol.num_heads // smol.num_kv_heads
 L = 512  # prompt tokens: queries = keys, causal
-plans = {
-    f"this machine ({here.name})": flash_kernels.flash_attention_plan(L, G, smol.head_dim, torch.float32, here),
-    "sm_90, bf16 (first autotune candidate)": flash_kernels.flash_attention_plan(
-        L, G, smol.head_dim, torch.bfloat16, gpu_target(90)
-    ),
-}
+targets = {f"this machine ({here.name})": (here, torch.float32), "sm_90, bf16": (gpu_target(90), torch.bfloat16)}
+plans = {name: flash_kernels.flash_attention_plan(L, G, smol.head_dim, dt, t) for name, (t, dt) in targets.items()}
 tiles = {name: (plan.configs[0].kwargs["BLOCK_M"], plan.configs[0].kwargs["BLOCK_N"]) for name, plan in plans.items()}
-causal_tile_map(tiles, L, G, smol.num_kv_heads)  # kinds of tiles: stagewise.viz_kernels.tile_kinds, the kernel's bounds
+vk.causal_tile_map(tiles, L, G, smol.num_kv_heads)  # the kinds: vk.tile_kinds, the kernel's bounds
 
 # %% [markdown]
 # About half the tiles are never loaded (the causal triangle), and only a thin
@@ -236,7 +179,7 @@ step = AttentionMetadata.build(q_lens, k_lens, DEVICE, k_starts=cu_k.tolist())  
 ref = STAGES["attention"].naive(q=q, k=k, v=v, metadata=step, scale=d**-0.5)
 out = flash_kernels.flash_attention(q, k, v, cu_q, cu_k, d**-0.5, max_q_len=max(q_lens))
 print(f"queries {q_lens} on keys {k_lens}: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")
-on_gpu("flash_attention")
+vk.device_results("flash_attention", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ## 3. Paged attention: the same loop, K/V through the block table
@@ -252,30 +195,21 @@ show(attention_common.attend_keys, start="if PAGED:", stop="v_ptrs = v_base")
 
 # %% [markdown]
 # * `block_table_row_ptr + pos // BLOCK_SIZE`: one block id per key of the
-#   tile (a gather from the sequence's block-table row); then
-#   `block_id * BLOCK_SIZE + pos % BLOCK_SIZE`, the seeds' slot formula, and
-#   `k_base + rows[:, None] * stride_k_row` (the stride of one slot, `Hkv * d`)
-#   the address of every element of the `[BLOCK_N, d]` tile.
+#   tile; then `block_id * BLOCK_SIZE + pos % BLOCK_SIZE`, the slot formula
+#   of notebook 09, and one slot's stride (`Hkv * d`) to the tile's addresses.
 # * a tile may span several cache blocks or part of one: the block size and
-#   the tile size are independent.
-# * `MASKED` loads only the positions inside the sequence (`in_seq`); the rest
-#   of the loop is FlashAttention's, with `seq_lens` in place of the key
-#   offsets.
-
+#   the tile size are independent. The rest is FlashAttention's loop.
 #
 # The picture: the first sequence of the stage's example inputs (a decode on
 # a cached prefix), its keys coloured by the physical block they live in, the
 # kernel's key tiles on top.
-#
-# *The seeds* are the two source articles this project is built from: the README names them and
-# what they cover (section "The seeds: the two source articles").
 
 # %%
 pin = STAGES["paged_attention"].example_inputs(config, 9, DEVICE, torch.float32, block_size=8)
 meta = pin["metadata"]  # the step's AttentionMetadata: block table, lengths (device and host)
 pa_plan = paged_kernels.paged_attention_plan(meta.max_q_len, H // Hkv, d, torch.float32, here).launch_options()
 n0, bs = meta.seq_lens_host[0], pin["k_cache"].shape[1]
-paged_keys(meta.block_table[0].tolist(), n0, bs, pa_plan["BLOCK_N"], pin["k_cache"].shape[0])
+vk.paged_keys(meta.block_table[0].tolist(), n0, bs, pa_plan["BLOCK_N"], pin["k_cache"].shape[0])
 
 args = {key: pin[key] for key in ("q", "k_cache", "v_cache", "scale")}  # the launcher takes tensors and ints:
 args.update(block_table=meta.block_table, seq_lens=meta.seq_lens, cu_seqlens_q=meta.cu_seqlens_q)  # unpacked
@@ -283,7 +217,7 @@ ref = STAGES["paged_attention"].naive(**pin)
 out = paged_kernels.paged_attention(**args, max_q_len=meta.max_q_len, max_seq_len=meta.max_seq_len)
 print(f"queries {np.diff(meta.cu_seqlens_q_host).tolist()} on cached lengths {meta.seq_lens_host}, "
       f"blocks shuffled: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")  # fmt: skip
-on_gpu("paged_attention")
+vk.device_results("paged_attention", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ## 4. Split-K (flash decoding) and its reduction
@@ -308,10 +242,9 @@ show(split_k._split_k_reduce_kernel, start="token = tl.program_id(0)")
 # and returns `sum_s w_s acc_s / sum_s w_s l_s`. Padding lanes (S rounded up
 # to a power of two) load `m = -inf`, so their weight is 0.
 #
-# When does the launcher split? `choose_num_splits` aims at a few programs
-# per SM and enough keys per split to pay for the merge; here are its choices for
-# decodes of 8 KV heads (Llama 3 8B) on a GPU of the committed device check's
-# SM count (the reference run's GPU, not this machine's), and on this machine:
+# When does the launcher split? `choose_num_splits` aims at a few programs per
+# SM and enough keys per split to pay for the merge. Its choices for decodes of
+# 8 KV heads (Llama 3 8B) on the committed device check's GPU, and here:
 
 # %%
 sms = next((r["sections"]["env"]["gpu"]["sms"] for r in DEVICE_RUNS.values()), 132)  # else an H100 SXM's count
@@ -350,87 +283,46 @@ one, split4 = (paged_kernels.paged_attention(**args, max_q_len=meta.max_q_len, n
 print(f"paged_attention with 4 splits vs unsplit: max difference {float((one - split4).abs().max()):.1e}")
 
 # %% [markdown]
-# The picture of the merge for head 0: each split's max (in base-2 units), the
-# weight `w_s = 2^(m_s - M)` it gets, and its rescaled share `w_s l_s` of the
-# softmax denominator. The split holding the largest score has weight 1; the
-# others are scaled down by how far their max sits below it.
+# The merge for head 0: each split's max (base 2), its weight `w_s = 2^(m_s -
+# M)` and its share `w_s l_s` of the denominator. The split holding the largest
+# score has weight 1; the others shrink by how far their max sits below it.
 
 # %%
-w = torch.exp2(m_part[0] - m_part[0].max())
-panels = [
-    ("m_s: the split's max score (base 2)", m_part[0].tolist()),
-    ("w_s = 2^(m_s - M)", w.tolist()),
-    ("w_s l_s / sum: share of the denominator", (w * l_part[0] / (w * l_part[0]).sum()).tolist()),
-]
-splits = [f"keys {int(r[0])}-{int(r[-1])}" for r in ranges]
-split_merge(panels, splits, f"split-K: one decode query (head 0) over {n_keys} keys in {S} splits")
+vk.split_merge(m_part[0], l_part[0], ranges, f"split-K: one decode query (head 0) over {n_keys} keys in {S} splits")
 
 # %% [markdown]
 # ## 5. Check: naive vs Triton for every stage
 #
 # Each stage's `example_inputs(config, num_tokens, device, dtype)` builds the
-# same keyword arguments for both paths (seeded, so two calls give identical
-# inputs). We run both paths on fresh copies, with the tiny config's shapes
-# (small enough for the interpreter), at irregular token counts (1, 7, 33:
-# a decode, and sizes that are not multiples of any tile) and in float32 and
-# bfloat16, and compare:
-#
-# * tensors: the largest absolute difference, divided by the largest
-#   magnitude of the reference (so float32 and bf16 read on one scale);
-# * `kv_store` returns nothing: compare the caches it wrote;
-# * `tokenize`: the ids must be identical (its optimized path is the Rust
-#   `tokenizers` library, not Triton);
-# * `sampling`: the kernel's draws use their own random stream, so compare the
-#   *set of tokens each row may draw* (`sample_with_mask` vs
-#   `processed_probs > 0`) — it must be identical.
+# same seeded keyword arguments for both paths. `compare_stage`
+# (`stagewise/viz_kernels.py`) runs both on fresh copies with the tiny
+# config's shapes, at irregular token counts (1, 7, 33: a decode, and sizes
+# that are multiples of no tile), in float32 and bfloat16. It compares
+# tensors by their largest absolute difference over the reference's largest
+# magnitude (both dtypes on one scale), `kv_store` by the caches it wrote,
+# `tokenize` (the Rust `tokenizers` library, not Triton) by identical ids,
+# and `sampling` by the *set of tokens each row may draw*: the kernel draws
+# from its own random stream, but the sets must be identical.
 
 # %%
-config = PRESETS["tiny"]
-token_counts = (1, 7, 33)
-dtypes = (torch.float32, torch.bfloat16)
-
-
-def as_tuple(x):
-    return x if isinstance(x, tuple) else (x,)
-
-
-def compare_stage(name: str, num_tokens: int, dtype: torch.dtype) -> tuple[str, float]:
-    """(kind, error) for one stage: a relative max-abs error for tensors, a count of mismatches otherwise."""
-    stage = STAGES[name]
-    ref_in = stage.example_inputs(config, num_tokens, DEVICE, dtype)
-    opt_in = stage.example_inputs(config, num_tokens, DEVICE, dtype)
-    if name == "sampling":
-        _, allowed = sample_with_mask(**opt_in)
-        return "set mismatches", float((allowed != (processed_probs(**ref_in) > 0)).sum())
-    ref, opt = stage.naive(**ref_in), stage.optimized(**opt_in)
-    if name == "tokenize":
-        return "ids differing", float((ref != opt).sum())
-    if stage.outputs:
-        pairs = list(zip(as_tuple(ref), as_tuple(opt)))
-    else:  # writes in place: compare what it wrote
-        written = [k for k, v in ref_in.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        pairs = [(ref_in[k], opt_in[k]) for k in written]
-    err = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
-    scale = max(float(a.float().abs().max()) for a, _ in pairs)
-    return "relative max error", err / max(scale, 1e-30)
-
-
-results = {}  # (stage, dtype) -> worst over token counts
+config, token_counts, dtypes = PRESETS["tiny"], (1, 7, 33), (torch.float32, torch.bfloat16)
+results = {}  # (stage, dtype) -> (what is compared, worst error over the token counts)
 for name in STAGES:
     for dtype in dtypes:
-        checks = [compare_stage(name, n, dtype) for n in token_counts]
+        checks = [vk.compare_stage(name, config, n, dtype, DEVICE) for n in token_counts]
         results[name, dtype] = (checks[0][0], max(e for _, e in checks))
-
 print(f"{'stage':>15} {'what is compared':>20} {'float32':>10} {'bfloat16':>10}")
 for name in STAGES:
-    kind = results[name, torch.float32][0]
-    print(f"{name:>15} {kind:>20} {results[name, torch.float32][1]:>10.2e} {results[name, torch.bfloat16][1]:>10.2e}")
+    kind, f32, bf16 = results[name, dtypes[0]][0], results[name, dtypes[0]][1], results[name, dtypes[1]][1]
+    print(f"{name:>15} {kind:>20} {f32:>10.2e} {bf16:>10.2e}")
 
 # %% [markdown]
 # Tolerances: a float32 result may differ from the reference by a few units of
 # float32 rounding (eps = 1.2e-7) — the kernels add in a different order and
 # accumulate matmuls tile by tile; a bf16 result by a few bf16 units (eps =
-# 7.8e-3). Exact stages (ids, sets, copies) must match exactly.
+# 7.8e-3). Exact stages (ids, sets, copies) must match exactly. The picture:
+# one bar per stage and dtype (log scale), "exact" at the bottom edge for a
+# zero difference, each dtype's machine epsilon dashed.
 
 # %%
 eps = {torch.float32: torch.finfo(torch.float32).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps}
@@ -438,32 +330,15 @@ for (name, dtype), (kind, err) in results.items():
     limit = 0.0 if kind != "relative max error" else 16 * eps[dtype]
     assert err <= limit, f"{name} {dtype}: {kind} {err:.2e} > {limit:.2e}"
 print("every stage agrees with its reference: exact where it must be, within a few ulps elsewhere")
-
-# %% [markdown]
-# ### The picture: per-stage error
-#
-# One bar per stage and dtype (log scale); a bar at the bottom edge marked
-# "exact" means zero difference. The dashed lines are each dtype's machine
-# epsilon: the kernels sit within a few units of rounding of the reference.
-
-# %%
-names = [n for n in STAGES if results[n, torch.float32][0] == "relative max error"]
-exact_stages = [n for n in STAGES if n not in names]
-errors = {str(dt).removeprefix("torch."): {n: results[n, dt][1] for n in names} for dt in dtypes}
-stage_errors(errors, {str(dt).removeprefix("torch."): e for dt, e in eps.items()},
-             f"naive vs Triton ({stagewise.kernels.TRITON_MODE}), tiny config, T in {token_counts}; "
-             f"exact matches also for: {', '.join(exact_stages)}")  # fmt: skip
+vk.stage_errors(results, eps, f"naive vs Triton ({stagewise.kernels.TRITON_MODE}), tiny config, T in {token_counts}")
 
 # %% [markdown]
 # ### The whole model
 #
-# Stage by stage agreement should add up to the same model. Two checks on the
-# tiny model (2 layers, random weights): the logits of one prefill through the
-# Llama forward built from naive stages vs from Triton stages
-# (`backend="triton"`; the prefill runs FlashAttention), and greedy tokens from
-# the paged engine (paged attention, KV store through the slot mapping),
-# requests batched together, for all three tiers (`backend="torch"`, the
-# default, included).
+# Stage by stage agreement should add up to the same model. On the tiny model
+# (2 layers, random weights): one prefill's logits, naive vs Triton stages
+# (FlashAttention), and the paged engine's greedy tokens (paged attention, the
+# KV store) for all three tiers, `backend="torch"` (the default) included.
 
 # %%
 small = EngineConfig(max_model_len=128)
@@ -474,8 +349,7 @@ engines = {
 ids = engines["naive"].tokenizer.encode("the cat sat on the mat and then ran far away")
 batch = ForwardBatch.from_sequences([ids, ids[:9]], [0, 0], DEVICE)
 logits = {b: engines[b].model.forward(batch, NoKVCache(batch.cu_seqlens_q)) for b in ("naive", "triton")}
-diff = float((logits["naive"] - logits["triton"]).abs().max())
-scale = float(logits["naive"].abs().max())
+diff, scale = float((logits["naive"] - logits["triton"]).abs().max()), float(logits["naive"].abs().max())
 print(f"prefill logits [2, {config.vocab_size}]: max |naive - triton| = {diff:.1e} (largest logit {scale:.1f})")
 assert diff <= 1e-4 * scale
 
@@ -489,37 +363,20 @@ print("paged engine, 3 requests: the naive, torch and triton tiers generate the 
 # ## 6. Measure: naive vs Triton speed, on a GPU
 #
 # `stagewise.bench.stage_bench.run_stages` times both paths of every stage at
-# a prefill shape and a decode shape, alternating them after a warm-up,
-# synchronized, medians with p10/p90 (`stagewise.bench.timing.compare`). On a
-# GPU it runs here, on SmolLM2's shapes in bfloat16. Without one, the
-# interpreter's times would say nothing about the kernels, so the cell prints
-# what the project's committed device check (`benchmarks/gpu/README.md`)
-# measured on its GPU instead: a reference run on another machine, each kernel
-# against its ceiling (a memory-bound kernel against the GPU's own copy
-# bandwidth, a compute-bound one against the vendor library: cuBLAS, cuDNN).
+# a prefill and a decode shape, alternated after a warm-up, synchronized,
+# medians (`stagewise.bench.timing.compare`): on a GPU, here, on SmolLM2's
+# shapes in bfloat16. The cell also prints what the committed device check
+# (`benchmarks/gpu/README.md`) measured on its GPU, a reference run on
+# another machine: each kernel against its ceiling (the GPU's copy bandwidth
+# for a memory-bound kernel, cuBLAS or cuDNN for a compute-bound one).
 
 # %%
 if ON_GPU:
-    bench = run_stages(StagesSettings(prefill_tokens=512, decode_tokens=8, repeats=10 if QUICK else 30))
-    print(f"{'stage':>15} {'shape':>14} {'naive ms':>9} {'triton ms':>10} {'speed-up':>9}")
-    for r in bench["rows"]:
-        opt, up = r["optimized_ms"] or float("nan"), r["speedup"] or float("nan")
-        print(f"{r['stage']:>15} {r['shape']:>14} {r['naive_ms']:>9.3f} {opt:>10.3f} {up:>8.2f}x")
-for name, run in DEVICE_RUNS.items():
-    gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
-    print(f"committed device check: {gpu} (benchmarks/results/{name}), a reference run, not this machine")
-    for row in run["sections"].get("kernels", {}).get("rows", []):
-        if "share_of_copy" in row:
-            print(f"  {row['kernel']:>17} {row['shape']:<58} {row['share_of_copy']:6.2f} of the copy bandwidth")
-        elif "ratio_vs_stock" in row and row["kernel"] != "sampling":
-            print(f"  {row['kernel']:>17} {row['shape']:<58} {row['ratio_vs_stock']:6.2f}x {row['stock']}'s speed")
-if not (ON_GPU or DEVICE_RUNS):
-    print("no GPU and no committed device check: the kernels are checked here, not timed")
+    vk.print_stage_bench(run_stages(StagesSettings(prefill_tokens=512, decode_tokens=8, repeats=10 if QUICK else 30)))
+vk.print_device_checks(DEVICE_RUNS, ON_GPU)
 
 # %% [markdown]
 # ## In vLLM (v0.11.0)
-#
-# The same jobs in vLLM v0.11.0:
 #
 # * `vllm/attention/ops/triton_unified_attention.py`: `kernel_unified_attention_2d`
 #   is one Triton kernel for prefills, chunks and decodes over the paged cache
@@ -537,27 +394,20 @@ if not (ON_GPU or DEVICE_RUNS):
 # ## Takeaways
 #
 # * Every optimized stage computes what its reference computes: identical ids,
-#   identical allowed sampling sets, identical copies, and float results within
-#   a few units of rounding in float32 and bfloat16; the assembled model
-#   gives the same logits and the same tokens.
-# * What the kernels change is data movement: fusion (rmsnorm + residual,
-#   silu_and_mul, the sampler), tiling (GEMMs), the online softmax
-#   (FlashAttention, paged attention), indirection (block table, slot mapping)
-#   and a sort replaced by counting.
-# * FlashAttention and paged attention share one loop; the causal bounds skip
-#   about half of the K/V tiles and mask only the diagonal band; paged
-#   attention differs only in how a key's address is found (block table ->
-#   slot). Split-K cuts the keys across programs and merges their
-#   (max, sum, acc) states exactly.
+#   sampling sets and copies, float results within a few units of rounding in
+#   float32 and bfloat16; the assembled model gives the same logits and tokens.
+# * FlashAttention and paged attention share one loop: the causal bounds skip
+#   the K/V tiles above the diagonal and mask only its band; paged attention
+#   differs only in how a key's address is found (block table -> slot).
+#   Split-K cuts the keys across programs and merges their (max, sum, acc)
+#   states exactly.
 # * The interpreter makes the kernels checkable anywhere; only a GPU makes
 #   them measurable (`stagewise bench stages` there, or section 6).
 #
 # ## Exercises
 #
-# Each task has a stub to fill in and a check cell below it. The check runs your
-# function and the package's own reference on fresh inputs and prints **PASS**,
-# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
-# Solutions: `notebooks/solutions/nb12b.py`.
+# A stub to fill in, a check cell below it (**PASS**, **FAIL** with the worst
+# mismatch, or **not yet**). Solutions: `notebooks/solutions/nb12b.py`.
 #
 # **1. Split-K's merge.** Flash decoding cuts one decode query's keys into `S`
 # ranges; range `s` ends with its own online-softmax state: `m[s]` (its max

@@ -1,6 +1,7 @@
-"""What notebooks 12a and 12b print while reading kernels: a kernel's source, the committed GPU results.
+"""What notebooks 12a and 12b print while reading kernels: a kernel's source, the committed GPU results,
+the pictures of the attention kernels, and 12b's stage-by-stage comparison of the two tiers.
 
-Printing only; nothing here runs a kernel.
+Only `compare_stage` runs a kernel (a stage's optimized path, beside its naive one).
 """
 
 import inspect
@@ -45,6 +46,46 @@ def device_results(kernel: str, runs: dict, on_gpu: bool) -> None:
     if not runs:
         where = "time the kernel on this GPU" if on_gpu else "this machine can check the kernel, not time it"
         print("no device check committed: " + where)
+
+
+# ---------------------------------------------------------------- the picture of notebook 12a
+
+
+def online_softmax_state(row, block_n: int):
+    """The online softmax's state along one row of scores, tile by tile: the running max m (it only
+    grows), alpha = exp(m_old - m_new) (the rescale of everything summed so far) and the running sum l,
+    which reaches the whole row's sum of exp(s - max) at the last tile.
+    """
+    import matplotlib.pyplot as plt
+    import torch
+
+    m_run, alphas, l_run = [], [], []
+    m_cur, l_cur = float("-inf"), 0.0
+    for start in range(0, row.numel(), block_n):
+        tile = row[start : start + block_n]
+        m_new = max(m_cur, float(tile.max()))
+        alpha = float(torch.exp(torch.tensor(m_cur - m_new)))
+        l_cur = l_cur * alpha + float(torch.exp(tile - m_new).sum())
+        m_cur = m_new
+        m_run.append(m_cur), alphas.append(alpha), l_run.append(l_cur)
+    tiles = range(len(m_run))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
+    axes[0].plot(row.numpy(), ".", color="gray")
+    for t in tiles:
+        axes[0].axvline(t * block_n - 0.5, color="black", lw=0.5)
+    axes[0].set_title(f"one row of scores, tiles of {block_n} keys")
+    axes[1].step(tiles, m_run, where="mid", color="tab:red", label="running max m")
+    axes[1].bar(tiles, alphas, color="tab:purple", alpha=0.5, label="alpha: rescale of the sums so far")
+    axes[1].legend(fontsize=8)
+    axes[1].set_title("the max only grows; alpha < 1 when it does")
+    axes[2].plot(tiles, l_run, "o-", color="tab:green")
+    axes[2].axhline(float(torch.exp(row - row.max()).sum()), color="black", ls=":", label="sum exp(s - max), whole row")
+    axes[2].legend(fontsize=8)
+    axes[2].set_title("running sum l: the whole row's, at the last tile")
+    for ax in axes[1:]:
+        ax.set_xlabel("key tile")
+    plt.tight_layout()
+    plt.show()
 
 
 # ---------------------------------------------------------------- pictures of notebook 12b
@@ -121,10 +162,21 @@ def paged_keys(row: list[int], num_keys: int, block_size: int, block_n: int, poo
     plt.show()
 
 
-def split_merge(panels: list[tuple[str, list[float]]], splits: list[str], title: str):
-    """One bar chart per quantity of split-K's merge (each split's max, weight, share of the sum)."""
-    import matplotlib.pyplot as plt
+def split_merge(m, l, ranges, title: str):  # noqa: E741
+    """Split-K's merge for one head: each split's max m_s (base 2), its weight 2^(m_s - M), its share of the sum.
 
+    `m`, `l`: `[S]` the splits' max score and sum; `ranges`: the S index tensors of their keys.
+    """
+    import matplotlib.pyplot as plt
+    import torch
+
+    w = torch.exp2(m - m.max())  # the split holding the largest score gets weight 1
+    panels = [
+        ("m_s: the split's max score (base 2)", m.tolist()),
+        ("w_s = 2^(m_s - M)", w.tolist()),
+        ("w_s l_s / sum: share of the denominator", (w * l / (w * l).sum()).tolist()),
+    ]
+    splits = [f"keys {int(r[0])}-{int(r[-1])}" for r in ranges]
     fig, axes = plt.subplots(1, len(panels), figsize=(13, 3.2))
     for ax, (name, values) in zip(axes, panels):
         ax.bar(splits, values, color="tab:purple")
@@ -135,15 +187,20 @@ def split_merge(panels: list[tuple[str, list[float]]], splits: list[str], title:
     plt.show()
 
 
-def stage_errors(errors: dict, eps: dict, title: str, floor: float = 1e-10):
+def stage_errors(results: dict, eps: dict, title: str, floor: float = 1e-10):
     """Bars of relative error per stage, one colour per dtype (log scale); 0 is drawn at `floor`, "exact".
 
-    `errors`: dtype name -> {stage: error}; `eps`: dtype name -> its machine epsilon (dashed line).
+    `results`: (stage, dtype) -> (what is compared, error), as `compare_stage` returns; the stages
+    compared exactly (ids, sets) are named in the title. `eps`: dtype -> its machine epsilon (dashed).
     """
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = list(next(iter(errors.values())))
+    stages, dtypes = list(dict.fromkeys(s for s, _ in results)), list(eps)
+    names = [n for n in stages if results[n, dtypes[0]][0] == "relative max error"]
+    title += f"; exact matches also for: {', '.join(n for n in stages if n not in names)}"
+    errors = {str(dt).removeprefix("torch."): {n: results[n, dt][1] for n in names} for dt in dtypes}
+    eps = {str(dt).removeprefix("torch."): e for dt, e in eps.items()}
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(12, 5))
     for offset, (dtype, color) in zip((-0.2, 0.2), zip(errors, ("tab:blue", "tab:orange"))):
@@ -161,3 +218,61 @@ def stage_errors(errors: dict, eps: dict, title: str, floor: float = 1e-10):
     ax.legend(fontsize=8, ncol=2)
     plt.tight_layout()
     plt.show()
+
+
+# ---------------------------------------------------------------- notebook 12b: every stage, both tiers
+
+
+def compare_stage(name: str, config, num_tokens: int, dtype, device) -> tuple[str, float]:
+    """(what is compared, error) for one stage's naive and optimized paths on the same seeded inputs.
+
+    Tensors: the largest absolute difference over the largest magnitude of the reference (float32
+    and bf16 on one scale). `kv_store` returns nothing: the caches it wrote are compared.
+    `tokenize`: ids that differ. `sampling`: the kernel draws from its own random stream, so the
+    *set of tokens each row may draw* is compared (`sample_with_mask` vs `processed_probs > 0`).
+    """
+    import torch
+
+    from stagewise.kernels.sampling import sample_with_mask
+    from stagewise.stages import STAGES
+    from stagewise.stages.sampling import processed_probs
+
+    stage = STAGES[name]
+    ref_in = stage.example_inputs(config, num_tokens, device, dtype)  # seeded: two calls, identical inputs
+    opt_in = stage.example_inputs(config, num_tokens, device, dtype)
+    if name == "sampling":
+        _, allowed = sample_with_mask(**opt_in)
+        return "set mismatches", float((allowed != (processed_probs(**ref_in) > 0)).sum())
+    ref, opt = stage.naive(**ref_in), stage.optimized(**opt_in)
+    if name == "tokenize":
+        return "ids differing", float((ref != opt).sum())
+    if stage.outputs:
+        pairs = list(zip(*((x if isinstance(x, tuple) else (x,)) for x in (ref, opt))))
+    else:  # writes in place: compare what it wrote
+        written = [k for k, v in ref_in.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        pairs = [(ref_in[k], opt_in[k]) for k in written]
+    err = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
+    scale = max(float(a.float().abs().max()) for a, _ in pairs)
+    return "relative max error", err / max(scale, 1e-30)
+
+
+def print_stage_bench(bench: dict) -> None:
+    """The table of `stagewise.bench.stage_bench.run_stages`: naive vs Triton ms per stage and shape."""
+    print(f"{'stage':>15} {'shape':>14} {'naive ms':>9} {'triton ms':>10} {'speed-up':>9}")
+    for r in bench["rows"]:
+        opt, up = r["optimized_ms"] or float("nan"), r["speedup"] or float("nan")
+        print(f"{r['stage']:>15} {r['shape']:>14} {r['naive_ms']:>9.3f} {opt:>10.3f} {up:>8.2f}x")
+
+
+def print_device_checks(runs: dict, on_gpu: bool) -> None:
+    """Every kernel row of the committed device checks: share of the copy bandwidth, or speed vs the vendor's."""
+    if not (on_gpu or runs):
+        print("no GPU and no committed device check: the kernels are checked here, not timed")
+    for name, run in runs.items():
+        gpu = run["sections"]["env"].get("gpu", {}).get("name", name)
+        print(f"committed device check: {gpu} (benchmarks/results/{name}), a reference run, not this machine")
+        for row in run["sections"].get("kernels", {}).get("rows", []):
+            if "share_of_copy" in row:
+                print(f"  {row['kernel']:>17} {row['shape']:<58} {row['share_of_copy']:6.2f} of the copy bandwidth")
+            elif "ratio_vs_stock" in row and row["kernel"] != "sampling":
+                print(f"  {row['kernel']:>17} {row['shape']:<58} {row['ratio_vs_stock']:6.2f}x {row['stock']}'s speed")
