@@ -47,9 +47,9 @@
 import os
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
+from stagewise import viz_stages
 from stagewise.bench.timing import compare
 from stagewise.calc.counts import attention_flops, linear_flops
 from stagewise.models.forward_batch import ForwardBatch, NoKVCache
@@ -374,41 +374,8 @@ assert linear_flops(cfg, num_tokens=1).value - head == 2 * per_layer_w * cfg.num
 # larger (printed above).
 
 # %%
-fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 4.8))
-gates = gate_up[:, :inter].flatten().numpy()
-hist_ax = left.twinx()
-hist_ax.hist(gates, bins=120, range=(-6, 4), color="lightgray")
-hist_ax.set_yticks([])
-left.set_zorder(hist_ax.get_zorder() + 1)
-left.patch.set_visible(False)
-g_axis = torch.linspace(-6, 4, 400)
-left.plot(g_axis, torch.relu(g_axis), label="ReLU(g)", color="tab:gray", lw=2)
-left.plot(g_axis, torch.nn.functional.silu(g_axis), label="SiLU(g) = g * sigmoid(g)", color="tab:red", lw=2)
-left.axhline(0, color="black", lw=0.5)
-left.set_xlabel("gate pre-activation g")
-left.set_title(f"SiLU vs ReLU (grey: real gates, layer {LAYER})")
-left.legend(loc="upper left")
-
-colours = {"QKV": "tab:blue", "O": "tab:cyan", "attention": "tab:orange", "FFN": "tab:green"}
-for ax, shares, title in [
-    (middle, flop_shares, "share of prefill FLOPs per layer"),
-    (right, byte_shares, "share of decode-step bytes per layer"),
-]:
-    bottom = np.zeros(len(contexts))
-    for part, colour in colours.items():
-        vals = np.array([s_[part] for s_ in shares])
-        ax.bar(range(len(contexts)), vals * 100, bottom=bottom, color=colour, label=part)
-        for i, val in enumerate(vals):
-            if val > 0.06:
-                ax.text(i, bottom[i] + val * 50, f"{val:.0%}", ha="center", va="center", color="white")
-        bottom += vals * 100
-    ax.set_xticks(range(len(contexts)), [f"context {n:,}" for n in contexts])
-    ax.set_ylabel("%")
-    ax.set_ylim(0, 115)
-    ax.set_yticks(range(0, 101, 20))
-    ax.set_title(f"SmolLM2: {title}")
-    ax.legend(fontsize=8, loc="upper center", ncol=4)
-plt.tight_layout()
+gates = gate_up[:, :inter]  # [T, inter]: layer LAYER's gate pre-activations, before SiLU
+viz_stages.ffn_pictures(gates.numpy(), contexts, flop_shares, byte_shares, LAYER)
 plt.show()
 
 # %% [markdown]
