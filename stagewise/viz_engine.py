@@ -1,7 +1,8 @@
 """Pictures of the engine for notebooks 09, 10 and 16: the block pool, a trace's timeline, steps, timings.
 
 Plotting only; the notebooks import these so their cells stay about the idea. matplotlib is
-imported when a function is called, not when this module is.
+imported when a function is called, not when this module is. (Printing a trace's steps as
+text: `viz_trace.py`.)
 """
 
 import numpy as np
@@ -283,5 +284,27 @@ def shared_rows(rows: list[list[int]], labels: list[str], block_size: int):
     )
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
+    plt.tight_layout()
+    plt.show()
+
+
+def memory_held(used: dict, paged: dict, static: int, block_size: int):
+    """Bars per request: its tokens, the slots its paged blocks held, the slots a static row reserved.
+
+    `used`: request -> prompt + output tokens; `paged`: request -> block_size * its blocks at peak;
+    `static`: the slots each row of the contiguous cache reserved (the batch's worst case).
+    """
+    import matplotlib.pyplot as plt
+
+    names = list(used)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(x - 0.27, [used[n] for n in names], 0.27, label="tokens (prompt + output)", color="tab:gray")
+    ax.bar(x, [paged[n] for n in names], 0.27, label=f"paged: ceil(tokens / {block_size}) blocks", color="tab:green")
+    ax.bar(x + 0.27, [static] * len(names), 0.27, label="static: longest prompt + largest max_tokens", color="tab:blue")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("KV slots (tokens)")
+    ax.set_title(f"memory each request holds: paged wastes < {block_size} slots, static reserves for the worst case")
+    ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
