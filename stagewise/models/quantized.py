@@ -162,6 +162,10 @@ def prepare_for(weights, tiers: dict[str, str]) -> None:
 
     if tiers.get("qkv_proj") != "torch" and tiers.get("lm_head") != "torch":
         return
-    for w in (leaf for packed in weights.packed() for leaf in packed_leaves(packed)):
-        if w.device.type == "cpu":  # a PackedParts: each part its own form
-            dequant_gemm_torch.prepare(w)
+    for packed in weights.packed():
+        if packed is weights.embed and not weights.tied():
+            continue  # an untied table is only gathered by rows: no GEMM reads it
+        for w in packed_leaves(packed):  # a PackedParts: each part its own form
+            if w.device.type == "cpu":
+                dequant_gemm_torch.prepare(w)  # the form built, the file-layout codes released
+    dequant_gemm_torch.return_freed_memory()

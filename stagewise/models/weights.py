@@ -95,6 +95,11 @@ class LlamaWeights:
         """Bytes the tiers built from packed weights once (e.g. the torch tier's int4pack form)."""
         return sum(w.prepared_bytes() for w in self.packed())
 
+    def held_bytes(self) -> int:
+        """Bytes in memory: `num_bytes`, less the codes a packed weight released (its torch form
+        holds them), plus the forms the tiers built (`PackedWeight.held_bytes`)."""
+        return self.num_bytes() + sum(w.held_bytes() - w.nbytes for w in self.packed())
+
     def decode_bytes(self) -> int:
         """Bytes one decode step of one token reads: every layer, the final norm and the LM head.
 

@@ -50,22 +50,28 @@ activations 411 ms); the 49152 x 576 tied LM head: float32 31-36 ms, bfloat16
 `F.linear` 14.6 ms, int8pack 14.0 ms, int4pack 5.1 ms.
 
 The prepared forms live in `w.prepared` (built on the first call, or at load
-by `prepare`); off the CPU, this tier is the naive one.
+by `prepare`); off the CPU, this tier is the naive one. An int4pack form (the
+4-bit kinds, q8_0 and q5_k's two halves) holds every code exactly, so once it
+is built the file-layout codes are released (`PackedWeight.release_codes`):
+the weight is held once, in the layout this tier reads, and rebuilt from it
+(`int4pack.unpack`) only if another tier asks. A bfloat16 copy (q6_k) rounds,
+so there the codes stay beside it.
 """
+
+import ctypes
 
 import torch
 import torch.nn.functional as F
 
+from stagewise.stages import int4pack
 from stagewise.stages.dequantize import dequantize, dequantize_rows, unpack_codes
 from stagewise.stages.packed_weight import PackedWeight
-
-INNER_K_TILES = 2  # the int4pack layout's K tiling (the CPU kernel accepts 1, 2, 4, 8: same bytes)
 
 
 def _int4pack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed codes in the CPU kernel's layout [N, K/2] uint8, scale_and_zero [K/G, N, 2] bf16)."""
     q = unpack_codes(w).flatten(1)  # [N, K/G, G] -> [N, K] int32 codes 0..15
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, INNER_K_TILES)
+    packed = int4pack.pack(q)  # [N, K/2] uint8 in the kernel's order (int4pack.py)
     d = w.scales.to(torch.float32)  # [N, K/G]
     zero = torch.zeros_like(d) if w.mins is None else w.mins.to(torch.float32) + 8 * d
     scale_zero = torch.stack([d, zero], dim=-1).transpose(0, 1)  # [N, K/G, 2] -> [K/G, N, 2]
@@ -79,9 +85,7 @@ def _q8_nibbles(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """
     q = w.codes.to(torch.int32)  # [N, K] signed codes -128..127 (q5_k: 0..31)
     high, low = (q >> 4) + 8, q & 15  # q = 16 * (high - 8) + low, both 0..15
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-        torch.cat([high, low], dim=1), INNER_K_TILES
-    )  # [N, 2K] codes -> the kernel's layout, [N, K] uint8
+    packed = int4pack.pack(torch.cat([high, low], dim=1))  # [N, 2K] codes -> [N, K] uint8
     d = w.scales.to(torch.float32)  # [N, K/G]
     scale = torch.cat([16 * d, d], dim=1)  # [N, 2K/G]: high groups, then low groups
     low_zero = 8 * d if w.mins is None else 8 * d + w.mins.to(torch.float32)
@@ -108,12 +112,29 @@ def form_name(w: PackedWeight) -> str:
 
 
 def prepare(w: PackedWeight) -> PackedWeight:
-    """Build this tier's form of w once (kept in `w.prepared`); returns w."""
+    """Build this tier's form of w once (kept in `w.prepared`), then drop the file-layout codes
+    where the form holds them exactly (int4pack forms; a bf16 copy keeps them); returns w."""
     if not supported(w) or "torch" in w.prepared:
         return w
     build = {"int4pack": _int4pack, "q8_nibbles": _q8_nibbles, "bf16": _bf16_rows}
     w.prepared["torch"] = build[form_name(w)](w)
+    w.release_codes()  # held once: `w.codes` is rebuilt from the form if another tier asks
     return w
+
+
+def return_freed_memory() -> None:
+    """Give the memory freed while building the forms back to the operating system.
+
+    Building a form makes temporaries (the codes as int32, 4 bytes a code) and releases the
+    file's codes; glibc's allocator keeps freed blocks below its mmap threshold (up to 32 MB) in
+    its heap for reuse, so the process's resident memory would stay near its peak (SmolLM2:
+    ~300 MB added by load instead of ~145). `malloc_trim(0)` hands the free pages back; without
+    glibc it is skipped.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim this way
+        pass
 
 
 def gemm(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:

@@ -52,11 +52,28 @@ feature n, holding that row's K codes.
 A tied embedding table [vocab, hidden] is the LM head's storage read by rows
 (row n = token n), so one `PackedWeight` serves both. `prepared` caches the
 forms other tiers build from the codes (e.g. the torch tier's int4pack), once.
+
+One layout held, not two. The CPU's default tier reads its own form of the
+codes (`int4pack.py`: the same 4 bits per code, in the kernel's order; q8_0
+and q5_k as two 4-bit halves). Holding that form *and* the file's codes would
+hold every code twice: SmolLM2-135M's Q4_1 file is 96.6 MB of blocks, and its
+tensors came to 198 MB. So once the torch tier has built an int4pack form,
+`release_codes` drops the file-layout codes, and `codes` (a property) rebuilds
+them from the form, exactly, whenever another reader asks: the naive and
+Triton tiers, a tensor-parallel cut, `to()` another device. The trade is bytes
+for time: ~0.5 bytes per weight no longer held, against ~50 ns per weight to
+rebuild (SmolLM2's 49152 x 576 table, 28 M codes: ~1.5 s), paid only by a tier
+the user did not pick as the default. The embedding's row gather asks for a few
+rows (`code_rows`): those T rows are rebuilt, T x K bytes read, not the table.
+`scales` and `mins` stay in the file's float16 (a few percent of the bytes),
+so the naive tier still computes the file's numbers bit for bit. A q6_k weight
+(and an 8-bit one with N not a multiple of 16) keeps its codes: its torch form
+is a bfloat16 copy, which rounds, so the codes cannot come back from it.
 """
 
-from dataclasses import dataclass, field
-
 import torch
+
+from stagewise.stages import int4pack
 
 GROUP_SIZE = 32  # values per group (llama.cpp's QK4_0 = QK4_1 = QK8_0 = 32)
 KINDS = {  # kind -> (bits held per code, offset subtracted from q, has a minimum)
@@ -82,21 +99,35 @@ class PackedWeightError(ValueError):
     """A packed weight whose parts do not fit together (shapes, dtypes, group boundaries)."""
 
 
-@dataclass(eq=False)
 class PackedWeight:
-    kind: str  # "q4_0", "q4_1", "q8_0", "q4_k", "q5_k" or "q6_k" (the tables above)
-    codes: torch.Tensor  # [N, K/2] uint8 (4-bit) or [N, K] int8 (8-bit): the integer codes
-    scales: torch.Tensor  # [N, K/G] float16 (K-quants float32): one scale d per group
-    mins: torch.Tensor | None = None  # [N, K/G] like scales (q4_1, q4_k, q5_k), else None
-    group_size: int | None = None  # G: values per group along K (None: the kind's, else 32)
-    # tier -> what it built from the codes once (its own layout); not part of the weight's value
-    prepared: dict = field(default_factory=dict, repr=False)
+    """kind + integer codes + per-group scales (and minimums): the tables above."""
 
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise PackedWeightError(f"unknown packed kind '{self.kind}'; known: {', '.join(KINDS)}")
-        bits, _, has_mins = KINDS[self.kind]
-        code_dtype, scale_dtype, fixed_group = LAYOUT[self.kind]
+    def __init__(
+        self,
+        kind: str,  # "q4_0", "q4_1", "q8_0", "q4_k", "q5_k" or "q6_k" (the tables above)
+        codes: torch.Tensor,  # [N, K/2] uint8 (4-bit) or [N, K] int8 (8-bit): the integer codes
+        scales: torch.Tensor,  # [N, K/G] float16 (K-quants float32): one scale d per group
+        mins: torch.Tensor | None = None,  # [N, K/G] like scales (q4_1, q4_k, q5_k), else None
+        group_size: int | None = None,  # G: values per group along K (None: the kind's, else 32)
+    ) -> None:
+        self.kind, self.scales, self.mins, self.group_size = kind, scales, mins, group_size
+        self._codes: torch.Tensor | None = codes  # the file layout; None once released
+        # tier -> what it built from the codes once (its own layout); not part of the weight's value
+        self.prepared: dict = {}
+        if kind not in KINDS:
+            raise PackedWeightError(f"unknown packed kind '{kind}'; known: {', '.join(KINDS)}")
+        if codes.dim() != 2 or codes.dtype != LAYOUT[kind][0]:
+            raise PackedWeightError(
+                f"{kind}: codes must be 2-D {LAYOUT[kind][0]}, got {codes.dtype} "
+                f"{tuple(codes.shape)}"
+            )
+        per_byte = 2 if KINDS[kind][0] == 4 else 1
+        self._shape = (codes.shape[1] * per_byte, codes.shape[0])  # [K, N], whichever form is held
+        self._check()
+
+    def _check(self) -> None:
+        _, _, has_mins = KINDS[self.kind]
+        _, scale_dtype, fixed_group = LAYOUT[self.kind]
         if self.group_size is None:
             self.group_size = fixed_group or GROUP_SIZE
         if fixed_group is not None and self.group_size != fixed_group:
@@ -105,11 +136,6 @@ class PackedWeight:
             )
         n, k = self.shape[1], self.shape[0]
         groups = k // self.group_size if self.group_size else 0
-        if self.codes.dim() != 2 or self.codes.dtype != code_dtype:
-            raise PackedWeightError(
-                f"{self.kind}: codes must be 2-D {code_dtype}, got {self.codes.dtype} "
-                f"{tuple(self.codes.shape)}"
-            )
         if self.group_size <= 0 or k % self.group_size:
             raise PackedWeightError(
                 f"{self.kind}: K = {k} is not a whole number of groups of {self.group_size}"
@@ -125,6 +151,55 @@ class PackedWeight:
         if has_mins != (self.mins is not None):
             raise PackedWeightError(f"{self.kind}: mins {'missing' if has_mins else 'unexpected'}")
 
+    # ---- the codes: the file's layout, held or rebuilt from the torch tier's form ----
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """[N, K/2] uint8 or [N, K] int8, the file's layout (rebuilt, exactly, when released)."""
+        return self._codes if self._codes is not None else self.code_rows(None)
+
+    @property
+    def codes_held(self) -> bool:
+        """True while the file-layout codes are held (False: rebuilt from the int4pack form)."""
+        return self._codes is not None
+
+    def code_rows(self, rows: torch.Tensor | slice | None) -> torch.Tensor:
+        """File-layout codes of some storage rows ([T, ...]; all of them when rows is None)."""
+        if self._codes is not None:
+            return self._codes if rows is None else self._codes[rows]
+        packed, _ = self.prepared["torch"]  # int4pack: [N, K/2] (8-bit: [N, 2K] codes' halves)
+        if isinstance(rows, slice):
+            rows = torch.arange(self.shape[1])[rows]
+        q = int4pack.unpack(packed) if rows is None else int4pack.unpack_rows(packed, rows)
+        k = self.shape[0]
+        if self.bits == 8:  # [T, 2K] 0..15: high nibbles, then low ones; q = 16 (h - 8) + l
+            high, low = q[:, :k].to(torch.int16), q[:, k:].to(torch.int16)
+            return (16 * (high - 8) + low).to(torch.int8)  # [T, K]
+        # [T, K] codes -> groups' bytes: byte i holds value i (low nibble), value i + G/2 (high)
+        g = q.view(q.shape[0], k // self.group_size, 2, self.group_size // 2)  # [T, K/G, 2, G/2]
+        return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], k // 2)  # [T, K/2]
+
+    def file_parts(self) -> dict[str, torch.Tensor]:
+        """codes, scales (and mins) by name, in the file's layout, for who describes the weight
+        (the tracer): released codes come as a shape-only tensor (device "meta"), not rebuilt."""
+        codes = self._codes
+        if codes is None:
+            k, n = self.shape
+            shape = (n, k // 2) if self.bits == 4 else (n, k)
+            codes = torch.empty(shape, dtype=LAYOUT[self.kind][0], device="meta")
+        parts = {"codes": codes, "scales": self.scales}
+        return parts if self.mins is None else {**parts, "mins": self.mins}
+
+    def release_codes(self) -> None:
+        """Drop the file-layout codes, if the torch tier's int4pack form holds them all.
+
+        The form is exact for the int4pack and two-nibble forms (4 bits a code, nothing rounded);
+        a bfloat16 copy (q6_k, or N not a multiple of 16) is not, and then the codes stay.
+        """
+        form = self.prepared.get("torch")
+        if isinstance(form, tuple) and form[0].device == self.scales.device:
+            self._codes = None
+
     # ---- what the weight is ----
 
     @property
@@ -139,12 +214,11 @@ class PackedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         """The matrix this stands for, [K, N] = [in, out] (storage is [N, ...], out-major)."""
-        per_byte = 2 if KINDS[self.kind][0] == 4 else 1
-        return (self.codes.shape[1] * per_byte, self.codes.shape[0])
+        return self._shape
 
     @property
     def device(self) -> torch.device:
-        return self.codes.device
+        return self.scales.device
 
     @property
     def dtype(self) -> str:
@@ -156,9 +230,20 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: codes, scales, mins (not the `prepared` forms)."""
-        parts = [self.codes, self.scales] + ([self.mins] if self.mins is not None else [])
-        return sum(t.numel() * t.element_size() for t in parts)
+        """The weight's bytes in the file's layout: codes, scales, mins (what a decode step reads).
+
+        The same number whichever form holds the codes (int4pack's bytes equal the file's);
+        `held_bytes` is what this object keeps in memory.
+        """
+        k, n = self.shape
+        code_bytes = n * k * self.bits // 8
+        parts = [self.scales] + ([self.mins] if self.mins is not None else [])
+        return code_bytes + sum(t.numel() * t.element_size() for t in parts)
+
+    def held_bytes(self) -> int:
+        """Bytes this object keeps: file codes (unless released), scales, mins, `prepared` forms."""
+        released = 0 if self._codes is not None else self.shape[0] * self.shape[1] * self.bits // 8
+        return self.nbytes - released + self.prepared_bytes()
 
     def prepared_bytes(self) -> int:
         """Bytes of the forms other tiers built from the codes (tensors in `prepared`)."""
@@ -171,7 +256,7 @@ class PackedWeight:
 
     def row_bytes(self) -> int:
         """Bytes of one storage row (one output feature; one token of an embedding table)."""
-        return self.nbytes // self.codes.shape[0]
+        return self.nbytes // self.shape[1]
 
     def __repr__(self) -> str:
         k, n = self.shape
@@ -179,11 +264,11 @@ class PackedWeight:
 
     # ---- moving and cutting (all exact: whole rows, whole groups) ----
 
-    def _with(self, fn) -> "PackedWeight":
+    def _with(self, fn, codes: torch.Tensor | None = None) -> "PackedWeight":
+        """A new weight of fn(part, name) for each part (codes: given, or fn of the full codes)."""
         mins = None if self.mins is None else fn(self.mins, "mins")
-        return PackedWeight(
-            self.kind, fn(self.codes, "codes"), fn(self.scales, "scales"), mins, self.group_size
-        )
+        codes = fn(self.codes, "codes") if codes is None else codes
+        return PackedWeight(self.kind, codes, fn(self.scales, "scales"), mins, self.group_size)
 
     def to(self, device: torch.device | str) -> "PackedWeight":
         """The same codes and scales on `device` (a packed weight has no float dtype to cast)."""
@@ -192,15 +277,17 @@ class PackedWeight:
         return self._with(lambda t, _: t.to(device))
 
     def share_memory_(self) -> "PackedWeight":
-        """Move codes and scales into shared memory (a spawned process then gets handles)."""
-        for t in (self.codes, self.scales, self.mins):
-            if t is not None:
+        """Codes, scales and prepared forms into shared memory (a spawned process gets handles)."""
+        forms = [t for v in self.prepared.values() for t in (v if isinstance(v, tuple) else (v,))]
+        for t in (self._codes, self.scales, self.mins, *forms):
+            if isinstance(t, torch.Tensor):
                 t.share_memory_()
         return self
 
     def out_features(self, index: torch.Tensor | slice) -> "PackedWeight":
         """Some output features (storage rows): a head permutation, a tensor-parallel shard."""
-        return self._with(lambda t, _: t[index].contiguous())
+        codes = self.code_rows(index).contiguous()  # only these rows rebuilt, if released
+        return self._with(lambda t, _: t[index].contiguous(), codes)
 
     def in_features(self, start: int, stop: int) -> "PackedWeight":
         """Input features [start, stop) (a row-parallel shard), both on group boundaries."""

@@ -228,9 +228,7 @@ def _packed_records(name: str, w: PackedWeight) -> list[TensorRecord]:
     k, n = w.shape
     what = f"{w.kind} [K={k}, N={n}]"
     out = []
-    for key, inner in vars(w).items():
-        if not isinstance(inner, torch.Tensor):
-            continue
+    for key, inner in w.file_parts().items():  # codes, scales, mins (file layout)
         axes = None
         if inner.dim() == 2 and inner.shape[0] == n and inner.shape[1] and k % inner.shape[1] == 0:
             per = k // inner.shape[1]
