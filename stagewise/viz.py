@@ -125,6 +125,25 @@ def gqa_map(configs: list[tuple[int, int, str]]):
     return _done(fig)
 
 
+def kv_per_token(rows: list[tuple[str, float, float, int]]):
+    """Per model (name, MHA bytes, GQA bytes, group size): its KV cache per token, both ways, log scale.
+
+    The factor written over each GQA bar is the group size H / Hkv, the saving.
+    """
+    fig, ax = _plt().subplots(figsize=(10, 4.5))
+    xs = range(len(rows))
+    ax.bar([i - 0.2 for i in xs], [mha / 1e3 for _, mha, _, _ in rows], 0.4, label="MHA (Hkv = H)", color="tab:gray")
+    ax.bar([i + 0.2 for i in xs], [gqa / 1e3 for _, _, gqa, _ in rows], 0.4, label="GQA (the real models)",
+           color="tab:green")  # fmt: skip
+    for i, (_, _, gqa, group) in enumerate(rows):
+        ax.text(i + 0.2, gqa / 1e3, f"/{group}", ha="center", va="bottom")
+    ax.set_xticks(list(xs), [name for name, *_ in rows])
+    ax.set_yscale("log")
+    ax.set(ylabel="KV cache per token, kB (bf16, all layers)", title="GQA shrinks the KV cache by H / Hkv")
+    ax.legend()
+    return _done(fig)
+
+
 # ---------------------------------------------------------------- 05 attention
 
 
@@ -220,4 +239,28 @@ def matrix_splits(panels: list[tuple[str, int, int, list[tuple[int, int, int]], 
         axes[-1].plot([], [], color=colors[r], lw=8, label=f"rank {r}")
     axes[-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(title)
+    return _done(fig)
+
+
+def per_rank_times(kinds: list[str], ms_by_rank: dict[int, list[float]], title: str):
+    """One bar per (stage kind, rank): ms of that rank's calls of that kind in a step, ranks side by side."""
+    fig, ax = _plt().subplots(figsize=(10, 3.5))
+    height = 0.8 / len(ms_by_rank)
+    for k, (rank, ms) in enumerate(ms_by_rank.items()):
+        ax.barh([i + height * k for i in range(len(kinds))], ms, height=height, label=f"rank {rank}")
+    ax.set_yticks([i + height * (len(ms_by_rank) - 1) / 2 for i in range(len(kinds))], kinds)
+    ax.set(xlabel="ms in the last step", title=title)
+    ax.legend()
+    return _done(fig)
+
+
+def stacked_rows(names: list[str], parts: list[tuple[str, list[float]]], xlabel: str, title: str):
+    """One horizontal bar per name, its parts (label, values) stacked left to right."""
+    fig, ax = _plt().subplots(figsize=(9, 3))
+    left = [0.0] * len(names)
+    for label, values in parts:
+        ax.barh(names, values, left=left, label=label)
+        left = [a + b for a, b in zip(left, values)]
+    ax.set(xlabel=xlabel, title=title)
+    ax.legend(loc="lower right")
     return _done(fig)

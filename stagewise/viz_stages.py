@@ -1,4 +1,4 @@
-"""Figures of the stage notebooks 01, 02, 04, 06 and 07: tokenizer, RMSNorm, RoPE, FFN, sampling.
+"""Figures of the stage notebooks 01, 02, 04, 06, 07, 14, 15: tokenizer to sampling, quantization, speculation.
 
 Each function draws one figure from numbers the notebook computed (lists, dicts, tensors)
 and returns it; the notebook's cell keeps the computation, so it reads as the idea.
@@ -213,5 +213,85 @@ def sampling_panels(penalty: tuple, temperatures: dict, filters: tuple, draw: tu
     ax.bar(x + 0.2, freq, 0.4, label=f"frequency in {num_draws} seeded draws", color="tab:orange")
     ax.set_xticks(x, labels)
     ax.set_title("the draw follows the processed distribution")
+    ax.legend()
+    return _done(fig)
+
+
+# ---------------------------------------------------------------- 14 quantization, 15 speculative decoding
+
+
+def bars(values: dict, title: str, colors=None, xlabel: str = "", ylabel: str = "", horizontal=False, log=False,
+         figsize=(7, 3.5)):  # fmt: skip
+    """One bar per entry of `values` (label -> number); `horizontal` lays them out as rows, `log` a log axis."""
+    fig, ax = _plt().subplots(figsize=figsize)
+    (ax.barh if horizontal else ax.bar)(list(values), list(values.values()), color=colors)
+    if log:
+        (ax.set_xscale if horizontal else ax.set_yscale)("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=10)
+    return _done(fig)
+
+
+def q4_1_code_bytes(codes):
+    """The 16 code bytes [16] (uint8) of one Q4_1 block as bits (black = 1), each nibble's code written on it."""
+    fig, ax = _plt().subplots(figsize=(9, 2.6))
+    bits = np.unpackbits(np.asarray(codes, dtype=np.uint8)[:, None], axis=1)  # [16 bytes, 8 bits], MSB first
+    ax.imshow(bits.T, cmap="Greys", aspect="auto")
+    box = {"facecolor": "white", "edgecolor": "none", "pad": 1}
+    for i, byte in enumerate(codes):
+        ax.text(i, 1.5, str(byte >> 4), ha="center", va="center", color="tab:red", fontsize=9, bbox=box)
+        ax.text(i, 5.5, str(byte & 0x0F), ha="center", va="center", color="tab:blue", fontsize=9, bbox=box)
+    ax.set_yticks(range(8), [f"bit {7 - b}" for b in range(8)], fontsize=7)
+    ax.set_xticks(range(len(codes)), [f"{i}" for i in range(len(codes))], fontsize=7)
+    ax.set_xlabel("code byte i: high nibble = code i + 16 (red), low nibble = code i (blue)")
+    ax.set_title("the 16 code bytes of one Q4_1 block (black = 1)", fontsize=10)
+    return _done(fig)
+
+
+def block_weights(w, m: float, d: float):
+    """The 32 weights w_j = d * q_j + m of one block, between the lowest (code 0) and highest (code 15) level."""
+    fig, ax = _plt().subplots(figsize=(7, 3))
+    ax.bar(range(len(w)), w, color="tab:green")
+    ax.axhline(m, color="gray", linestyle=":", label=f"m = {m:.4f} (code 0)")
+    ax.axhline(m + 15 * d, color="gray", linestyle="--", label="m + 15 d (code 15)")
+    ax.set(xlabel="weight j of the block", ylabel="w_j")
+    ax.legend(fontsize=8)
+    return _done(fig)
+
+
+def step_cost(rows: list[int], costs: dict[int, float], title: str):
+    """Measured ms of a step of n query rows against n decode steps (the dashed line), n = `rows`."""
+    fig, ax = _plt().subplots(figsize=(6.5, 4))
+    ax.plot(rows, [costs[n] for n in rows], marker="o", label="measured step")
+    ax.plot(rows, [n * costs[1] for n in rows], linestyle="--", color="gray", label="n x decode step")
+    ax.set(xlabel="query rows in the step (1 + k guesses)", ylabel="ms per step", title=title)
+    ax.legend()
+    return _done(fig)
+
+
+def speculation_gain(expected: dict[float, list[float]], speedup: dict[float, tuple[list[int], list[float]]]):
+    """Left: expected tokens per step E(a, k), k = 0, 1, ...; right: speed-up (k guesses, E / step cost) per a."""
+    fig, (left, right) = _plt().subplots(1, 2, figsize=(11, 4))
+    for a, tokens in expected.items():
+        left.plot(range(len(tokens)), tokens, marker=".", label=f"a = {a}")
+    for a, (ks, gains) in speedup.items():
+        right.plot(ks, gains, marker="o", label=f"a = {a}")
+    left.set(xlabel="k guesses per step", ylabel="expected tokens per step")
+    left.legend()
+    right.axhline(1.0, color="gray", linestyle=":")  # above it, speculation wins
+    right.set(xlabel="k guesses per step", ylabel="speed-up over plain decoding")
+    right.set_title("E(a, k) / measured step cost", fontsize=10)
+    right.legend()
+    return _done(fig)
+
+
+def side_by_side(named: list[tuple[str, list[float], str]], xlabel: str, ylabel: str):
+    """Grouped bars: per position on the x axis, one bar for each (label, values, colour), left to right."""
+    fig, ax = _plt().subplots(figsize=(6.5, 3.8))
+    width = 0.81 / len(named)
+    for k, (label, values, colour) in enumerate(named):
+        xs = [i + (k - (len(named) - 1) / 2) * width for i in range(len(values))]
+        ax.bar(xs, values, width, label=label, color=colour)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.legend()
     return _done(fig)

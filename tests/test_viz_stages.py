@@ -1,4 +1,4 @@
-"""The stage notebooks' figures draw what they are given: panels, bars, titles and labels from the data.
+"""The notebooks' figures (stagewise.viz_stages) draw what they are given: bars, lines, labels from the data.
 
 Small hand-made inputs (the notebooks pass the real ones); the figures are drawn with the Agg
 backend and closed.
@@ -94,3 +94,46 @@ def test_sampling_panels_hatch_seen_tokens_and_count_the_kept_ones():
     assert np.isnan(filt.lines[0].get_ydata()[1])  # a filtered-out token draws no dot
     assert draw.get_legend().get_texts()[1].get_text() == "frequency in 10 seeded draws"
     assert list(temp.lines[0].get_xdata()) == [1, 2]  # ranks start at 1
+
+
+def test_bars_vertical_and_horizontal_log():
+    ax = viz_stages.bars({"fp32": 4.0, "q4_0": 1.0}, "floors", ylabel="ms").axes[0]
+    assert [p.get_height() for p in ax.patches] == [4.0, 1.0]
+    assert (ax.get_yscale(), ax.get_ylabel(), ax.get_title()) == ("linear", "ms", "floors")
+    ax = viz_stages.bars({"naive": 30.0, "torch": 2.0}, "calls", horizontal=True, log=True).axes[0]
+    assert [p.get_width() for p in ax.patches] == [30.0, 2.0]
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["naive", "torch"]
+
+
+def test_q4_1_code_bytes_writes_both_nibbles_of_each_byte():
+    codes = np.array([0x3A] + [0] * 15, dtype=np.uint8)  # high nibble 3 (code 16), low nibble 10 (code 0)
+    ax = viz_stages.q4_1_code_bytes(codes).axes[0]
+    bits = ax.images[0].get_array()  # [8 bits, 16 bytes], most significant bit on top
+    assert list(bits[:, 0]) == [0, 0, 1, 1, 1, 0, 1, 0]
+    assert [t.get_text() for t in ax.texts[:2]] == ["3", "10"]
+
+
+def test_block_weights_levels_are_m_and_m_plus_15_d():
+    ax = viz_stages.block_weights(np.linspace(-1, 0.5, 32), m=-1.0, d=0.1).axes[0]
+    assert [line.get_ydata()[0] for line in ax.lines] == pytest.approx([-1.0, 0.5])
+    assert len(ax.patches) == 32
+
+
+def test_step_cost_and_speculation_gain_plot_the_given_numbers():
+    ax = viz_stages.step_cost([1, 2, 5], {1: 10.0, 2: 11.0, 5: 15.0}, "cost").axes[0]
+    measured, linear = ax.lines
+    assert list(measured.get_ydata()) == [10.0, 11.0, 15.0]
+    assert list(linear.get_ydata()) == [10.0, 20.0, 50.0]  # n decode steps
+    left, right = viz_stages.speculation_gain({0.5: [1.0, 1.5, 1.75]}, {0.5: ([1, 4], [1.2, 0.9])}).axes
+    assert list(left.lines[0].get_xdata()) == [0, 1, 2]
+    assert list(right.lines[0].get_ydata()) == [1.2, 0.9]
+    assert list(right.lines[1].get_ydata()) == [1.0, 1.0]  # the break-even line: above it speculation wins
+
+
+def test_side_by_side_centres_each_group_on_its_position():
+    groups = [("q", [0.1, 0.2], "tab:orange"), ("p", [0.3, 0.4], "tab:blue")]
+    ax = viz_stages.side_by_side(groups, "token", "prob").axes[0]
+    centres = [p.get_x() + p.get_width() / 2 for p in ax.patches]
+    assert centres == pytest.approx([-0.2025, 0.7975, 0.2025, 1.2025])
+    assert [p.get_height() for p in ax.patches] == pytest.approx([0.1, 0.2, 0.3, 0.4])
