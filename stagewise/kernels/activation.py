@@ -31,6 +31,7 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_same_device,
 )
+from stagewise.kernels.plan_cache import cdiv, plan_cache
 from stagewise.kernels.precision import round_to_bf16
 from stagewise.kernels.row_tiles import (
     TileConfig,
@@ -82,10 +83,11 @@ def _silu_and_mul_kernel(
     )
 
 
+@plan_cache
 def silu_and_mul_tiles(
     num_tokens: int, inter: int, interpreter: bool = INTERPRETER
 ) -> tuple[TileConfig, ...]:
-    """Tile candidates: one under the interpreter, a few around it on a GPU.
+    """Tile candidates: one under the interpreter, a few around it on a GPU (kept per shape).
 
     BLOCK_C: up to MAX_BLOCK columns, a power of 2 dividing `inter` when one >= MIN_BLOCK does;
     BLOCK_T: rows so that one tensor's tile is about TOKEN_TILE elements.
@@ -120,10 +122,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         _silu_and_mul_kernel,
         silu_and_mul_tiles(num_tokens, inter),
         key=("tokens_bucket", "inter"),
-        grid=lambda meta: (
-            triton.cdiv(num_tokens, meta["BLOCK_T"]),
-            triton.cdiv(inter, meta["BLOCK_C"]),
-        ),
+        grid=lambda meta: (cdiv(num_tokens, meta["BLOCK_T"]), cdiv(inter, meta["BLOCK_C"])),
         gate_up_ptr=gate_up,
         out_ptr=out,
         num_tokens=num_tokens,

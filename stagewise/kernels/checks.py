@@ -51,6 +51,12 @@ def check_last_dim_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
 
 
 def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
+    """All tensors on one device, of the type this process runs Triton on (cuda, or cpu for the
+    interpreter). Runs on every launch: the common case is a few attribute reads, no dict."""
+    first, *others = tensors.values()
+    device = first.device
+    if device.type == _launch_device_type() and all(t.device == device for t in others):
+        return
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         raise KernelInputError(f"{kernel}: tensors are on different devices: {devices}")
@@ -66,6 +72,19 @@ def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
         raise KernelInputError(
             f"{kernel}: tensors are on {device.type}, but Triton runs on {where} in this process"
         )
+
+
+def _launch_device_type() -> str:
+    """ "cpu" under the interpreter, else "cuda": read from stagewise.kernels once, then kept."""
+    global _LAUNCH_DEVICE_TYPE
+    if _LAUNCH_DEVICE_TYPE is None:
+        from stagewise.kernels import INTERPRETER
+
+        _LAUNCH_DEVICE_TYPE = "cpu" if INTERPRETER else "cuda"
+    return _LAUNCH_DEVICE_TYPE
+
+
+_LAUNCH_DEVICE_TYPE = None
 
 
 def check_head_dim(kernel: str, head_dim: int) -> None:

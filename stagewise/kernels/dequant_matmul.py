@@ -37,8 +37,9 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError
-from stagewise.kernels.matmul_decode import split_k_sum, split_plan
-from stagewise.kernels.precision import dot_policy, round_to_bf16
+from stagewise.kernels.matmul_decode import _sum_partials, split_plan
+from stagewise.kernels.plan_cache import plan_cache
+from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
 
 DECODE_MAX_M = 16  # M up to this runs the split-K decode launch (one 16-row tile)
@@ -185,15 +186,12 @@ def dequant_matmul(
     c = torch.empty((m, n), device=a.device, dtype=a.dtype)
     if m == 0 or n == 0:
         return c
-    cfg = config or dequant_config(m, n, k, num_sms(a.device), a.element_size())
-    if cfg.block_k % group_size and group_size % cfg.block_k:  # a step holds whole groups,
-        raise KernelInputError(  # or a group whole steps (every code finds its own scale)
-            f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}"
-        )
-    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    policy = dot_policy(a.dtype)  # per call: it follows PyTorch's TF32 switch
+    grid, k_per_split, options = dequant_launch(
+        m, n, k, a.dtype, a.device, bits, offset, mins is not None, group_size, config, policy
+    )
+    splits = grid[2]
     out = c if splits == 1 else torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
-    policy = dot_policy(a.dtype)
-    grid = (-(-m // cfg.block_m), -(-n // cfg.block_n), splits)
     _dequant_matmul_kernel[grid](
         a_ptr=a,
         codes_ptr=codes,
@@ -211,9 +209,42 @@ def dequant_matmul(
         stride_os=out.stride(0) if splits > 1 else 0,
         stride_om=out.stride(-2),
         stride_on=out.stride(-1),
+        **options,
+    )
+    if splits > 1:
+        _sum_partials(out, c)  # fixed order 0, 1, ...: the same bits every run
+    return c
+
+
+@plan_cache
+def dequant_launch(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    bits: int,
+    offset: int,
+    has_mins: bool,
+    group_size: int,
+    config: DequantConfig | None,
+    policy: DotPolicy,
+) -> tuple[tuple, int, dict]:
+    """(grid, K_PER_SPLIT, launch kwargs) of one dequantize-GEMM, kept per shape, format and device.
+
+    The grid is (tiles of M, tiles of N, splits): a decode row at N = 960, K = 576 under the
+    interpreter's 16 x 32 x 32 tiles, split 2, is (1, 30, 2), each split walking 9 x 32 of K.
+    """
+    cfg = config or dequant_config(m, n, k, num_sms(device), dtype.itemsize)
+    if cfg.block_k % group_size and group_size % cfg.block_k:  # a step holds whole groups,
+        raise KernelInputError(  # or a group whole steps (every code finds its own scale)
+            f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}"
+        )
+    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    options = dict(
         BITS=bits,
         OFFSET=offset,
-        HAS_MINS=mins is not None,
+        HAS_MINS=has_mins,
         GROUP=group_size,
         INTERPRETED=INTERPRETER,
         FP32_DOTS=policy.fp32_dots,
@@ -224,9 +255,7 @@ def dequant_matmul(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if splits > 1:
-        split_k_sum(out, c)  # fixed order 0, 1, ...: the same bits every run
-    return c
+    return (-(-m // cfg.block_m), -(-n // cfg.block_n), splits), k_per_split, options
 
 
 def _check(a, codes, scales, mins, bits: int, group_size: int) -> None:

@@ -32,6 +32,7 @@ from stagewise.kernels.checks import (
     check_dtype,
     check_same_device,
 )
+from stagewise.kernels.plan_cache import cdiv, plan_cache
 from stagewise.kernels.row_tiles import (
     TileConfig,
     gpu_candidates,
@@ -82,10 +83,11 @@ def _embedding_kernel(
     tl.store(dst, values, mask=mask)
 
 
+@plan_cache
 def embedding_tiles(
     num_tokens: int, hidden: int, interpreter: bool = INTERPRETER
 ) -> tuple[TileConfig, ...]:
-    """Tile candidates: one under the interpreter, a few around it on a GPU.
+    """Tile candidates: one under the interpreter, a few around it on a GPU (kept per shape).
 
     Whole rows up to MAX_BLOCK columns, and BLOCK_T tokens so the tile is about TOKEN_TILE elements;
     a short batch (fewer than MIN_PROGRAMS programs) gets one token per program and narrower column
@@ -135,10 +137,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         _embedding_kernel,
         embedding_tiles(num_tokens, hidden),
         key=("tokens_bucket", "hidden"),
-        grid=lambda meta: (
-            triton.cdiv(num_tokens, meta["BLOCK_T"]),
-            triton.cdiv(hidden, meta["BLOCK_C"]),
-        ),
+        grid=lambda meta: (cdiv(num_tokens, meta["BLOCK_T"]), cdiv(hidden, meta["BLOCK_C"])),
         ids_ptr=ids,
         weight_ptr=weight,
         out_ptr=out,

@@ -46,6 +46,7 @@ from stagewise.kernels.attention_common import (
     tile_fits,
 )
 from stagewise.kernels.checks import KernelInputError, check_same_device
+from stagewise.kernels.plan_cache import cdiv, launch_tuned, next_power_of_2, plan_cache
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import (
     choose_num_splits,
@@ -180,21 +181,22 @@ def flash_attention(
     group = num_heads // num_kv_heads
     rows = max_q_len * group  # (query, group head) rows of the longest sequence
     policy = dot_policy(q.dtype)
-    plan = flash_attention_plan(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q))
-    if INTERPRETER or rows <= DECODE_ROWS:  # fixed tiles: the interpreter's, or the decode tile
-        kernel, (config,) = _flash_attention_kernel, plan.configs
-        blocks = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    plan = flash_attention_launch_plan(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q))
+    fixed = INTERPRETER or rows <= DECODE_ROWS  # the interpreter's tile, or the decode tile
+    if fixed:
+        blocks = plan.launch_options()
         if num_splits is None:  # a few long sequences leave SMs idle: split their keys
-            programs = triton.cdiv(rows, blocks["BLOCK_M"]) * num_seqs * num_kv_heads
+            programs = cdiv(rows, blocks["BLOCK_M"]) * num_seqs * num_kv_heads
             num_splits = choose_num_splits(programs, k.shape[0] // num_seqs, num_sms(q.device))
     else:  # autotune picks BLOCK_M / BLOCK_N; a prefill grid is large enough unsplit
-        kernel, blocks = tuned_kernel(), {}
+        blocks = plan.constexprs
     num_splits = 1 if num_splits is None else num_splits
     if num_splits < 1:
         raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
     target, m_part, l_part, stride_o_split, stride_ml = partial_buffers(out, num_splits)
-    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads * num_splits)
-    kernel[grid](
+    grid = lambda meta: (cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads * num_splits)
+    q_len_bucket = min(next_power_of_2(max_q_len), 8192)
+    args = dict(
         q_ptr=q,
         k_ptr=k,
         v_ptr=v,
@@ -205,7 +207,7 @@ def flash_attention(
         cu_seqlens_k_ptr=cu_seqlens_k,
         seqused_k_ptr=cu_seqlens_k if seqused_k is None else seqused_k,  # unread if None
         qk_scale=qk_scale,
-        q_len_bucket=min(triton.next_power_of_2(max_q_len), 8192),
+        q_len_bucket=q_len_bucket,
         stride_q_token=q.stride(0),
         stride_q_head=q.stride(1),
         stride_k_token=k.stride(0),
@@ -217,8 +219,6 @@ def flash_attention(
         stride_o_split=stride_o_split,
         stride_ml_token=stride_ml[0],
         stride_ml_head=stride_ml[1],
-        GROUP=group,
-        HEAD_DIM=head_dim,
         HAS_SEQUSED_K=seqused_k is not None,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,
@@ -226,6 +226,11 @@ def flash_attention(
         NUM_SPLITS=num_splits,
         **blocks,
     )
+    if fixed:
+        _flash_attention_kernel[grid](**args)
+    else:  # the autotuner's key: its key arguments and every tensor's dtype (all follow q's)
+        key = ("flash_attention", q_len_bucket, head_dim, group, policy, num_splits, q.dtype)
+        launch_tuned(tuned_kernel(), _flash_attention_kernel, key, grid, args)
     if num_splits > 1:
         split_k_reduce(target, m_part, l_part, out)
     return out
@@ -285,6 +290,15 @@ TILES_16BIT = [
     (64, 32, 4, 2),
 ]
 TILES_FP32 = [(64, 32, 8, 2), (32, 32, 8, 2), (32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
+
+
+@plan_cache
+def flash_attention_launch_plan(
+    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+) -> LaunchPlan:
+    """`flash_attention_plan`, kept per key for the launcher (the compile gate calls the uncached
+    one: its tests change the tile rules and must see the change)."""
+    return flash_attention_plan(max_q_len, group, head_dim, dtype, target)
 
 
 def flash_attention_plan(

@@ -33,6 +33,7 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_same_device,
 )
+from stagewise.kernels.plan_cache import cdiv, plan_cache
 from stagewise.kernels.row_tiles import (
     TileConfig,
     gpu_candidates,
@@ -124,6 +125,16 @@ def kv_store_tiles(
     return heads, ((best,) if interpreter else gpu_candidates(best))
 
 
+@plan_cache
+def kv_store_launch(
+    num_tokens: int, num_kv_heads: int, head_dim: int
+) -> tuple[dict, tuple[TileConfig, ...], int]:
+    """`kv_store_tiles` and the number of head blocks, kept per shape: SmolLM2 (3 KV heads of 64)
+    stores a token's 3 x 64 in one head block."""
+    heads, candidates = kv_store_tiles(num_tokens, num_kv_heads, head_dim)
+    return heads, candidates, cdiv(num_kv_heads, heads["BLOCK_HEADS"])
+
+
 def kv_store(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -179,16 +190,12 @@ def kv_store(
     slot_mapping = slot_mapping.contiguous()  # [T]
     checked_target(NAME, k_cache)  # the pre-Ampere policy (targets.py)
 
-    heads, candidates = kv_store_tiles(num_tokens, num_kv_heads, head_dim)
-    num_head_blocks = triton.cdiv(num_kv_heads, heads["BLOCK_HEADS"])
+    heads, candidates, num_head_blocks = kv_store_launch(num_tokens, num_kv_heads, head_dim)
     launch(
         _kv_store_kernel,
         candidates,
         key=("tokens_bucket", "num_kv_heads", "HEAD_DIM"),
-        grid=lambda meta: (
-            triton.cdiv(num_tokens, meta["BLOCK_T"]),
-            num_head_blocks,
-        ),  # (token tile, head block)
+        grid=lambda meta: (cdiv(num_tokens, meta["BLOCK_T"]), num_head_blocks),  # (tokens, heads)
         k_ptr=k,
         k_token_stride=k.stride(0),
         k_head_stride=k.stride(1),

@@ -34,6 +34,7 @@ import triton.language as tl
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
 from stagewise.kernels.matmul_decode import DECODE_MAX_M, matmul_decode
+from stagewise.kernels.plan_cache import cdiv, launch_tuned, next_power_of_2, plan_cache
 from stagewise.kernels.precision import dot_policy, round_to_bf16
 from stagewise.kernels.targets import (
     INTERPRETER_TARGET,
@@ -167,7 +168,7 @@ def matmul(
         M=m,
         N=n,
         K=k,
-        M_BUCKET=triton.next_power_of_2(m),
+        M_BUCKET=next_power_of_2(m),
         stride_am=a.stride(0),
         stride_ak=a.stride(1),
         stride_bk=b.stride(0),
@@ -179,15 +180,29 @@ def matmul(
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,  # fp32: TF32 exactly when torch.matmul may use it
     )
-    plan = gemm_plan(m, a.dtype, target, config)
     if INTERPRETER or config is not None:
-        tiles = plan.launch_options()
-        grid = (triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"]),)
+        grid, tiles = fixed_launch(m, n, a.dtype, target, config)
         _matmul_kernel[grid](**args, **tiles)
         return c
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-    tuned_kernel()[grid](**args)  # prefill: a decode shape without a fixed config went above
+    # prefill (a decode shape without a fixed config went above): the autotuner picks the tiles
+    # the first time a key is seen, later launches pass its choice straight to the kernel. The
+    # key holds what the autotuner's does: M_BUCKET, N, K, the precision, every tensor's dtype.
+    index_dtype = None if row_index is None else row_index.dtype
+    key = ("matmul", args["M_BUCKET"], n, k, policy, a.dtype, c.dtype, index_dtype, a.device)
+    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
+    launch_tuned(tuned_kernel(), _matmul_kernel, key, grid, args)
     return c
+
+
+@plan_cache
+def fixed_launch(
+    m: int, n: int, dtype: torch.dtype, target: Target, config: "GemmConfig | None"
+) -> tuple[tuple, dict]:
+    """(grid, launch kwargs) of a one-config GEMM (the interpreter's, or a given config), kept per
+    key: one program per [BLOCK_M, BLOCK_N] tile of c, cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N) of
+    them (m = 37, n = 960, 64 x 128 tiles: 1 x 8 = 8 programs)."""
+    tiles = gemm_plan(m, dtype, target, config).launch_options()
+    return (cdiv(m, tiles["BLOCK_M"]) * cdiv(n, tiles["BLOCK_N"]),), tiles
 
 
 def _check_inputs(

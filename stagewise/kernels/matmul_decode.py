@@ -36,6 +36,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError, check_contiguous, check_shape
+from stagewise.kernels.plan_cache import plan_cache
 from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
 
@@ -219,7 +220,7 @@ def split_k_sum(partials: torch.Tensor, c: torch.Tensor) -> None:
 
 
 def _sum_partials(partials: torch.Tensor, c: torch.Tensor) -> None:
-    """split_k_sum without the checks, for the decode launcher that made both tensors."""
+    """split_k_sum without the checks, for launchers that made both tensors (decode, dequant)."""
     numel = c.numel()
     _split_k_sum_kernel[(_cdiv(numel, REDUCE_BLOCK),)](
         partials_ptr=partials,
@@ -235,16 +236,16 @@ def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy, fused_su
     """One decode GEMM with a given config: the split kernel, and (if split) the ordered sum, fused
     into it or (fused_sum False, or no counters to be had) a second kernel."""
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
-    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
-    tiles_n = _cdiv(n, cfg.block_n)
+    grid, k_per_split, options = decode_launch(n, k, cfg, policy)
+    splits = grid[1]
     counters = None
     if splits == 1:
         out, stride_os = c, 0
     else:
         out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
         stride_os = out.stride(0)
-        counters = arrival_counters(c.device, tiles_n) if fused_sum else None
-    _decode_kernel[(tiles_n, splits)](
+        counters = arrival_counters(c.device, grid[0]) if fused_sum else None
+    _decode_kernel[grid](
         a_ptr=a,
         b_ptr=b,
         out_ptr=out,
@@ -265,18 +266,32 @@ def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy, fused_su
         stride_cm=c.stride(0),
         stride_cn=c.stride(1),
         GATHER=row_index is not None,
+        FUSED_SUM=counters is not None,
+        **options,
+    )
+    if splits > 1 and counters is None:
+        _sum_partials(out, c)
+
+
+@plan_cache
+def decode_launch(n: int, k: int, cfg: "DecodeConfig", policy: DotPolicy) -> tuple:
+    """(grid, K_PER_SPLIT, launch kwargs) of one decode GEMM, kept per (N, K, config, precision).
+
+    The grid is (tiles of N, splits): N = 960, K = 576 with the interpreter's 256-wide, 64-deep
+    tiles and split 2 is (cdiv(960, 256), 2) = (4, 2), each split walking 5 x 64 = 320 of K.
+    """
+    k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    options = dict(
         INTERPRETED=INTERPRETER,
         FP32_DOTS=policy.fp32_dots,
         INPUT_PRECISION=policy.input_precision,
         BLOCK_M=BLOCK_M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        FUSED_SUM=counters is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if splits > 1 and counters is None:
-        _sum_partials(out, c)
+    return (_cdiv(n, cfg.block_n), splits), k_per_split, options
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}  # per device: int32 zeros, one per tile of N

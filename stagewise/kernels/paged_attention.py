@@ -48,6 +48,7 @@ from stagewise.kernels.checks import (
     check_dtype,
     check_same_device,
 )
+from stagewise.kernels.plan_cache import cdiv, plan_cache
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import (
     choose_num_splits,
@@ -176,10 +177,8 @@ def paged_attention(
         return out
     group = num_heads // num_kv_heads
     policy = dot_policy(q.dtype)
-    blocks = paged_attention_plan(
-        max_q_len, group, head_dim, q.dtype, checked_target(NAME, q)
-    ).launch_options()
-    num_q_blocks = triton.cdiv(max_q_len * group, blocks["BLOCK_M"])
+    blocks = paged_attention_options(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q))
+    num_q_blocks = cdiv(max_q_len * group, blocks["BLOCK_M"])
     if num_splits is None:
         num_splits = choose_num_splits(
             num_q_blocks * num_seqs * num_kv_heads, max_seq_len, num_sms(q.device)
@@ -287,6 +286,17 @@ DECODE_TILES = [(16, 64, 4, 3), (16, 32, 4, 3), (16, 32, 4, 2), (16, 16, 4, 2)]
 # fp32 (FMA dots) gets (32, 16) or (16, 16): (32, 32, 8 warps) spills 8-48 B/thread on sm_80
 # (ptxas of triton 3.6 and 3.9)
 PREFILL_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
+
+
+@plan_cache
+def paged_attention_options(
+    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+) -> dict:
+    """`paged_attention_plan`'s launch kwargs, kept per (query rows, GQA group, d, dtype, target).
+
+    The split count is not in it: it follows max_seq_len, which grows every decode step.
+    """
+    return paged_attention_plan(max_q_len, group, head_dim, dtype, target).launch_options()
 
 
 def paged_attention_plan(

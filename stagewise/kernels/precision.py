@@ -24,6 +24,7 @@ fp32 -> bf16 cast also truncates instead of rounding to nearest even, so a kerne
 storing bf16 there rounds by hand first (`round_to_bf16`).
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -52,12 +53,18 @@ def tf32_allowed() -> bool:
 
 
 def dot_policy(dtype: torch.dtype, interpreter: bool = INTERPRETER) -> DotPolicy:
-    """The dot precision for inputs of `dtype` (fp32, bf16 or fp16), on a GPU or the interpreter."""
+    """The dot precision for inputs of `dtype` (fp32, bf16 or fp16), on a GPU or the interpreter.
 
-    if dtype == torch.float32:
-        use_tf32 = (
-            tf32_allowed() and not interpreter
-        )  # the interpreter computes full fp32 whatever it is told
+    Every GEMM and attention launch asks, so the answer is kept per (dtype, interpreter, TF32
+    switch); the switch is read on each call (a program may flip it), and only for fp32.
+    """
+    use_tf32 = dtype == torch.float32 and not interpreter and tf32_allowed()
+    return _dot_policy(dtype, interpreter, use_tf32)
+
+
+@functools.cache
+def _dot_policy(dtype: torch.dtype, interpreter: bool, use_tf32: bool) -> DotPolicy:
+    if dtype == torch.float32:  # the interpreter computes full fp32 whatever it is told
         return DotPolicy(fp32_dots=True, input_precision="tf32" if use_tf32 else "ieee")
     if dtype == torch.bfloat16 and interpreter:
         return DotPolicy(fp32_dots=True, input_precision="ieee")

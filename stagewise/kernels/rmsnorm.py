@@ -35,6 +35,7 @@ from stagewise.kernels.checks import (
     check_same_device,
     check_shape,
 )
+from stagewise.kernels.plan_cache import plan_cache
 from stagewise.kernels.targets import LaunchPlan, checked_target, fixed_plan
 
 NAME = "rmsnorm"
@@ -122,7 +123,6 @@ def rmsnorm(
         return out, residual_out
 
     checked_target(NAME, x)  # the pre-Ampere policy (targets.py)
-    plan = rmsnorm_plan(hidden, residual is not None)
     _rmsnorm_kernel[(num_tokens,)](
         x_ptr=x,
         x_row_stride=x.stride(0),
@@ -133,9 +133,16 @@ def rmsnorm(
         residual_out_ptr=residual_out,  # never written when HAS_RESIDUAL is False
         hidden=hidden,
         eps=float(eps),
-        **plan.launch_options(),
+        **rmsnorm_options(hidden, residual is not None),
     )
     return out, residual_out
+
+
+@plan_cache
+def rmsnorm_options(hidden: int, has_residual: bool) -> dict:
+    """The launch kwargs of `rmsnorm_plan`, kept per (hidden, residual): hidden 576 -> BLOCK_SIZE
+    1024, 4 warps."""
+    return rmsnorm_plan(hidden, has_residual).launch_options()
 
 
 def rmsnorm_plan(hidden: int, has_residual: bool) -> LaunchPlan:

@@ -36,7 +36,8 @@ from stagewise.kernels.checks import (
     check_last_dim_contiguous,
     check_same_device,
 )
-from stagewise.kernels.row_tiles import TileConfig, launch, tokens_per_program, warps_for
+from stagewise.kernels.plan_cache import cdiv, plan_cache
+from stagewise.kernels.row_tiles import TileConfig, tokens_per_program, warps_for
 from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
@@ -218,16 +219,8 @@ def rope(
     positions = positions.contiguous()  # [T]
     checked_target(NAME, q)  # the pre-Ampere policy (targets.py)
 
-    heads, tile = rope_tiles(num_tokens, num_heads, num_kv_heads, head_dim)
-    head_blocks = triton.cdiv(num_heads, heads["BLOCK_HQ"])
-    launch(
-        _rope_kernel,
-        (tile,),
-        key=(),
-        grid=lambda meta: (
-            triton.cdiv(num_tokens, meta["BLOCK_T"]),
-            head_blocks,
-        ),  # (token tile, head block)
+    grid, options = rope_launch(num_tokens, num_heads, num_kv_heads, head_dim)
+    _rope_kernel[grid](  # grid: (token tile, head block)
         positions_ptr=positions,
         q_ptr=q,
         q_token_stride=q.stride(0),
@@ -240,6 +233,17 @@ def rope(
         num_tokens=num_tokens,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        **heads,
+        **options,
     )
     return q, k
+
+
+@plan_cache
+def rope_launch(
+    num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[tuple, dict]:
+    """(grid, launch kwargs) from `rope_tiles`, kept per shape: SmolLM2's decode token (9 + 3
+    heads of 64) is one program, grid (1, 1): [1, 16 + 4, 32] half-tiles of q and k."""
+    heads, tile = rope_tiles(num_tokens, num_heads, num_kv_heads, head_dim)
+    grid = (cdiv(num_tokens, tile.block_t), cdiv(num_heads, heads["BLOCK_HQ"]))
+    return grid, {**heads, **tile.meta(), "num_warps": tile.num_warps}

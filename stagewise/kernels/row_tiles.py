@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import triton
 
+from stagewise.kernels.plan_cache import launch_tuned, next_power_of_2
+
 MAX_TOKENS_PER_PROGRAM = 64  # more than this buys nothing: the tile is big enough long before
 MAX_BUCKET = 1 << 16  # longer batches share one tuning result
 
@@ -91,7 +93,7 @@ def gpu_candidates(best: TileConfig) -> tuple[TileConfig, ...]:
 
 def token_bucket(num_tokens: int) -> int:
     """Next power of 2 >= T, capped: the autotune key's stand-in for T."""
-    return min(triton.next_power_of_2(max(num_tokens, 1)), MAX_BUCKET)
+    return min(next_power_of_2(max(num_tokens, 1)), MAX_BUCKET)
 
 
 _autotuners: dict = {}
@@ -110,10 +112,14 @@ def launch(kernel, candidates: tuple[TileConfig, ...], key: tuple[str, ...], gri
     """Launch `kernel` with one fixed tile, or (several candidates: GPU only) through its autotuner.
 
     `grid` is a function of the meta-parameters (`meta["BLOCK_T"]`, ...), as Triton's launch
-    accepts.
+    accepts. Autotuned, only a key's first launch goes through the autotuner: later ones call the
+    kernel with its choice (`plan_cache.launch_tuned`), keyed as the autotuner keys: the `key`
+    arguments' values and every tensor argument's dtype.
     """
     if len(candidates) == 1:
         (tile,) = candidates
         kernel[grid](**args, **tile.meta(), num_warps=tile.num_warps)
-    else:
-        autotuner(kernel, candidates, key)[grid](**args)
+        return
+    dtypes = tuple(v.dtype for v in args.values() if hasattr(v, "dtype"))
+    tuned_key = (id(kernel), candidates, tuple(args[name] for name in key), dtypes)
+    launch_tuned(autotuner(kernel, candidates, key), kernel, tuned_key, grid, args)

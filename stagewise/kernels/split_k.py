@@ -16,10 +16,13 @@ A split that saw no key has l_s = 0 and acc_s = 0 and drops out; a row with
 no key anywhere has sum_s w_s l_s = 0 and gets 0.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.plan_cache import plan_cache
 from stagewise.kernels.targets import LaunchPlan, fixed_plan
 
 MIN_KEYS_PER_SPLIT = 256  # below this, a split's fixed cost (partials, reduce) outweighs its keys
@@ -94,7 +97,7 @@ def split_k_reduce(
         stride_ml_head=m_part.stride(1),
         stride_o_token=out.stride(0),
         stride_o_head=out.stride(1),
-        **split_k_reduce_plan(num_splits, head_dim).launch_options(),
+        **split_k_reduce_options(num_splits, head_dim),
     )
 
 
@@ -114,10 +117,16 @@ def partial_buffers(out: torch.Tensor, num_splits: int) -> tuple:
 
 
 def num_sms(device: torch.device) -> int | None:
-    """The streaming multiprocessors of a CUDA device; None in the CPU interpreter."""
+    """The streaming multiprocessors of a CUDA device; None in the CPU interpreter (kept per
+    device: launchers ask on every call, and reading the device's properties is not free)."""
     if device.type != "cuda":
         return None
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int, sms: int | None) -> int:
@@ -129,10 +138,16 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sms: int | None) -> i
     """
     if sms is None or num_programs >= sms:
         return 1
-    by_occupancy = triton.cdiv(PROGRAMS_PER_SM * sms, num_programs)
+    by_occupancy = -(-PROGRAMS_PER_SM * sms // num_programs)  # ceil division
     by_length = max_seq_len // MIN_KEYS_PER_SPLIT
     splits = min(MAX_SPLITS, by_occupancy, by_length)
     return splits if splits >= 2 else 1
+
+
+@plan_cache
+def split_k_reduce_options(num_splits: int, head_dim: int) -> dict:
+    """`split_k_reduce_plan`'s launch kwargs, kept per (splits, d)."""
+    return split_k_reduce_plan(num_splits, head_dim).launch_options()
 
 
 def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:

@@ -26,3 +26,14 @@ def tf32(allowed: bool):
 def ieee_fp32_dots():
     with tf32(False):
         yield
+
+
+@pytest.fixture(autouse=True)
+def fresh_launch_plans():
+    """Launchers keep their plans per shape (kernels/plan_cache.py): a test that changes a tile rule's
+    constant (monkeypatch) must not get a plan made before it, nor leave its own to the next test."""
+    from stagewise.kernels.plan_cache import clear_plan_caches
+
+    clear_plan_caches()
+    yield
+    clear_plan_caches()
