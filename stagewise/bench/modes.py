@@ -27,6 +27,14 @@ measures what TP costs rather than what it saves: the ranks share the same
 cores and memory bandwidth (no extra hardware is added, unlike N GPUs), and
 every step adds 2 all-reduces per block and a broadcast of the batch through
 the loopback network stack, each tens of microseconds.
+
+`--formats none,auto` runs every mode once per weight format (`quantization=`
+of the load: "none" float, "auto" a GGUF's own packed blocks, "int8" / "int4"
+a float checkpoint quantized at load): "kv [auto]" beside "kv [none]". Decode
+streams every weight once per token, so the time per token should follow the
+bytes per weight: SmolLM2-135M's projections are ~0.6 bytes a weight packed
+(Q4_1) against 4 in float32, and each format's own weight-streaming floor
+(its `decode_bytes` at the same measured read bandwidth) is printed beside it.
 """
 
 import statistics
@@ -44,6 +52,7 @@ from stagewise.bench.workloads import BenchRequest, single_prompt
 from stagewise.config import PRESETS, EngineConfig
 from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
+from stagewise.models.quantized import check_quantization, weight_formats
 from stagewise.models.registry import LoadedModel, load_model
 
 DEFAULT_OUTPUT_LENGTHS = (16, 64, 256, 512)
@@ -67,6 +76,7 @@ class ModesSettings:
     seed: int = 0  # prompt seed
     tp: tuple[int, ...] = (1,)  # tensor-parallel sizes to run each mode at ("paged tp2", ...)
     on_mismatch: str = "raise"  # different tokens between modes: "raise", or "record" them and time on
+    formats: tuple[str, ...] = ()  # weight formats (quantization=) to run each mode with; () = as loaded
 
 
 def settings_dict(settings: ModesSettings) -> dict:
@@ -76,16 +86,21 @@ def settings_dict(settings: ModesSettings) -> dict:
         del out["tp"]
     if settings.on_mismatch == "raise":
         del out["on_mismatch"]
+    if not settings.formats:
+        del out["formats"]
     return out
 
 
-def system_name(mode: str, tp: int) -> str:
-    return mode if tp == 1 else f"{mode} tp{tp}"
+def system_name(mode: str, tp: int, fmt: str | None = None) -> str:
+    """The system's name: the mode, its TP size, its weights ("paged tp2", "kv [auto]", ...)."""
+    name = mode if tp == 1 else f"{mode} tp{tp}"
+    return name if fmt is None else f"{name} [{fmt}]"
 
 
-def engine_systems(settings: ModesSettings) -> dict[str, tuple[str, int]]:
-    """Every (mode, tensor-parallel size) measured, by its name in tables and plots."""
-    return {system_name(m, n): (m, n) for n in settings.tp for m in settings.modes}
+def engine_systems(settings: ModesSettings) -> dict[str, tuple[str, int, str | None]]:
+    """Every (mode, tensor-parallel size, weight format) measured, by its name in tables and plots."""
+    formats = settings.formats or (None,)
+    return {system_name(m, n, f): (m, n, f) for f in formats for n in settings.tp for m in settings.modes}
 
 
 def check_identical(tokens: dict[str, list[int]], what: str, mismatches: list[str] | None = None) -> None:
@@ -179,6 +194,10 @@ def check_settings(settings: ModesSettings) -> None:
         raise StagewiseError(f"prompt_tokens must be >= 1, got {settings.prompt_tokens}")
     if not settings.tp or min(settings.tp) < 1:
         raise StagewiseError(f"tensor-parallel sizes must be >= 1, got {settings.tp}")
+    for fmt in settings.formats:
+        check_quantization(fmt)  # one line naming the known ones
+    if len(set(settings.formats)) != len(settings.formats):
+        raise StagewiseError(f"--formats names a format twice: {','.join(settings.formats)}")
 
 
 def check_fits_positions(loaded: LoadedModel, needed: int, what: str) -> None:
@@ -192,7 +211,11 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     """Run the comparison; returns the result dict (settings, raw runs, summary, curves, fits)."""
     check_settings(settings)
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
-    loaded = loaded or load_model(settings.model, settings.device, dtype)
+    if settings.formats:  # one load per weight format (`loaded`, if given, is not used)
+        models = {f: load_model(settings.model, settings.device, dtype, quantization=f) for f in settings.formats}
+    else:
+        models = {None: loaded or load_model(settings.model, settings.device, dtype)}
+    loaded = next(iter(models.values()))  # the tokenizer and sizes are the same in every format
     refuse_weightless(settings.model, settings.device, loaded)
     prompt = single_prompt(loaded.tokenizer, settings.prompt_tokens, settings.seed)
     lengths = sorted(set(settings.output_lengths))
@@ -202,9 +225,14 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     engines = engine_systems(settings)
     llms = {}
     try:
-        for name, (mode, tp) in engines.items():
-            llms[name] = LLM(loaded, backend=settings.backend, mode=mode, engine_config=ecfg, tensor_parallel_size=tp)
-        return _measure(settings, loaded, prompt, lengths, llms, progress)
+        for name, (mode, tp, fmt) in engines.items():
+            llms[name] = LLM(
+                models[fmt], backend=settings.backend, mode=mode, engine_config=ecfg, tensor_parallel_size=tp
+            )
+        result = _measure(settings, loaded, prompt, lengths, llms, progress)
+        if settings.formats:  # what each format kept, e.g. "q4_1 x 120, q8_0 x 1, float32 x 61"
+            result["formats"] = {f: weight_formats(m.weights) for f, m in models.items()}
+        return result
     finally:
         for llm in llms.values():
             llm.shutdown()  # tensor-parallel workers end with the benchmark
@@ -233,6 +261,7 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
     total = sum(lengths) * len(systems) * settings.repeats
     task = progress.add_task("modes", total=total) if progress is not None else None
     runs, reference, mismatches = [], {}, ([] if settings.on_mismatch == "record" else None)
+    formats = {name: fmt for name, (_, _, fmt) in engine_systems(settings).items()}
     for length in lengths:
         params = BenchRequest(prompt, settings.prompt_tokens, length).params()
         for rep, mode in alternating(systems, settings.repeats):
@@ -245,8 +274,10 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
             else:
                 on_event = (lambda e, now: progress.advance(task)) if progress is not None else None
                 (req,) = stream_timed(llms[mode], [prompt], [params], on_event)
-            reference.setdefault(length, (mode, req.token_ids))
-            ref_mode, ref_ids = reference[length]
+            # runs of one weight format must agree; two formats' weights differ, and so may their tokens
+            key = (length, formats.get(mode, "none" if "none" in settings.formats else None))
+            reference.setdefault(key, (mode, req.token_ids))
+            ref_mode, ref_ids = reference[key]
             run_tokens = {ref_mode: ref_ids, f"{mode} (run {rep + 1})": req.token_ids}
             check_identical(run_tokens, f"{length} tokens", mismatches)
             m = req.metrics()
@@ -263,8 +294,9 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
                 }
             )
     # one device only: a tensor-parallel step's trace holds every rank's stages (they would add up twice)
-    cached = [name for name, (mode, tp) in engine_systems(settings).items() if mode != "naive" and tp == 1]
+    cached = [name for name, (mode, tp, _) in engine_systems(settings).items() if mode != "naive" and tp == 1]
     streaming = weight_streaming(llms[cached[0]]) if cached else None
+    by_format = format_streaming(settings, llms, streaming) if settings.formats and streaming else None
     short = BenchRequest(prompt, settings.prompt_tokens, min(64, max(lengths))).params()
     with row(progress, "per-stage breakdown (a traced run per mode)", total=len(cached)) as bar:
         overhead = {}
@@ -284,13 +316,27 @@ def _measure(settings: ModesSettings, loaded: LoadedModel, prompt: str, lengths:
         **({"mismatches": mismatches} if mismatches else {}),
         "notes": run_notes(settings.backend, loaded, llms[systems[0]] if systems[0] in llms else None),
         "weight_streaming": streaming,  # the time to read the weights once: the floor of a decode token
+        **({"weight_streaming_by_format": by_format} if by_format else {}),
         "overhead": overhead,  # per cached mode, a traced decode step split by stage (bench/decode_overhead.py)
-        "token_ids": {str(length): ids for length, (_, ids) in reference.items()},
+        "token_ids": {
+            str(length) if fmt is None else f"{length} [{fmt}]": ids for (length, fmt), (_, ids) in reference.items()
+        },
         "runs": runs,
     }
     result.update(summarize_modes(runs, settings))
     add_ratios(result)
     return result
+
+
+def format_streaming(settings: ModesSettings, llms: dict, first: dict) -> dict:
+    """Each format's weight-streaming floor: its own decode bytes at the one measured read speed."""
+    out = {}
+    for name, (_, tp, fmt) in engine_systems(settings).items():
+        if tp == 1 and fmt not in out:
+            decode_bytes = llms[name].model.weights.decode_bytes()
+            ms = 1e3 * decode_bytes / (first["read_GBps"] * 1e9)
+            out[fmt] = {**first, "decode_bytes": decode_bytes, "ms": ms}
+    return out
 
 
 def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
@@ -320,13 +366,22 @@ def summarize_modes(runs: list[dict], settings: ModesSettings) -> dict:
 
 
 def add_ratios(result: dict) -> None:
-    """Per mode and length: TBT over the weight-streaming time, and tokens/s over transformers' (same run)."""
+    """Per mode and length: TBT over the weight-streaming time (of the system's own weight format),
+    and tokens/s over transformers' (same run)."""
     stream_ms = (result.get("weight_streaming") or {}).get("ms")
+    by_format = result.get("weight_streaming_by_format") or {}
     hf = result["summary"].get("transformers")
-    for by_length in result["summary"].values():
+    for mode, by_length in result["summary"].items():
+        fmt = format_of(mode)
+        own_ms = by_format[fmt]["ms"] if fmt in by_format else stream_ms
         for length, s in by_length.items():
-            s["tbt_over_streaming"] = s["tbt_ms"] / stream_ms if stream_ms else None
+            s["tbt_over_streaming"] = s["tbt_ms"] / own_ms if own_ms else None
             s["vs_transformers"] = s["tokens_per_s"] / hf[length]["tokens_per_s"] if hf else None
+
+
+def format_of(system: str) -> str | None:
+    """The weight format in a system's name: "kv [auto]" -> "auto"; "kv", "transformers" -> None."""
+    return system[system.index("[") + 1 : -1] if system.endswith("]") else None
 
 
 def modes_table(result: dict):
@@ -345,8 +400,10 @@ def modes_table(result: dict):
     summary = result["summary"]
     rows = []
     for mode, by_length in summary.items():
+        fmt = format_of(mode)
+        naive = "naive" if fmt is None else system_name("naive", 1, fmt)  # the same weights recomputed
         for length, s in by_length.items():
-            base = summary.get("naive", {}).get(length, {}).get("tokens_per_s")
+            base = summary.get(naive, {}).get(length, {}).get("tokens_per_s")
             speedup = f"{s['tokens_per_s'] / base:.1f}x" if base else "-"
             extra = [f"{s['tbt_over_streaming']:.2f}x"] if stream else []
             extra += [f"{s['vs_transformers']:.2f}x"] if has_hf else []
@@ -365,7 +422,11 @@ def modes_table(result: dict):
             )
     title = f"naive vs kv vs paged — prompt of {result['prompt_tokens']} tokens (medians)"
     parts = [FitTable(title, cols, rows, keys=2)]
-    if stream:
+    for fmt, kept in (result.get("formats") or {}).items():
+        parts.append(Text(f"[{fmt}] weights: {kept}"))
+    for fmt, st in (result.get("weight_streaming_by_format") or {}).items():
+        parts.append(Text(f"[{fmt}] weight streaming: {st['decode_bytes'] / 1e6:.1f} MB per token = {st['ms']:.2f} ms"))
+    if stream and not result.get("weight_streaming_by_format"):
         parts.append(
             Text(
                 f"weight streaming: {stream['decode_bytes'] / 1e6:.0f} MB per token at {stream['read_GBps']:.1f} "

@@ -192,6 +192,11 @@ def modes(
     repeats: int | None = typer.Option(None, help="timed runs per mode and length (default 3; quick 1)"),
     compare: list[str] = typer.Option([], help="add a system: transformers (HF generate on the same prompt)"),
     tp: str = typer.Option("1", "--tp", "--tensor-parallel-size", help="comma-separated TP sizes, e.g. 1,2"),
+    formats: str | None = typer.Option(
+        None,
+        help="comma-separated weight formats, each mode run with each (quantization=: none, auto, int8, int4), "
+        "e.g. none,auto (default: the model as loaded, float)",
+    ),
     overwrite: bool = OVERWRITE,
 ):
     """Naive recompute vs KV cache vs paged KV: same prompt, same tokens, growing outputs."""
@@ -211,6 +216,7 @@ def modes(
         modes=split_names(modes, "--modes"),
         compare=tuple(c.strip() for item in compare for c in item.split(",") if c.strip()),
         tp=parse_ints(tp, "--tp"),
+        formats=split_names(formats, "--formats") if formats is not None else (),
     )
     check_settings(settings)
     name = check_result_files(out_dir, "modes", settings_dict(settings), overwrite, quick and out is None)
