@@ -6,7 +6,8 @@
 are the same float32 operations, in the same order, as llama.cpp's reference
 (`gguf.quants.dequantize`), so the numbers are the same bits. The naive tier
 of the dequantize-GEMM (`dequant_gemm.py`) and the embedding's row gather use
-them; faster tiers build their own forms from `unpack_codes`.
+them; faster tiers build their own forms from `unpack_codes`. (Once the torch
+tier has built its form, `w.codes` is rebuilt from it: the same bits.)
 """
 
 import torch

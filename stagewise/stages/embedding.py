@@ -17,7 +17,10 @@ read other memory); that costs a device sync (a min/max of the T ids read
 back), so an engine step runs without it.
 
 A table kept quantized (`PackedWeight`, SmolLM2's Q8_0) is read by rows: the
-T rows asked for are expanded by the block formula (`dequant_gemm.gather_rows`).
+T rows asked for are expanded by the block formula (`dequantize.gather_rows`).
+When the table is also the tied LM head, the torch tier holds its codes in its
+own layout only, and those T rows' codes are rebuilt from it (T x hidden bytes
+read, not the table: `PackedWeight.code_rows`).
 """
 
 import torch
