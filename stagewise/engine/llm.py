@@ -27,6 +27,8 @@ run (`benchmarks/README.md`, batch 1, paged) measured a SmolLM2 decode step at
 28.0 ms in PyTorch against 30.2 ms eager Triton (Llama-3-8B shapes: 23.4 ms
 against 28.3). Triton wins once the step replays from a CUDA graph (1.35 ms,
 5.16 ms): ask for `backend="triton", engine_config=EngineConfig(cuda_graphs=True)`.
+Greedy graphed steps then read their ids one step late, the next step queued
+first (`defer_graph_reads`, on by default; engine/paged_runner.py).
 
 Stepping the engine by hand (paged mode), one iteration at a time:
 
