@@ -107,3 +107,21 @@ def test_the_option_is_a_bool_and_needs_the_graphs(tiny):
     with pytest.raises(StagewiseError, match="defer_graph_reads must be True or False"):
         EngineConfig(defer_graph_reads="yes")
     assert not LLM(tiny, engine_config=ECFG, **ATTENTION_ONLY).engine.defer_reads  # no graphs: nothing deferred
+
+
+def test_a_stream_closed_while_a_step_runs_ahead_leaves_a_clean_engine(tiny):
+    """Closing a stream aborts its requests while their next step is already queued: that step's ids
+    are never read, its blocks go back, and the next run gives the eager engine's tokens."""
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    eager = LLM(tiny, engine_config=ECFG, **ATTENTION_ONLY)
+    expected = [o.token_ids for o in eager.generate(PROMPTS[:2], params)]
+    llm = LLM(tiny, engine_config=ECFG.with_updates(cuda_graphs=True), **ATTENTION_ONLY)
+    runner = llm.engine
+    for n, _ in enumerate(llm.stream(PROMPTS[:2], params), start=1):
+        if n == 6:  # 3 tokens each: decode steps are running one ahead of their reads
+            assert runner._behind is not None
+            break
+    assert not runner.has_unfinished()
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == expected
+    assert runner._behind is None and runner.graphs.counts["reads"] >= 8
+    assert runner.block_manager.num_free_blocks == runner.block_manager.num_blocks
