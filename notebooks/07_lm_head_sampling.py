@@ -49,10 +49,9 @@
 import os
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
-from stagewise import LLM, SamplingParams
+from stagewise import LLM, SamplingParams, viz_stages
 from stagewise.bench.timing import compare
 from stagewise.calc.counts import attention_flops, linear_flops
 from stagewise.config import PRESETS
@@ -256,8 +255,6 @@ print(f"\nmin_p=0.1 keeps the tokens with p >= 0.1 x {p_top:.3f} = {0.1 * p_top:
 seen_in_prompt = [i for i in ids if tok.decode([i]).strip().isalpha()]  # the prompt's words: ' red', ' blue', ...
 top = list(dict.fromkeys(top_ids.tolist()[:8] + seen_in_prompt))
 top.sort(key=lambda i: -float(base[i]))
-labels = [repr(tok.decode([i]))[1:-1] for i in top]
-x = np.arange(len(top))
 
 # The draw: many draws of the naive sampler for the same logits, one per random-stream offset.
 num_draws = 200 if QUICK else 600
@@ -269,52 +266,21 @@ draws = STAGES["sampling"].naive(logits=logits.expand(num_draws, -1), sampling=d
 target = dists["top_k=5"]
 assert bool((target[draws] > 0).all()), "every draw must be one of the five allowed tokens"
 
-fig, axes = plt.subplots(2, 2, figsize=(14, 9))
-ax = axes[0, 0]
-for offset, name, color in ((-0.2, "T=1 (no change)", "tab:gray"), (0.2, "repetition_penalty=1.3", "tab:red")):
-    bars = ax.bar(x + offset, dists[name][top].numpy(), 0.4, label=name, color=color)
-    for b, i in zip(bars, top):
-        if seen_row[i]:
-            b.set_hatch("//")
-ax.set_xticks(x, labels, rotation=45)
-ax.set_yscale("log")
-ax.set_title("repetition penalty: seen tokens (hatched) lose mass, the rest gain")
-ax.set_ylabel("probability (log)")
-ax.legend()
-
-ax = axes[0, 1]
-ranks = np.arange(1, 201)
-for name in ("T=0.5", "T=1 (no change)", "T=1.5", "T=2.0"):
-    ax.semilogy(ranks, dists[name].sort(descending=True).values[:200].numpy(), label=name)
-ax.set_xlabel("rank of the token")
-ax.set_ylabel("probability (log)")
-ax.set_title("temperature: same ranking, sharper (T<1) or flatter (T>1)")
-ax.legend()
-
-ax = axes[1, 0]
-filters = ("min_p=0.1", "top_k=5", "top_p=0.9")
-top20 = top_ids.tolist()[:12]
-x20 = np.arange(len(top20))
-ax.bar(x20, dists["T=1 (no change)"][top20].numpy(), 0.8, color="lightgray", label="before (T=1)")
-for k, name in enumerate(filters):
-    p = dists[name][top20].numpy()
-    n_kept = int((dists[name] > 0).sum())
-    ax.plot(x20 + (k - 1) * 0.2, np.where(p > 0, p, np.nan), "o", ms=7, label=f"{name}: {n_kept} kept")
-ax.set_xticks(x20, [repr(tok.decode([i]))[1:-1] for i in top20], rotation=45)
-ax.set_ylabel("probability after the filter (renormalized)")
-ax.set_title("min_p / top-k / top-p: cut the tail, renormalize the rest")
-ax.legend()
-
-ax = axes[1, 1]
+# The four panels' data; `show` turns token ids into their text (quotes stripped, escapes kept).
+show = lambda token_ids: [repr(tok.decode([i]))[1:-1] for i in token_ids]  # noqa: E731
+top12 = top_ids.tolist()[:12]
 kept = sorted((target > 0).nonzero().flatten().tolist(), key=lambda i: -float(target[i]))
-freq = [(draws == i).float().mean().item() for i in kept]
-xk = np.arange(len(kept))
-ax.bar(xk - 0.2, target[kept].numpy(), 0.4, label="processed_probs (top_k=5)", color="tab:blue")
-ax.bar(xk + 0.2, freq, 0.4, label=f"frequency in {num_draws} seeded draws", color="tab:orange")
-ax.set_xticks(xk, [repr(tok.decode([i]))[1:-1] for i in kept])
-ax.set_title("the draw follows the processed distribution")
-ax.legend()
-plt.tight_layout()
+penalty = {n: dists[n][top] for n in ("T=1 (no change)", "repetition_penalty=1.3")}
+temperatures = {n: dists[n].sort(descending=True).values[:200] for n in ("T=0.5", "T=1 (no change)", "T=1.5", "T=2.0")}
+filters = ("min_p=0.1", "top_k=5", "top_p=0.9")
+filtered = {n: (dists[n][top12], int((dists[n] > 0).sum())) for n in filters}  # name -> (probs, tokens kept)
+freq = [(draws == i).float().mean().item() for i in kept]  # how often each allowed token was drawn
+viz_stages.sampling_panels(
+    penalty=(show(top), [bool(seen_row[i]) for i in top], penalty),
+    temperatures=temperatures,
+    filters=(show(top12), dists["T=1 (no change)"][top12], filtered),
+    draw=(show(kept), target[kept], freq, num_draws),
+)
 plt.show()
 
 # %% [markdown]
