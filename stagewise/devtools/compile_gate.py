@@ -47,6 +47,7 @@ class Case:
     phase: str  # "decode" | "prefill"
     dtype: str  # "bf16" | "fp16" | "fp32"
     capability: int  # 75, 80, 89, 90
+    k_kinds: tuple[str, ...] | None = None  # K-quant dequantize-GEMMs to compile (None: all; CI: fewer)
 
 
 def full_sweep() -> list[Case]:
@@ -108,7 +109,7 @@ def build_jobs(cases: list[Case], kernels=None) -> tuple[list[Row], list[dict], 
     for case in cases:
         target = gpu_target(case.capability)
         phase = compile_specs.PHASES[case.phase]
-        for launch in compile_specs.launches(case.model, phase, DTYPES[case.dtype], target):
+        for launch in compile_specs.launches(case.model, phase, DTYPES[case.dtype], target, case.k_kinds):
             if kernels is not None and launch.kernel not in kernels:
                 continue
             names, free = constexprs.setdefault(launch.function, _argument_kinds(launch.module, launch.function))

@@ -116,6 +116,15 @@ QUANTIZED = (  # (label, kind) of the packed launches: SmolLM2's Q4_1 projection
     ("qkv_proj", "q4_0"),
     ("lm_head", "q8_0"),
 )
+K_QUANTIZED = (  # the K-quants, expanded at load to groups with float32 scales (packed_weight.py)
+    # a Q4_K_M file's W_q | W_k in q4_k beside a q6_k W_v (a PackedParts: two launches,
+    # stages/packed_parts.py) and its q6_k ffn_down (int8 codes, groups of 16); a Q5_K_M file's
+    # q5_k (int8 codes 0..31 and a minimum)
+    ("qk_proj", "q4_k"),
+    ("v_proj", "q6_k"),
+    ("down_proj", "q6_k"),
+    ("gate_up", "q5_k"),
+)
 
 
 def _dequant_matmul(label: str, kind: str, m: int, n: int, k: int, dtype, target: Target) -> Launch:
@@ -124,17 +133,19 @@ def _dequant_matmul(label: str, kind: str, m: int, n: int, k: int, dtype, target
 
     from stagewise.kernels import dequant_matmul as dq
     from stagewise.kernels.matmul_decode import split_plan
-    from stagewise.stages.packed_weight import KINDS
+    from stagewise.stages.packed_weight import KINDS, LAYOUT
 
     bits, offset, has_mins = KINDS[kind]
+    code_dtype, scale_dtype, fixed_group = LAYOUT[kind]  # K-quants: float32 scales, q6_k groups of 16
+    group = fixed_group or dq.GROUP_SIZE
     cfg = dq.dequant_config(m, n, k, SMS.get(target.capability, 108), dtype.itemsize)
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
-    x, f16 = _ptr(dtype), _ptr(torch.float16)
-    args = dict(a_ptr=x, codes_ptr=_ptr(torch.uint8 if bits == 4 else torch.int8), scales_ptr=f16, mins_ptr=f16)
+    x, scales = _ptr(dtype), _ptr(scale_dtype)
+    args = dict(a_ptr=x, codes_ptr=_ptr(code_dtype), scales_ptr=scales, mins_ptr=scales)
     args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, M=m, N=n, K=k, K_PER_SPLIT=k_per_split)
-    args.update(stride_am=k, stride_ak=1, stride_codes=k * bits // 8, stride_scales=k // dq.GROUP_SIZE)
+    args.update(stride_am=k, stride_ak=1, stride_codes=k * bits // 8, stride_scales=k // group)
     args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1, INTERPRETED=False)
-    constexprs = dict(BITS=bits, OFFSET=offset, HAS_MINS=has_mins, GROUP=dq.GROUP_SIZE, **_precision(dtype))
+    constexprs = dict(BITS=bits, OFFSET=offset, HAS_MINS=has_mins, GROUP=group, **_precision(dtype))
     tiles = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
     config = triton.Config(tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     plan = LaunchPlan("dequant_matmul", constexprs, (config,))
@@ -142,25 +153,34 @@ def _dequant_matmul(label: str, kind: str, m: int, n: int, k: int, dtype, target
     return Launch("dequant_matmul", name, "stagewise.kernels.dequant_matmul", "_dequant_matmul_kernel", args, plan)
 
 
-def quantized_launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> list[Launch]:
-    """The projections' launches when their weights are kept packed (LLM(quantization="auto") on a GGUF)."""
+def quantized_launches(
+    model: str, phase: Phase, dtype: torch.dtype, target: Target, k_kinds: tuple[str, ...] | None = None
+) -> list[Launch]:
+    """The projections' launches when their weights are kept packed (LLM(quantization="auto") on a GGUF);
+    k_kinds: the K-quant kinds among them (None: all of K_QUANTIZED)."""
     cfg = PRESETS[model]
     tokens = phase.num_seqs * phase.q_len
     shapes = {  # label -> (M, N, K)
         "qkv_proj": (tokens, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size),
+        "qk_proj": (tokens, (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size),  # W_q | W_k
+        "v_proj": (tokens, cfg.num_kv_heads * cfg.head_dim, cfg.hidden_size),
         "o_proj": (tokens, cfg.hidden_size, cfg.num_heads * cfg.head_dim),
         "gate_up": (tokens, 2 * cfg.intermediate_size, cfg.hidden_size),
         "down_proj": (tokens, cfg.hidden_size, cfg.intermediate_size),
         "lm_head": (phase.num_seqs, cfg.vocab_size, cfg.hidden_size),
     }
-    out = [_dequant_matmul(label, kind, *shapes[label], dtype, target) for label, kind in QUANTIZED]
+    chosen = QUANTIZED + tuple((label, kind) for label, kind in K_QUANTIZED if k_kinds is None or kind in k_kinds)
+    out = [_dequant_matmul(label, kind, *shapes[label], dtype, target) for label, kind in chosen]
     for launch in out:
         launch.args.update(launch.plan.constexprs)
     return out
 
 
-def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> list[Launch]:
-    """Every kernel launch of one forward step (one layer's worth: the layers are identical) plus sampling."""
+def launches(
+    model: str, phase: Phase, dtype: torch.dtype, target: Target, k_kinds: tuple[str, ...] | None = None
+) -> list[Launch]:
+    """Every kernel launch of one forward step (one layer's worth: the layers are identical) plus sampling;
+    k_kinds: which K-quant dequantize-GEMMs to include (None: all)."""
     cfg = PRESETS[model]
     hidden, d, heads, kv_heads = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     seqs, tokens = phase.num_seqs, phase.num_seqs * phase.q_len
@@ -213,7 +233,7 @@ def launches(model: str, phase: Phase, dtype: torch.dtype, target: Target) -> li
         out.extend(_rejection_sampling(cfg.vocab_size))
     for launch in out:  # the plan's constexprs complete the arguments (tiles come from each config)
         launch.args.update(launch.plan.constexprs)
-    return out + quantized_launches(model, phase, dtype, target)
+    return out + quantized_launches(model, phase, dtype, target, k_kinds)
 
 
 def _sampling(batch: int, vocab: int, dtype) -> list[Launch]:

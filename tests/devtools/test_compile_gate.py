@@ -15,11 +15,11 @@ from stagewise.kernels.targets import SM75_FP16, check_target, gpu_target
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
-CI_CASES = [
-    ("llama-3-8b", "prefill", "bf16", 89),  # the smallest shared memory of the supported targets
-    ("llama-3-8b", "prefill", "fp32", 80),  # fp32 tiles: registers and shared memory twice bf16's
-    ("llama-3-8b", "decode", "bf16", 90),  # split-K decode, wgmma
-    ("smollm2-135m", "decode", "fp16", 75),  # best effort: the SM75_FP16 kernels must pass
+CI_CASES = [  # the last field: the K-quant dequantize-GEMMs compiled (the full sweep has them all)
+    ("llama-3-8b", "prefill", "bf16", 89, ()),  # the smallest shared memory of the supported targets
+    ("llama-3-8b", "prefill", "fp32", 80, ()),  # fp32 tiles: registers and shared memory twice bf16's
+    ("llama-3-8b", "decode", "bf16", 90, ("q6_k",)),  # split-K decode, wgmma; q6_k: int8, G 16, fp32 d
+    ("smollm2-135m", "decode", "fp16", 75, ()),  # best effort: the SM75_FP16 kernels must pass
 ]
 
 
@@ -49,6 +49,15 @@ def test_gate_sees_tensor_cores_and_real_numbers(gate_rows):
     sampling = [r for r in gate_rows if r.kernel == "sampling"]  # 6 passes + their combines, per case
     assert len(sampling) == 12 * len(CI_CASES) and not any(r.result["tensor_cores"] for r in sampling)
     assert all(0 < r.result["registers"] <= 255 for r in gate_rows if not r.result.get("error"))
+
+
+def test_a_k_quant_dequantize_gemm_is_compiled(gate_rows):
+    """q6_k's launch (int8 codes, float32 scales, groups of 16) builds for sm_90 in CI; the others
+    are in the full sweep (benchmarks/compile_gate.md)."""
+    k_rows = [r for r in gate_rows if r.kernel == "dequant_matmul" and "q6_k" in r.label]
+    assert {r.label.split(" (")[0] for r in k_rows} == {"v_proj q6_k", "down_proj q6_k"}
+    assert all(r.case.capability == 90 and r.clean for r in k_rows)
+    assert not any("q4_k" in r.label or "q5_k" in r.label for r in gate_rows)
 
 
 def test_gate_catches_the_old_paged_attention_tile():
