@@ -54,7 +54,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from stagewise import LLM, SamplingParams
+from stagewise import LLM, SamplingParams, viz
 from stagewise.bench.timing import stream_timed
 from stagewise.bench.workloads import single_prompt
 from stagewise.calc.hardware import HARDWARE, probe_this_machine
@@ -157,23 +157,22 @@ decode_i = {
 }
 ridge = h100.ridge_point("bf16")
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8))
-left.loglog(prefill_n, prefill_i, "o-", color="tab:purple", label="prefill of N tokens (B=1)")
-left.axhline(ridge, color="black", ls=":", label=f"H100 ridge {ridge:.0f} FLOP/B")
-left.set_xlabel("prompt length N (tokens)")
-left.set_ylabel("arithmetic intensity (FLOP/B)")
-left.set_title("prefill: intensity grows with the prompt")
-left.legend()
-left.grid(True, which="both", alpha=0.3)
-for n, ys in decode_i.items():
-    right.loglog(batches, ys, "o-", label=f"decode at N={n:,}")
-right.axhline(ridge, color="black", ls=":", label=f"H100 ridge {ridge:.0f} FLOP/B")
-right.set_xlabel("batch B (sequences decoding together)")
-right.set_ylabel("arithmetic intensity (FLOP/B)")
-right.set_title("decode: intensity ~ B, capped by each sequence's own KV reads")
-right.legend()
-right.grid(True, which="both", alpha=0.3)
-plt.tight_layout()
+ridge_line = (ridge, f"H100 ridge {ridge:.0f} FLOP/B")
+prefill_panel = {
+    "title": "prefill: intensity grows with the prompt",
+    "xlabel": "prompt length N (tokens)",
+    "ylabel": "arithmetic intensity (FLOP/B)",
+    "curves": [(prefill_n, prefill_i, "o-", "tab:purple", "prefill of N tokens (B=1)")],
+    "hline": ridge_line,
+}
+decode_panel = {
+    "title": "decode: intensity ~ B, capped by each sequence's own KV reads",
+    "xlabel": "batch B (sequences decoding together)",
+    "ylabel": "arithmetic intensity (FLOP/B)",
+    "curves": [(batches, ys, "o-", None, f"decode at N={n:,}") for n, ys in decode_i.items()],
+    "hline": ridge_line,
+}
+viz.loglog_panels([prefill_panel, decode_panel], width=7)
 plt.show()
 
 # %% [markdown]

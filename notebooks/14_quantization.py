@@ -46,6 +46,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from stagewise import viz_stages
 from stagewise.bench.english_text import SOURCE, TEXT
 from stagewise.bench.perplexity import perplexity
 from stagewise.calc.hardware import HARDWARE
@@ -108,10 +109,12 @@ for name in names:
 
 print(f"bf16 / q4_0: {floors['bf16'] / floors['q4_0']:.2f}x (16 bits / 4 bits would be 4x)")
 
-fig, ax = plt.subplots(figsize=(7, 3.5))
-ax.bar(names, [floors[n] for n in names], color=["gray", "gray", "tab:blue", "tab:blue", "tab:green", "tab:green"])
-ax.set_ylabel("ms per token (speed of light)")
-ax.set_title("Llama 3 8B decode on an H100, batch 1, N = 4096: the floor is the bytes", fontsize=10)
+viz_stages.bars(
+    floors,
+    "Llama 3 8B decode on an H100, batch 1, N = 4096: the floor is the bytes",
+    colors=["gray", "gray", "tab:blue", "tab:blue", "tab:green", "tab:green"],
+    ylabel="ms per token (speed of light)",
+)
 plt.show()
 
 # %% [markdown]
@@ -147,17 +150,7 @@ q = np.concatenate([codes & 0x0F, codes >> 4])  # [32]: low nibbles are codes 0.
 print(f"d = {d} (bits {int(block[:2].view(np.uint16)[0]):016b}), m = {m}")
 print("codes:", q.tolist())
 
-bits = np.unpackbits(codes[:, None], axis=1)  # [16 bytes, 8 bits], most significant first
-fig, ax = plt.subplots(figsize=(9, 2.6))
-ax.imshow(bits.T, cmap="Greys", aspect="auto")
-for i, byte in enumerate(codes):
-    box = {"facecolor": "white", "edgecolor": "none", "pad": 1}
-    ax.text(i, 1.5, str(byte >> 4), ha="center", va="center", color="tab:red", fontsize=9, bbox=box)
-    ax.text(i, 5.5, str(byte & 0x0F), ha="center", va="center", color="tab:blue", fontsize=9, bbox=box)
-ax.set_yticks(range(8), [f"bit {7 - b}" for b in range(8)], fontsize=7)
-ax.set_xticks(range(16), [f"{i}" for i in range(16)], fontsize=7)
-ax.set_xlabel("code byte i: high nibble = code i + 16 (red), low nibble = code i (blue)")
-ax.set_title("the 16 code bytes of one Q4_1 block (black = 1)", fontsize=10)
+viz_stages.q4_1_code_bytes(codes)  # [16] uint8: two 4-bit codes per byte
 plt.show()
 
 # %% [markdown]
@@ -179,13 +172,7 @@ print("the package's codes of that block:", unpack_codes(w_down)[0, 0].tolist() 
 print("by hand == llama.cpp:", np.array_equal(by_hand, reference), "| == stagewise naive:",
       np.array_equal(by_hand, ours.numpy()))  # fmt: skip
 
-fig, ax = plt.subplots(figsize=(7, 3))
-ax.bar(range(32), by_hand, color="tab:green")
-ax.axhline(float(m), color="gray", linestyle=":", label=f"m = {float(m):.4f} (code 0)")
-ax.axhline(float(m) + 15 * float(d), color="gray", linestyle="--", label="m + 15 d (code 15)")
-ax.set_xlabel("weight j of the block")
-ax.set_ylabel("w_j")
-ax.legend(fontsize=8)
+viz_stages.block_weights(by_hand, float(m), float(d))
 plt.show()
 
 # %% [markdown]
@@ -246,11 +233,15 @@ tri = stage.triton(x=x, w=part)
 print(f"triton (interpreter, N = {n_slice} of 576): max |difference| {(tri - exact[:, :n_slice]).abs().max():.3g}")
 print(f"bytes of this matrix: float32 {w_f32.numel() * 4 / 1e6:.2f} MB, packed {w_down.nbytes / 1e6:.2f} MB")
 
-fig, ax = plt.subplots(figsize=(6.5, 3.2))
-ax.barh(list(timings), list(timings.values()), color=["gray", "tab:orange", "tab:green"])
-ax.set_xscale("log")
-ax.set_xlabel("ms per call, log scale (median of the faster half)")
-ax.set_title("one decode row through w_down, 1536 -> 576", fontsize=10)
+viz_stages.bars(
+    timings,
+    "one decode row through w_down, 1536 -> 576",
+    colors=["gray", "tab:orange", "tab:green"],
+    xlabel="ms per call, log scale (median of the faster half)",
+    horizontal=True,
+    log=True,
+    figsize=(6.5, 3.2),
+)
 plt.show()
 
 # %% [markdown]
