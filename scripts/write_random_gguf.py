@@ -142,6 +142,7 @@ def decode(path: Path, threads: int, tokens: int, out: str | None) -> None:
         "added_rss_anon_bytes": added,
         "weight_tensor_bytes": w.num_bytes(),
         "kernel_form_bytes": w.prepared_bytes(),
+        "held_bytes": w.held_bytes(),
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "bytes_per_token": step_bytes,
         "floor_tok_s": floor,

@@ -94,6 +94,7 @@ class Stagewise:
         self.added_rss = rss_anon() - before
         self.weight_bytes = loaded.weights.num_bytes()
         self.prepared_bytes = loaded.weights.prepared_bytes()
+        self.held_bytes = loaded.weights.held_bytes()  # each code once: released where a form holds it
         self.formats = self.llm.describe().get("weights")
 
     def decode(self, prompt: str, tokens: int) -> tuple[float, list[int]]:
@@ -163,6 +164,7 @@ def run_quant(settings: QuantSettings, progress=print) -> dict:
                 "added_rss_anon_bytes": s.added_rss,
                 "weight_tensor_bytes": s.weight_bytes,
                 "kernel_form_bytes": s.prepared_bytes,
+                "held_bytes": s.held_bytes,
                 "weights": s.formats,
             }
     tokenizer = next(iter(systems.values())).llm.tokenizer if systems else None
@@ -238,6 +240,7 @@ def quant_table(r: dict) -> str:
             held = m.get("weight_tensor_bytes")
             extra = (
                 f", weights {held / mb:.1f} MB + kernel forms {m['kernel_form_bytes'] / mb:.1f} MB"
+                + (f", held {m['held_bytes'] / mb:.1f} MB" if "held_bytes" in m else "")
                 if held is not None
                 else ""
             )

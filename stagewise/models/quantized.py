@@ -155,16 +155,23 @@ def weight_formats(weights) -> str:
 
 
 def prepare_for(weights, tiers: dict[str, str]) -> None:
-    """Build the torch tier's forms of every packed weight at load (not on the first token), when
-    the projections run that tier on the CPU (`tiers`: stage -> tier, `StageOps.backends`)."""
+    """Build the torch tier's forms at load (not on the first token) for the packed weights whose
+    stage runs that tier on the CPU (`tiers`: stage -> tier, `StageOps.backends`).
+
+    Building a form releases the file-layout codes (held once, `packed_weight.py`), so a weight
+    another tier reads (a naive LM head beside torch projections, an untied table that is only
+    gathered) is left as it is: that tier reads the file's codes, not codes rebuilt per call.
+    """
     from stagewise.stages import dequant_gemm_torch
     from stagewise.stages.packed_parts import packed_leaves
+    from stagewise.stages.packed_weight import is_packed
 
-    if tiers.get("qkv_proj") != "torch" and tiers.get("lm_head") != "torch":
-        return
-    for packed in weights.packed():
-        if packed is weights.embed and not weights.tied():
-            continue  # an untied table is only gathered by rows: no GEMM reads it
+    stage_of = {"w_qkv": "qkv_proj", "w_o": "o_proj", "w_gate_up": "ffn", "w_down": "ffn"}
+    torch_stages = {stage for stage, tier in tiers.items() if tier == "torch"}
+    picked = [weights.lm_head] if "lm_head" in torch_stages else []
+    for lw in weights.layers:
+        picked += [getattr(lw, name) for name, stage in stage_of.items() if stage in torch_stages]
+    for packed in {id(w): w for w in picked if is_packed(w)}.values():
         for w in packed_leaves(packed):  # a PackedParts: each part its own form
             if w.device.type == "cpu":
                 dequant_gemm_torch.prepare(w)  # the form built, the file-layout codes released

@@ -61,10 +61,13 @@ tensors came to 198 MB. So once the torch tier has built an int4pack form,
 `release_codes` drops the file-layout codes, and `codes` (a property) rebuilds
 them from the form, exactly, whenever another reader asks: the naive and
 Triton tiers, a tensor-parallel cut, `to()` another device. The trade is bytes
-for time: ~0.5 bytes per weight no longer held, against ~50 ns per weight to
-rebuild (SmolLM2's 49152 x 576 table, 28 M codes: ~1.5 s), paid only by a tier
-the user did not pick as the default. The embedding's row gather asks for a few
-rows (`code_rows`): those T rows are rebuilt, T x K bytes read, not the table.
+for time: 0.5 bytes per 4-bit weight (1 per 8-bit one) no longer held, against
+a rebuild of ~0.1-0.2 us per weight each time the whole matrix is asked for
+(measured on 2 shared cores, indicative: SmolLM2's 49152 x 576 table, 28 M
+codes, ~5 s). So it is done only where the torch tier is the one that reads the
+weight (`models.quantized.prepare_for` leaves the others as they are). The
+embedding's row gather asks for a few rows (`code_rows`): those T rows are
+rebuilt, T x K bytes read (~0.2 ms for 3 rows of that table), not the table.
 `scales` and `mins` stay in the file's float16 (a few percent of the bytes),
 so the naive tier still computes the file's numbers bit for bit. A q6_k weight
 (and an 8-bit one with N not a multiple of 16) keeps its codes: its torch form

@@ -44,3 +44,19 @@ def test_naive_tier_keeps_the_file_layout(tiny_q4_1):
     w = llm.loaded.weights
     assert all(p.codes_held and not p.prepared for p in w.packed())
     assert w.held_bytes() == w.num_bytes()
+
+
+def test_a_weight_another_tier_reads_keeps_its_codes(tiny_q4_1):
+    """torch projections beside a naive LM head: the tied table is read by the naive tier (and
+    the embedding), so it keeps the file's codes; the projections hold int4pack only."""
+    llm = LLM(
+        str(tiny_q4_1),
+        backend="torch",
+        stage_backends={"lm_head": "naive"},
+        mode="kv",
+        device="cpu",
+        quantization="auto",
+    )
+    w = llm.loaded.weights
+    assert w.lm_head.codes_held and not w.lm_head.prepared
+    assert not w.layers[0].w_qkv.codes_held
