@@ -125,3 +125,17 @@ def test_a_stream_closed_while_a_step_runs_ahead_leaves_a_clean_engine(tiny):
     assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == expected
     assert runner._behind is None and runner.graphs.counts["reads"] >= 8
     assert runner.block_manager.num_free_blocks == runner.block_manager.num_blocks
+    # Ctrl-C while the host waits for a step's ids, with the next step queued: both are undone
+    reads = runner.graphs.read
+    runner.graphs.read = lambda queued: reads(queued) if queued.step % 4 else _interrupt(runner.graphs, queued)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[:2], params)
+    assert runner._behind is None
+    del runner.graphs.read  # the class's method again
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == expected
+    assert runner.block_manager.num_free_blocks == runner.block_manager.num_blocks
+
+
+def _interrupt(graphs, queued):
+    assert graphs.timeline[-1] == ("queue", queued.step + 1), graphs.timeline  # the next step is queued
+    raise KeyboardInterrupt
