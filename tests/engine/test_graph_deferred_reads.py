@@ -10,7 +10,11 @@ import pytest
 
 from stagewise import LLM, SamplingParams
 from stagewise.config import EngineConfig
+from stagewise.engine.request import Request
+from stagewise.engine.scheduler import Scheduler, SchedulerOutput
+from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
+from stagewise.kv.block_manager import BlockManager
 
 ATTENTION_ONLY = {"stage_backends": {"paged_attention": "triton"}}  # the graphs need this stage only
 ECFG = EngineConfig(max_num_seqs=3, block_size=4, max_num_batched_tokens=32)
@@ -139,3 +143,39 @@ def test_a_stream_closed_while_a_step_runs_ahead_leaves_a_clean_engine(tiny):
 def _interrupt(graphs, queued):
     assert graphs.timeline[-1] == ("queue", queued.step + 1), graphs.timeline  # the next step is queued
     raise KeyboardInterrupt
+
+
+def _decoding(scheduler: Scheduler, prompts: list[list[int]], max_tokens: int) -> SchedulerOutput:
+    """Requests past their prompts, each with one sampled token: -> their first decode step."""
+    for i, prompt in enumerate(prompts):
+        req = Request(f"r{i}", "", prompt, SamplingParams(max_tokens=max_tokens, temperature=0), 0, TextStream(str))
+        scheduler.add(req)
+    scheduler.schedule()  # the prompts' step
+    for req in scheduler.running:
+        req.num_computed_tokens = req.num_tokens
+        req.output_token_ids.append(7)
+    return scheduler.schedule()
+
+
+def test_schedule_ahead_runs_only_what_schedule_would():
+    """Block size 4: each request's unread token sits at position num_tokens; a new block when it
+    starts one. No step ahead past a length stop, beside a waiting request, or short of blocks."""
+    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
+    scheduler = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    step = _decoding(scheduler, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], max_tokens=5)  # 4 and 8 tokens
+    held = [len(bm.block_ids(r)) for r in ("r0", "r1")]
+    assert held == [1, 2]
+    ahead = scheduler.schedule_ahead(step, max_model_len=64)
+    assert [(s.request.request_id, s.num_new_tokens) for s in ahead.scheduled] == [("r0", 1), ("r1", 1)]
+    assert [len(bm.block_ids(r)) for r in ("r0", "r1")] == [2, 3]  # positions 4 and 8: new blocks
+    assert scheduler.schedule_ahead(step, max_model_len=9) is None  # r1's unread token is its 9th: the last
+    r0, r1 = scheduler.running
+    r0.output_token_ids += [7, 7, 7]  # 4 of 5: the token being read is r0's last
+    assert scheduler.schedule_ahead(ahead, max_model_len=64) is None
+    del r0.output_token_ids[1:]
+    scheduler.add(Request("r2", "", [1], SamplingParams(max_tokens=2), 0, TextStream(str)))
+    assert scheduler.schedule_ahead(ahead, max_model_len=64) is None  # it would join the next step
+    # 3 blocks, all held: positions 4 and 8 each need a new one; schedule() would preempt instead
+    tight = Scheduler(BlockManager(num_blocks=3, block_size=4), max_num_seqs=4, max_num_batched_tokens=64)
+    step = _decoding(tight, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], max_tokens=5)
+    assert tight.block_manager.num_free_blocks == 0 and tight.schedule_ahead(step, max_model_len=64) is None
