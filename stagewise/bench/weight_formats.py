@@ -96,7 +96,6 @@ def run(model: str, threads: list[int], tokens: int, repeats: int) -> dict:
     result["greedy_tokens_per_prompt"] = tokens
     result["weight_bytes_packed"] = packed.weights.num_bytes()
     result["prepared_bytes_torch_tier"] = packed.weights.prepared_bytes()
-    result["held_bytes_packed"] = packed.weights.held_bytes()  # codes released where forms hold them
     result["weight_bytes_float32"] = floats.weights.num_bytes()
     if model == "smollm2-135m":
         from stagewise.models.gguf_loader import open_gguf
@@ -131,9 +130,7 @@ def table(r: dict) -> str:
         lines.append(f"  greedy, {b} tier: {full}/{len(agree)} prompts agree on all {n}: {agree}")
     lines.append(
         f"  weights held: {r['weight_bytes_packed'] / mb:.1f} MB packed "
-        f"(+ {r['prepared_bytes_torch_tier'] / mb:.1f} MB the torch tier built"
-        + (f", {r['held_bytes_packed'] / mb:.1f} MB held" if "held_bytes_packed" in r else "")
-        + ") vs "
+        f"(+ {r['prepared_bytes_torch_tier'] / mb:.1f} MB the torch tier built) vs "
         f"{r['weight_bytes_float32'] / mb:.1f} MB float32"
         + (f"; file tensors {r['file_tensor_bytes'] / mb:.1f} MB" if "file_tensor_bytes" in r else "")
     )

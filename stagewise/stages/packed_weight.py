@@ -62,10 +62,11 @@ tensors came to 198 MB. So once the torch tier has built an int4pack form,
 them from the form, exactly, whenever another reader asks: the naive and
 Triton tiers, a tensor-parallel cut, `to()` another device. The trade is bytes
 for time: 0.5 bytes per 4-bit weight (1 per 8-bit one) no longer held, against
-a rebuild of ~0.1-0.2 us per weight each time the whole matrix is asked for
+a rebuild of ~0.1-0.2 us per weight when the whole matrix is asked for
 (measured on 2 shared cores, indicative: SmolLM2's 49152 x 576 table, 28 M
-codes, ~5 s). So it is done only where the torch tier is the one that reads the
-weight (`models.quantized.prepare_for` leaves the others as they are). The
+codes, ~5 s). So the rebuilt codes are kept (a weight two tiers read holds both
+layouts, as before), and forms are built only for the weights the torch tier
+reads (`models.quantized.prepare_for` leaves the others as they are). The
 embedding's row gather asks for a few rows (`code_rows`): those T rows are
 rebuilt, T x K bytes read (~0.2 ms for 3 rows of that table), not the table.
 `scales` and `mins` stay in the file's float16 (a few percent of the bytes),
@@ -158,8 +159,15 @@ class PackedWeight:
 
     @property
     def codes(self) -> torch.Tensor:
-        """[N, K/2] uint8 or [N, K] int8, the file's layout (rebuilt, exactly, when released)."""
-        return self._codes if self._codes is not None else self.code_rows(None)
+        """[N, K/2] uint8 or [N, K] int8, the file's layout.
+
+        When released, they are rebuilt exactly from the int4pack form the first time a reader
+        asks for the whole matrix, and held from then on: a weight read in two layouts (another
+        tier beside the torch one) keeps both, rather than paying the rebuild at every call.
+        """
+        if self._codes is None:
+            self._codes = self.code_rows(None)
+        return self._codes
 
     @property
     def codes_held(self) -> bool:

@@ -49,15 +49,16 @@ def test_released_codes_rebuild_the_files_numbers(type_name):
     x = torch.randn(3, 192)
     before = dequant_gemm_torch.gemm(x, w)  # builds the form, then releases the codes
     assert not w.codes_held
-    assert torch.equal(w.codes, codes)  # rebuilt bit for bit from the int4pack form
-    assert torch.equal(dequantize_rows(w), ref)  # the naive tier: still gguf's float32 values
     ids = torch.tensor([79, 3, 3, 64])
     assert torch.equal(gather_rows(w, ids, torch.float32), ref[ids])  # the embedding's rows
+    assert torch.equal(dequantize_rows(w.out_features(slice(16, 48))), ref[16:48])  # a TP cut
+    assert not w.codes_held  # rows were rebuilt, not the matrix
     assert torch.equal(dequant_gemm_torch.gemm(x, w), before)  # the torch tier reads its form
-    cut = w.in_features(64, 192)  # a row-parallel shard, from rebuilt codes
-    assert torch.equal(dequantize_rows(cut), ref[:, 64:])
-    assert torch.equal(dequantize_rows(w.out_features(slice(16, 48))), ref[16:48])
     assert w.nbytes == file_bytes  # the weight's value: the file's bytes, whichever form holds it
+    assert torch.equal(w.codes, codes)  # rebuilt bit for bit from the int4pack form, then kept
+    assert w.codes_held and w.held_bytes() == file_bytes + w.prepared_bytes()
+    assert torch.equal(dequantize_rows(w), ref)  # the naive tier: still gguf's float32 values
+    assert torch.equal(dequantize_rows(w.in_features(64, 192)), ref[:, 64:])  # a row-parallel cut
 
 
 def test_held_bytes_count_one_layout():
