@@ -116,7 +116,7 @@ def test_the_option_is_a_bool_and_needs_the_graphs(tiny):
 def test_a_stream_closed_while_a_step_runs_ahead_leaves_a_clean_engine(tiny):
     """Closing a stream aborts its requests while their next step is already queued: that step's ids
     are never read, its blocks go back, and the next run gives the eager engine's tokens."""
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     eager = LLM(tiny, engine_config=ECFG, **ATTENTION_ONLY)
     expected = [o.token_ids for o in eager.generate(PROMPTS[:2], params)]
     llm = LLM(tiny, engine_config=ECFG.with_updates(cuda_graphs=True), **ATTENTION_ONLY)
@@ -127,7 +127,7 @@ def test_a_stream_closed_while_a_step_runs_ahead_leaves_a_clean_engine(tiny):
             break
     assert not runner.has_unfinished()
     assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == expected
-    assert runner._behind is None and runner.graphs.counts["reads"] >= 8
+    assert runner._behind is None and runner.graphs.counts["reads"] >= 2 + 5  # before the break, then the run
     assert runner.block_manager.num_free_blocks == runner.block_manager.num_blocks
     # Ctrl-C while the host waits for a step's ids, with the next step queued: both are undone
     reads = runner.graphs.read
