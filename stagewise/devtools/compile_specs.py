@@ -138,7 +138,7 @@ def _dequant_matmul(label: str, kind: str, m: int, n: int, k: int, dtype, target
     bits, offset, has_mins = KINDS[kind]
     code_dtype, scale_dtype, fixed_group = LAYOUT[kind]  # K-quants: float32 scales, q6_k groups of 16
     group = fixed_group or dq.GROUP_SIZE
-    cfg = dq.dequant_config(m, n, k, SMS.get(target.capability, 108), dtype.itemsize)
+    cfg = dq.dequant_config(m, n, k, SMS.get(target.capability, 108), dtype.itemsize, bits == 8 and has_mins)
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
     x, scales = _ptr(dtype), _ptr(scale_dtype)
     args = dict(a_ptr=x, codes_ptr=_ptr(code_dtype), scales_ptr=scales, mins_ptr=scales)

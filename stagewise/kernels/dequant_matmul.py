@@ -152,10 +152,15 @@ GPU_PREFILL = {
     4: DequantConfig(block_m=32, block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=2),
 }
 GPU_DECODE_TILE = {2: (64, 64, 4, 3), 4: (32, 32, 4, 2)}  # (block_n, block_k, warps, stages)
+# 8-bit codes with a minimum (q5_k) load a second [BLOCK_K, BLOCK_N] tile per step: at 3 stages the
+# 16-bit decode tile spills 12 bytes a thread on sm_90 (the compile gate); 2 stages do not (92 regs)
+MINS_8BIT_DECODE_STAGES = 2
 PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 
 
-def dequant_config(m: int, n: int, k: int, sms: int | None, element_size: int = 2) -> DequantConfig:
+def dequant_config(
+    m: int, n: int, k: int, sms: int | None, element_size: int = 2, mins_8bit: bool = False
+) -> DequantConfig:
     """The launch for this shape: decode (M <= 16) splits K to fill the GPU, prefill tiles M."""
     size = 4 if element_size >= 4 else 2
     if m > DECODE_MAX_M:
@@ -163,6 +168,8 @@ def dequant_config(m: int, n: int, k: int, sms: int | None, element_size: int = 
     if sms is None:
         return INTERPRETER_DECODE
     block_n, block_k, warps, stages = GPU_DECODE_TILE[size]
+    if mins_8bit:
+        stages = min(stages, MINS_8BIT_DECODE_STAGES)
     wanted = max(1, min(16, -(-PROGRAMS_PER_SM * sms // -(-n // block_n))))
     _, splits = split_plan(k, block_k, wanted)
     return DequantConfig(16, block_n, block_k, splits, warps, stages)
@@ -235,7 +242,7 @@ def dequant_launch(
     The grid is (tiles of M, tiles of N, splits): a decode row at N = 960, K = 576 under the
     interpreter's 16 x 32 x 32 tiles, split 2, is (1, 30, 2), each split walking 9 x 32 of K.
     """
-    cfg = config or dequant_config(m, n, k, num_sms(device), dtype.itemsize)
+    cfg = config or dequant_config(m, n, k, num_sms(device), dtype.itemsize, bits == 8 and has_mins)
     if cfg.block_k % group_size and group_size % cfg.block_k:  # a step holds whole groups,
         raise KernelInputError(  # or a group whole steps (every code finds its own scale)
             f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}"
