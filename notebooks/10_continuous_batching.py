@@ -18,50 +18,41 @@
 # same step reads the weights once for all B — the cost of the read is shared,
 # and the GEMV becomes a GEMM again.
 #
-# **Static batching** groups requests, starts them together and ends them
-# together. But output lengths are unpredictable and very different. The
-# batch runs until its longest request is done; the finished rows keep being
-# computed as padding, short prompts are padded to the longest one, and
-# requests that arrive meanwhile wait for the whole batch.
+# **Static batching** starts a group of requests together and ends them
+# together: the batch runs until its longest output is done, finished rows
+# and short prompts' padding are computed anyway, and newcomers wait.
 #
-# **Continuous batching** (vLLM) moves scheduling from requests to tokens.
-# The scheduler has no prefill or decode phases; each request only has two
-# counters:
+# **Continuous batching** (vLLM) schedules tokens, not requests. Each request
+# has two counters, `num_tokens` (prompt + tokens generated so far) and
+# `num_computed_tokens` (those whose K/V are in the cache), and every step
+# schedules the difference: a whole prompt, a chunk of one, or the token
+# sampled last step, side by side in one batch. A finished request leaves at
+# once; a waiting one takes its seat in the next step. Four constraints decide
+# who runs (`engine/scheduler.py`): `max_num_seqs`, the token budget
+# `max_num_batched_tokens`, `max_model_len`, and free KV blocks; when blocks
+# run out, the newest running request is **preempted** (freed, recomputed
+# later).
 #
-# * `num_tokens` — prompt + tokens generated so far,
-# * `num_computed_tokens` — how many of them already have K/V in the cache,
+# Path: stepping the engine by hand with the tracer -> a timeline ->
+# preemption -> check (same tokens as each request alone) -> measure (static
+# vs continuous on one workload) -> picture -> the seeds' (the project's two
+# source articles, named in the README) chapters 7-8 measured: step time
+# against the batch, and the gaps while a long prompt is prefilled.
 #
-# and every step schedules `num_tokens - num_computed_tokens` tokens per
-# request: a whole prompt, a chunk of one, or the single token sampled last
-# step. A step can hold prefill chunks and decode tokens side by side; a
-# finished request leaves at once and a waiting one takes its seat in the very
-# next step. Four constraints decide who runs (`engine/scheduler.py`):
-# `max_num_seqs`, the token budget `max_num_batched_tokens` per step,
-# `max_model_len`, and free KV blocks. When blocks run out, the newest running
-# request is **preempted**: its blocks are freed and it is recomputed later.
-#
-# Path: motivation -> stepping the engine by hand with the tracer -> a
-# timeline -> preemption -> check (same tokens as each request alone) ->
-# measure (static vs continuous on one workload) -> picture -> the seeds'
-# chapters 7-8 measured: step time and throughput against the batch, and the
-# time between tokens while a long prompt is prefilled.
-#
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the static-vs-continuous
-# comparison uses 4 requests (2 at a time) with shorter prompts and outputs
-# instead of 8 requests (4 at a time); section 6 measures fewer batch sizes,
-# fewer tokens and a shorter long prompt. The stepping and preemption demos
-# are the same.
-#
-# *The seeds* are the two source articles this project is built from: the README names them and
-# what they cover (section "The seeds: the two source articles").
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): 4 requests (2 at a time),
+# shorter, instead of 8 (4 at a time) in section 4; fewer batch sizes and
+# tokens and a shorter long prompt in section 6. Sections 1-3 are the same.
 
 # %%
+import contextlib
+import io
 import os
 import time
 
 import numpy as np
 import torch
 
+import stagewise.viz_engine as ve  # the pictures
 from stagewise import LLM, SamplingParams
 from stagewise.bench.timing import stream_timed
 from stagewise.bench.workloads import mixed_workload, single_prompt
@@ -70,6 +61,7 @@ from stagewise.config import EngineConfig
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json
 from stagewise.trace.tracer import Tracer
+from stagewise.viz_trace import print_preemptions, print_steps
 
 # %matplotlib inline
 
@@ -77,6 +69,9 @@ QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 loaded = load_model("smollm2-135m", device="cpu")  # float32 on the CPU, even on a GPU machine: exact checks
 tok = loaded.tokenizer
 torch.set_num_threads(1)  # one thread: the ratios between steps, not peak speed, and less exposed to other work
+with contextlib.redirect_stderr(io.StringIO()) as said:  # the first LLM() times this CPU's GEMM forms, once
+    LLM(loaded, mode="kv")
+print("GEMM forms:", said.getvalue().strip().removeprefix("stagewise: ") or "chosen")  # a busy machine says so
 
 # %% [markdown]
 # ## 1. Step the engine by hand
@@ -112,23 +107,7 @@ with Tracer(timing=False) as tracer:
         step += 1
 trace = to_json(tracer)
 
-for s in trace["steps"]:
-    parts = []
-    for r in s["requests"]:
-        done = r["num_computed_tokens"] + r["num_scheduled"]
-        name, computed, total = label[r["request_id"]], r["num_computed_tokens"], r["num_tokens"]
-        parts.append(f"{name} {computed:>2}->{done:<2}/{total:<2} {r['phase']}")
-    waiting = [label[w] for w in s["scheduler"]["waiting"]]
-    sampled = ",".join(label[k] for k in s["sampled"])
-    print(f"step {s['index']:>2} [{sum(r['num_scheduled'] for r in s['requests']):>2}/32 tokens] "
-          + " | ".join(parts) + (f" || waiting {waiting}" if waiting else "") + f" || sampled {sampled or '-'}")
-later = trace["steps"][3:]
-mixed = [(s["index"], sum(r["num_scheduled"] for r in s["requests"])) for s in later
-         if any(r["phase"] != "decode" for r in s["requests"])]  # fmt: skip
-decode_only = sorted({sum(r["num_scheduled"] for r in s["requests"]) for s in later
-                      if all(r["phase"] == "decode" for r in s["requests"])})  # fmt: skip
-print(f"from step 3 on: decode-only steps carry {decode_only} tokens; "
-      f"steps with a prompt beside decodes (step, tokens): {mixed}")  # fmt: skip
+print_steps(trace, label, budget=32)  # stagewise/viz_trace.py: one line per step, read from the trace
 
 # %% [markdown]
 # Read it as `num_computed_tokens -> after this step / num_tokens`:
@@ -149,11 +128,10 @@ print(f"from step 3 on: decode-only steps carry {decode_only} tokens; "
 #   from step 3 on (the last line lists them with their sizes); every other
 #   step is decode only, one token per running request.
 #
-# The tracer's JSON (`stagewise.trace.export.to_json`) is what this table was
-# read from; each step also holds `batch`, what the forward pass received: all
-# scheduled tokens flattened into one `[T]` batch with their `positions`,
-# `cu_seqlens_q`, `seq_lens`, `block_table` rows and every token's
-# `slot_mapping` (notebook 09). No padding anywhere. (`stagewise view run.json`
+# The table is read from the tracer's JSON (`stagewise.trace.export.to_json`);
+# each step there also holds `batch`, what the forward pass received: one flat
+# `[T]` batch with `positions`, `cu_seqlens_q`, `seq_lens`, `block_table` rows
+# and `slot_mapping` (notebook 09), no padding. (`stagewise view run.json`
 # replays a saved trace in a browser.)
 #
 # Check: stepping by hand, with requests joining mid-way, must give each
@@ -174,14 +152,7 @@ print("every request got the same tokens as when it runs alone")
 
 
 # %%
-from stagewise.viz_engine import (  # noqa: E402 - plotting only
-    gaps_while_prefilling,
-    step_time_and_throughput,
-    timeline,
-    work_and_latency,
-)
-
-timeline(trace, label, "continuous batching, max_num_seqs=3, 32 tokens per step", budget=32)
+ve.timeline(trace, label, "continuous batching, max_num_seqs=3, 32 tokens per step", budget=32)
 
 # %% [markdown]
 # Blue is prompt work (pale: a chunk that samples nothing), green is one
@@ -198,14 +169,13 @@ timeline(trace, label, "continuous batching, max_num_seqs=3, 32 tokens per step"
 #
 # ## 3. Preemption: when the KV blocks run out
 #
-# Same engine idea with a KV pool of only **4 blocks** (64 token slots) and
-# three requests of 14 prompt tokens that each grow to 28 tokens (2 blocks):
-# all three fit at the start (one block each), but not once they cross 16
-# tokens. When a running request needs a new block
-# and none is free, the scheduler frees the *most recently admitted* running
-# request's blocks, resets its `num_computed_tokens` to 0 and puts it back at
-# the front of the waiting queue (its generated tokens are kept and
-# recomputed with its prompt when it resumes).
+# A KV pool of only **4 blocks** (64 token slots) and three requests of 14
+# prompt tokens that each grow to 28 (2 blocks): all three fit at the start,
+# not once they cross 16 tokens. When a running request needs a block and
+# none is free, the scheduler frees the *most recently admitted* running
+# request's blocks, resets its `num_computed_tokens` to 0 and puts it at the
+# front of the waiting queue (its generated tokens are kept, recomputed with
+# its prompt when it resumes).
 
 # %%
 tight = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=16, num_kv_blocks=4, max_model_len=256)
@@ -216,18 +186,14 @@ with Tracer(timing=False) as tracer:
     p_outs = small.generate(p_prompts, p_params)
 p_trace = to_json(tracer)
 p_label = {o.request_id: f"P{i}" for i, o in enumerate(p_outs)}
-for s in p_trace["steps"]:
-    if s["scheduler"]["preempted"] or any(r["phase"] != "decode" for r in s["requests"]):
-        print(f"step {s['index']:>2}: preempted {[p_label[p] for p in s['scheduler']['preempted']]}, "
-              + ", ".join(f"{p_label[r['request_id']]} {r['phase']} +{r['num_scheduled']}" for r in s["requests"])
-              + f"; blocks in use {s['scheduler']['kv_blocks_in_use']}/{s['scheduler']['kv_blocks_total']}")
+print_preemptions(p_trace, p_label)  # the steps that preempted someone or ran a prompt
 print(f"preemptions: {small.last_stats.preemptions}, steps: {small.last_stats.steps}")
 for o, p, sp in zip(p_outs, p_prompts, p_params):
     assert o.token_ids == alone.generate(p, sp)[0].token_ids
 print("check: preempted and recomputed, every request still gets the tokens it gets alone")
 
 # %%
-timeline(p_trace, p_label, "preemption: 4 KV blocks for three requests that each need 2", budget=64)
+ve.timeline(p_trace, p_label, "preemption: 4 KV blocks for three requests that each need 2", budget=64)
 
 # %% [markdown]
 # The red cross marks the step where a request lost its blocks. It waits
@@ -294,15 +260,15 @@ for mode, name in (("kv", "static"), ("paged", "continuous")):
 names_of = [f"#{i} ({r.prompt_tokens}+{r.max_tokens})" for i, r in enumerate(work.requests)]
 labels = {mode: {o.request_id: n for o, n in zip(res["outs"], names_of)} for mode, res in results.items()}
 xmax = max(len(res["trace"]["steps"]) for res in results.values())
-timeline(results["kv"]["trace"], labels["kv"], f"static batching (mode='kv'), {seats} requests per batch", xmax=xmax)
-timeline(results["paged"]["trace"], labels["paged"], f"continuous batching (mode='paged'), {seats} seats", xmax=xmax)
+ve.timeline(results["kv"]["trace"], labels["kv"], f"static batching (mode='kv'), {seats} requests per batch", xmax=xmax)
+ve.timeline(results["paged"]["trace"], labels["paged"], f"continuous batching (mode='paged'), {seats} seats", xmax=xmax)
 
 # %% [markdown]
 # And the totals: rows pushed through the model (real work vs padding), and
 # how long each request took from arrival to its last token.
 
 # %%
-work_and_latency(
+ve.work_and_latency(
     {"static": results["kv"]["stats"], "continuous": results["paged"]["stats"]},
     {"static": [o.metrics.latency for o in results["kv"]["outs"]],
      "continuous": [o.metrics.latency for o in results["paged"]["outs"]]},
@@ -310,15 +276,13 @@ work_and_latency(
 )  # fmt: skip
 
 # %% [markdown]
-# Static batching computes the padding rows and keeps dead rows running until
-# each batch's longest request ends; continuous batching computes only real
-# tokens (a decode row is a real token, a prefill row a real prompt token) and
-# keeps every seat busy, so short requests come back early and the last one
-# finishes no later. (The number of steps can come out close: here both
-# engines are limited to the same number of seats and each step is one token
-# per seat; the gain is in what the steps compute and in who waits.) Wall
-# times vary from run to run with whatever else the machine is doing; the row
-# counts are exact.
+# Static batching computes padding and keeps dead rows running until each
+# batch's longest request ends; continuous batching computes only real tokens
+# and keeps every seat busy, so short requests come back early and the last
+# one finishes no later. (The step counts can come out close: both engines
+# have the same seats, one token per seat per step; the gain is in what the
+# steps compute and in who waits.) Wall times vary with whatever else the
+# machine is doing; the row counts are exact.
 
 # %% [markdown]
 # ## 6. The seeds' chapters 7-8, measured on this machine
@@ -375,7 +339,7 @@ for B, ms in step_ms.items():
     print(f"{B:>3} {ms:>8.1f} {B / ms * 1e3:>9.1f} {streamed / ms / 1e6:>13.2f} {flops / ms / 1e6:>8.1f}")
 for B in batch_sizes[1:]:
     ratio = step_ms[B] / step_ms[1]
-    verdict = "shared: well under B" if ratio < B / 2 else "not shared here, or the machine was busy: rerun"
+    verdict = "shared: well under B" if ratio < 0.75 * B else "near B: arithmetic-bound here, or a busy moment: rerun"
     print(f"B={B:>2}: {B}x the tokens per step of B=1 for {ratio:.2f}x its step time ({verdict})")
 kv = kv_bytes_per_token(cfg, 4).value * (16 + decode_tokens)  # the longest context here
 print(f"KV read per sequence per step: at most {kv / 1e6:.2f} MB, against "
@@ -384,20 +348,17 @@ print(f"KV read per sequence per step: at most {kv / 1e6:.2f} MB, against "
 # %% [markdown]
 # Read the table against the seeds' claim. If every sequence paid for its
 # own pass over the weights, the step would cost B times the B = 1 step (the
-# dotted line in the picture below). What to conclude from the ratios printed
-# last: well under B means the weights' read is shared (the step grows far
-# more slowly than B, and the tokens per second grow several-fold); a ratio
-# near B means either that this machine is already arithmetic-bound at that
-# size, or that other work took the cores during the measurement, which a
-# rerun tells apart (a busy moment does not repeat in the same place). The "weights GB/s" column
-# is the weight bytes divided by the step time: at B = 1 it is the rate at
-# which a decode step streams the weights on this machine. As B grows, the
-# arithmetic per byte grows with it (the GFLOP/s column) and takes an ever
-# larger part of the step: that is where the curve bends from flat towards
-# rising. With these short contexts the KV cache read is tiny next to the
-# weights (last line); with long contexts it grows with B and makes the step
-# rise sooner: the seeds' note that every user's KV cache is private and is
-# read in full at every step.
+# dotted line in the picture below). A ratio well under B (the last lines)
+# means the weights' read is shared: the tokens per second grow several-fold.
+# A ratio near B means either that this machine is already arithmetic-bound
+# at that size, or that other work took the cores during the measurement; a
+# rerun tells them apart (a busy moment does not repeat in the same place).
+# "weights GB/s" at B = 1 is the rate at which a decode step streams the
+# weights here; as B grows, the arithmetic per byte grows with it (GFLOP/s)
+# and bends the curve from flat towards rising. The KV cache read is tiny
+# next to the weights with these short contexts (last line); with long ones
+# it grows with B and makes the step rise sooner: every user's KV cache is
+# private and read in full at every step.
 #
 # ### 6.2 Throughput against time between tokens
 #
@@ -406,7 +367,7 @@ print(f"KV read per sequence per step: at most {kv / 1e6:.2f} MB, against "
 # per second for the machine.
 
 # %%
-step_time_and_throughput(step_ms, cfg.name)
+ve.step_time_and_throughput(step_ms, cfg.name)
 
 # %% [markdown]
 # ### 6.3 A long prompt among decoding requests
@@ -464,23 +425,21 @@ print(f"this run: the {smaller} cap gave the shorter longest gap")
 # first token.
 
 # %%
-gaps_while_prefilling(runs, long_tokens)
+ve.gaps_while_prefilling(runs, long_tokens)
 
 # %% [markdown]
 # What the two settings do is fixed by the scheduler: with the large one, one
 # step carries the whole prompt (the seeds' straggler: one gap many times the
-# usual TBT); with the small one the prompt is spread over several steps,
-# each longer than a decode step by one chunk's time, and the long prompt's
-# first token comes later (its TTFT column), since its chunks wait for the
-# decoders in every step. What the clock shows depends on the prompt and the
-# machine. When the "longest / median" of the large cap is the larger (the
+# usual TBT); with the small one the prompt is spread over several steps, each
+# longer than a decode step by one chunk's time, and the long prompt's first
+# token comes later (TTFT column). What the clock shows depends on the prompt
+# and the machine. When the large cap's "longest / median" is the larger (the
 # line under the table says which was), the straggler is seen and chunking
 # removed it. When it is not, either the whole prompt costs little more than
 # a chunk here (a short prompt: quick mode's is), or another job took the
-# cores during one gap (a single outlier at a random time in the picture,
-# not at the shaded span): rerun with a longer prompt before concluding.
-# Which setting is better is a policy choice; the scheduler makes it one
-# number.
+# cores during one gap (an outlier away from the shaded span): rerun with a
+# longer prompt before concluding. Which setting is better is a policy
+# choice; the scheduler makes it one number.
 
 # %% [markdown]
 # ## In vLLM (v0.11.0)
@@ -499,28 +458,21 @@ gaps_while_prefilling(runs, long_tokens)
 # ## Takeaways
 #
 # * The scheduler sees two numbers per request and schedules the difference:
-#   whole prompts, prompt chunks and single decode tokens go into one flat
-#   batch, no padding.
-# * Four constraints gate every step: seats (`max_num_seqs`), the token
-#   budget (chunked prefill), `max_model_len`, free KV blocks (preemption by
-#   recompute when they run out).
-# * Requests join and leave at every step; the output of every request is
-#   exactly what it would be alone (checked twice).
-# * Against static batching on the same workload: no padding rows, seats
-#   refilled at every step, earlier finishes for short requests.
+#   whole prompts, prompt chunks and decode tokens in one flat batch, no
+#   padding. Seats, the token budget (chunked prefill), `max_model_len` and
+#   free KV blocks (preemption by recompute) gate every step.
+# * Requests join and leave at every step, and each gets exactly the tokens it
+#   gets alone. Against static batching: no padding rows, seats refilled at
+#   every step, earlier finishes for short requests.
 # * A decode step reads the weights once for the whole batch: more sequences
-#   per step cost little while the read dominates, then the arithmetic makes
-#   the step (the TBT every user sees) grow: throughput is bought with TBT.
-# * A long prompt prefilled beside decoding requests stalls them for that
-#   step; capping the prompt tokens per step (`prefill_beside_decodes`)
-#   keeps the TBT even at the price of a later first token for the prompt.
+#   cost little while the read dominates; then the step (every user's TBT)
+#   grows. A long prompt beside decoders stalls them for a step, unless
+#   `prefill_beside_decodes` caps it, at the price of its later first token.
 #
 # ## Exercises
 #
-# Each task has a stub to fill in and a check cell below it. The check runs your
-# function and the package's own reference on fresh inputs and prints **PASS**,
-# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
-# Solutions: `notebooks/solutions/nb10.py`.
+# A stub to fill in, a check cell below it (**PASS**, **FAIL** with the worst
+# mismatch, or **not yet**). Solutions: `notebooks/solutions/nb10.py`.
 #
 # **1. What static batching computes.** Requests run in batches of `seats`, in
 # order. A batch's prefill pads every prompt (on the left) to the batch's
@@ -576,6 +528,7 @@ check("10.continuous_rows", my_continuous_rows)
 #
 # The check runs your function beside the real `Scheduler` on four random
 # workloads (chunks and preemptions happen) and compares every step.
+
 
 # %%
 def my_schedule(running, waiting, budget: int, max_num_seqs: int, allocate, free) -> list[tuple[str, int]]:
