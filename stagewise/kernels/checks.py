@@ -28,11 +28,17 @@ def check_dim(kernel: str, name: str, t: torch.Tensor, ndim: int) -> None:
 
 
 def check_shape(kernel: str, name: str, t: torch.Tensor, shape: tuple) -> None:
-    """`shape` may hold None for a free dimension."""
-    ok = t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape))
-    if not ok:
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise KernelInputError(f"{kernel}: {name} has shape {list(t.shape)}, expected {want}")
+    """`shape` may hold None for a free dimension. (A plain loop: launchers call this on every
+    launch, and a generator inside all() costs more than the comparisons.)"""
+    actual = t.shape
+    if len(actual) == len(shape):
+        for s, n in zip(shape, actual):
+            if s is not None and s != n:
+                break
+        else:
+            return
+    want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+    raise KernelInputError(f"{kernel}: {name} has shape {list(t.shape)}, expected {want}")
 
 
 def check_contiguous(kernel: str, name: str, t: torch.Tensor) -> None:
@@ -55,8 +61,12 @@ def check_same_device(kernel: str, **tensors: torch.Tensor) -> None:
     interpreter). Runs on every launch: the common case is a few attribute reads, no dict."""
     first, *others = tensors.values()
     device = first.device
-    if device.type == _launch_device_type() and all(t.device == device for t in others):
-        return
+    if device.type == _launch_device_type():
+        for t in others:
+            if t.device != device:
+                break
+        else:
+            return
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         raise KernelInputError(f"{kernel}: tensors are on different devices: {devices}")

@@ -57,9 +57,19 @@ def launch_tuned(autotuner, kernel, key: tuple, grid, args: dict) -> None:
     options = _tuned.get(key)
     if options is None:
         autotuner[grid](**args)
-        _tuned[key] = autotuner.best_config.all_kwargs()
+        config = autotuner.best_config
+        if config.pre_hook is None:  # a config with a hook must run it: it keeps the autotuner
+            _tuned[key] = _launch_kwargs(config)
         return
     kernel[grid](**args, **options)
+
+
+def _launch_kwargs(config) -> dict:
+    """What the autotuner passes the kernel for `config`: its meta-parameters, warps, stages (and,
+    where Triton has them, ctas and a register cap: `Config.all_kwargs`)."""
+    if hasattr(config, "all_kwargs"):
+        return config.all_kwargs()
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
 def tuned_choices() -> dict:
