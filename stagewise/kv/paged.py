@@ -151,8 +151,8 @@ class PagedKVStep:
         self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
         m = self.metadata
-        k_cache = self.cache.kv[layer, 0]  # [num_blocks, block_size, Hkv, d]
-        v_cache = self.cache.kv[layer, 1]
+        # [2, num_blocks, block_size, Hkv, d] -> K and V, [num_blocks, block_size, Hkv, d] views
+        k_cache, v_cache = self.cache.kv[layer].unbind(0)
         flat = (-1, *k_cache.shape[2:])  # the same memory seen as [num_slots, Hkv, d]
         ops(
             kv_store,

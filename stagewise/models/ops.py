@@ -8,6 +8,8 @@ formulation where a stage has one, else naive) or `triton` — and lets the
 tracer see every stage's inputs and outputs and which tier ran.
 """
 
+from types import ModuleType
+
 from stagewise.errors import StagewiseError
 from stagewise.stages import STAGES
 from stagewise.stages.base import TIERS, stage_of
@@ -39,10 +41,17 @@ class StageOps:
 
             configure_triton()
         self._fns = {name: STAGES[name].tier(tier) for name, tier in self.backends.items()}
+        # stage module -> its name: a forward pass makes ~8 stage calls per layer, and a dict
+        # lookup is cheaper than `stage_of`'s checks (modules live as long as the process)
+        self._names: dict[ModuleType, str] = {}
 
     def __call__(self, stage, layer: int | None = None, **kwargs):
         """Run `stage` (its module, its `Stage` record or its name) with keyword arguments."""
-        name = stage_of(stage, STAGES).name
+        name = self._names.get(stage) if isinstance(stage, ModuleType) else None
+        if name is None:
+            name = stage_of(stage, STAGES).name
+            if isinstance(stage, ModuleType):
+                self._names[stage] = name
         fn = self._fns[name]
         tracer = active_tracer()
         if tracer is None:

@@ -45,12 +45,16 @@ below the naive path's N^2 score round trips (notebook 05 counts both). In
 decode a tile is one query's whole GQA group, so K/V are read once per KV head,
 not once per query head. Causal tiles stop at the diagonal, so keys no query of
 the tile may see are never loaded.
+
+The torch tier (`stages/attention_torch.py`) runs a decode row (one query
+that sees every key) as one fused `scaled_dot_product_attention` call.
 """
 
 import torch
 from einops import rearrange
 
 from stagewise.config import ModelConfig
+from stagewise.stages import attention_torch
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import Stage
 
@@ -156,6 +160,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: FlashAttention, tiles + online softmax",
+    torch=attention_torch.attention_torch,
+    torch_kind="torch: a decode row in one fused scaled_dot_product_attention call",
     example_inputs=example_inputs,
     outputs=("out",),
     axes={

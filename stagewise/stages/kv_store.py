@@ -17,11 +17,15 @@ QKV output) together with their slots, and stores each token whose slot is not
 -1 into that slot, casting to the cache dtype at the store. One launch, one read and
 one write per element, instead of the reference's mask, compaction and two
 `index_copy_` calls.
+
+The torch tier (`stages/kv_store_torch.py`) is the reference's two copies
+without the casts that change nothing (fewer PyTorch calls per layer).
 """
 
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages import kv_store_torch
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import Stage
 
@@ -88,6 +92,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: slot scatter, a tile of tokens per program",
+    torch=kv_store_torch.kv_store,
+    torch_kind="torch: the reference's two index_copy_ calls, casts only where dtypes differ",
     example_inputs=example_inputs,
     outputs=(),
     axes={

@@ -20,11 +20,15 @@ and writes residual_out and out once (4 row passes, against 5 for a separate
 add kernel and norm kernel, and about a dozen for the naive reference, where
 every PyTorch op — float(), pow, mean, rsqrt, two multiplies, the casts — is
 its own pass over memory). A memory-bound stage runs as fast as it moves bytes.
+
+The torch tier (`stages/rmsnorm_torch.py`) makes the norm one `torch.rms_norm`
+call: fewer PyTorch calls per decode step, measured there.
 """
 
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.stages import rmsnorm_torch
 from stagewise.stages.base import Stage
 
 
@@ -71,6 +75,8 @@ STAGE = Stage(
     naive=naive,
     triton=optimized,
     triton_kind="triton: one program per row, residual add fused",
+    torch=rmsnorm_torch.rmsnorm,
+    torch_kind="torch: the residual add, then one torch.rms_norm call (float32 bit for bit)",
     example_inputs=example_inputs,
     outputs=("out", "residual_out"),
     axes={

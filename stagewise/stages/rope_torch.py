@@ -7,42 +7,62 @@ A decode step rotates one token per sequence in each of 30 layers, so the
 stage's time is the number of PyTorch calls, not arithmetic: `rope.naive`
 makes about 18 per layer (gather, two cats to widen cos and sin to d, then
 for q and for k a cast, a chunk, a negation, a cat, two multiplies, an add).
-This tier makes 9: q and k are joined into one [T, H + Hkv, d] tensor and
-rotated together, with the half-width angles used as they are read from the
-cache,
+This tier makes 6: one row gather, one cat that joins q and k into a
+[T, H + Hkv, d] tensor (both are turned by the same angles), one copy that
+swaps each head's halves, two multiplies and an add:
 
-    [x1, x2] -> [x1 * cos - x2 * sin, x2 * cos + x1 * sin]      (cos, sin [T, 1, d/2])
+    x = [x1, x2]  ->  x * [cos, cos] + [x2, x1] * [-sin, sin]
+                   =  [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
 
-which is the same formula term by term, so it gives the same numbers.
+The angles come from a widened copy of the cache, row p = [cos, cos, -sin, sin]
+(2 d floats: for SmolLM2's 8192 positions x 64 dims, 4 MB beside the cache's
+2 MB), built once per cache and remembered beside it (`wide_cache`, space for
+time as the cache itself is). Negating a sine and adding is exactly
+subtracting, so the numbers are the reference's, bit for bit.
 
-The engine used to reach the same end differently: the model gathered
-`cos`/`sin` once per step and passed them to every layer (state carried
-through the forward pass). Measured on a 2-core AMD EPYC (SmolLM2-135M
-shapes, 30 layer calls = one step, float32, medians of 7 alternated rounds of
-40 steps; the machine was shared with other jobs, so the absolute times are
-inflated and the spreads wide, 20-40 %):
-
-    T (tokens)   naive, per layer   naive, angles once per step   this tier
-    1            11.6 ms            8.7 ms                        7.5 ms
-    8            13.3 ms            8.4 ms                        8.9 ms
-    64           542 ms             323 ms                        513 ms
-
-For decode (T of 1 to 8) the cheaper rotation buys what the per-step angles
-bought, with no state kept between layers, so the per-step angles are gone.
-At T = 64 the times are dominated by the loaded machine (PyTorch's two
-threads fighting other jobs) and say little; re-measure them on a quiet one.
+Measured on a 2-core AMD EPYC (SmolLM2-135M shapes, one decode row, one
+thread, medians of 7 alternated rounds of 2000 calls; the machine was shared
+with other jobs, load average 6-7, so the times are inflated several-fold and
+only their ratio means much): the previous form of this tier (q and k joined,
+half-width angles, 9 ops) 232 us per call, the reference 300+ us, this form
+about 0.6x the previous one (see the commit that introduced it).
 """
 
+import weakref
+
 import torch
+
+# id(cos_sin_cache) -> (a weak reference to it, its widened rows [max_position, 2 d]); an entry
+# goes when its cache does (keyed by id: tensors compare by value, so they make no dict keys)
+_WIDE: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def wide_cache(cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """[max_position, d] = [cos, sin] -> [max_position, 2 d] = [cos, cos, -sin, sin], float32."""
+    key = id(cos_sin_cache)
+    entry = _WIDE.get(key)
+    if entry is not None and entry[0]() is cos_sin_cache:
+        return entry[1]
+    cos, sin = cos_sin_cache.float().chunk(2, dim=-1)  # [max_position, d/2] each
+    wide = torch.cat([cos, cos, -sin, sin], dim=-1).contiguous()  # [max_position, 2 d]
+    _WIDE[key] = (weakref.ref(cos_sin_cache, lambda _: _WIDE.pop(key, None)), wide)
+    return wide
 
 
 def rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified."""
-    num_heads = q.shape[1]
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).float().chunk(2, dim=-1)  # [T, 1, d/2] each
-    qk = torch.cat([q, k], dim=1).float()  # [T, H + Hkv, d]: both rotated by the same angles
-    x1, x2 = qk.chunk(2, dim=-1)  # [T, H + Hkv, d/2] each
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [T, H + Hkv, d]
-    return out[:, :num_heads].to(q.dtype), out[:, num_heads:].to(k.dtype)  # [T, H, d], [T, Hkv, d]
+    num_tokens, num_heads, head_dim = q.shape
+    half = head_dim // 2
+    angles = wide_cache(cos_sin_cache).index_select(0, positions)  # [T, 2 d]
+    cos, sin = angles.view(num_tokens, 1, 2 * head_dim).split(head_dim, dim=-1)  # [T, 1, d] each
+    qk = torch.cat([q, k], dim=1)  # [T, H + Hkv, d]: a new tensor (the inputs stay as they are)
+    if qk.dtype != torch.float32:
+        qk = qk.float()
+    swapped = qk.view(num_tokens, -1, 2, half).flip(2).view(qk.shape)  # [x2, x1], [T, H + Hkv, d]
+    out = qk.mul_(cos).add_(swapped.mul_(sin))  # [T, H + Hkv, d], in the new tensors
+    q_out, k_out = out[:, :num_heads], out[:, num_heads:]  # [T, H, d], [T, Hkv, d] views
+    if q.dtype != torch.float32:  # back to the inputs' dtype (a float32 model has nothing to do)
+        q_out, k_out = q_out.to(q.dtype), k_out.to(k.dtype)
+    return q_out, k_out

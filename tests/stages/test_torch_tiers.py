@@ -102,6 +102,8 @@ def test_registry_torch_tier_on_example_inputs(name, num_tokens):
     def run(tier):
         inputs = stage.example_inputs(cfg, num_tokens, torch.device("cpu"), torch.float32)
         result = stage.tier(tier)(**inputs)
+        if not stage.outputs:  # a stage that writes in place (kv_store): compare what it wrote
+            return tuple(t for t in inputs.values() if isinstance(t, torch.Tensor))
         return result if isinstance(result, tuple) else (result,)
 
     ref, out = run("naive"), run("torch")
