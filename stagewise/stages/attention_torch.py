@@ -1,72 +1,72 @@
-"""The torch tier of attention (contiguous layout): a decode row in one fused PyTorch call.
+"""The torch tier of attention (contiguous layout): the reference's arithmetic, fewer calls.
 
     q [Tq, H, d], k [Tk, Hkv, d], v [Tk, Hkv, d], metadata -> out [Tq, H, d]
 
-`attention.naive` takes every sequence through the textbook formula: a
-regrouping of q, two batched matrix products, a scale, a softmax, and the
-einops rearranges between them, about a dozen PyTorch calls (and as many
-einops parses) per sequence per layer. In a decode step a sequence has one
-query row, and that row sees every key, so there is no mask to build: the
-G query heads that share a KV head are G rows of one [G, Lk] problem, and
-PyTorch's fused `scaled_dot_product_attention` does it in one call, reading
-the sequence's keys where the cache holds them (a strided view, no copy):
+`attention.naive` spells every regrouping out with `einops.rearrange`, so a
+reader sees which axes move; each one is a Python parse and a few PyTorch
+calls, five per sequence per layer. This tier runs the same products on the
+same layouts, with the regroupings written as the views and permutes they
+stand for, so the numbers are the reference's bit for bit (a fused
+`scaled_dot_product_attention` would sum in another order: 1e-7 apart,
+enough to flip a greedy token where two logits nearly tie, which it did on
+one of `bench quant`'s prompts with the packed model).
 
-    q [1, H, d] -> [Hkv, G, d];  k [Lk, Hkv, d] -> [Hkv, Lk, d] (view)
+In a decode step a sequence has one query row, and that row sees every key,
+so there is no mask and the regrouping is a view: the G query heads that
+share a KV head are G rows of one [G, Lk] problem, reading the sequence's
+keys where the cache holds them (a strided view, no copy):
+
+    q [1, H, d] -> [Hkv, G, d];  k [Lk, Hkv, d] -> [Hkv, d, Lk] (view)
     softmax(q k^T * scale) v -> [Hkv, G, d] -> [1, H, d]
 
-A sequence with several query rows (a prefill) is one fused call too, with
-the heads grouped by the call itself (`enable_gqa`: query head h reads KV
-head h // G, the reference's index map) and the bottom-right causal rule of
-`attention.py` as a [Lq, Lk] mask (none when Lq == Lk: the square's causal
-triangle). Rows that may see no key (Lq > Lk, the padding rows of static
-batching) are zeros, as in the reference.
-
-The fused kernel sums in another order than the reference's two matrix
-products, so the two agree to float32 rounding (about 1e-7), not bit for bit.
-Measured on a 2-core AMD EPYC, SmolLM2-135M's heads, one decode row over 100
-keys, one thread, while other jobs loaded the machine (load average ~7, so
-the absolute times are inflated): see the commit that introduced this tier.
+A prefill (several query rows) keeps the reference's bottom-right causal
+mask; rows that may see no key (the padding rows of static batching) are
+zeros, as there. One decode step of SmolLM2-135M in `mode="kv"` dispatches
+about 1000 fewer PyTorch calls with this tier, the KV store's and the
+norm's (2649 -> 1652, counted with a TorchDispatchMode).
 """
 
 import torch
-import torch.nn.functional as F
 
 from stagewise.stages.attention_metadata import AttentionMetadata
 
 
 def decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query row that sees all its keys: q [1, H, d], k/v [Lk, Hkv, d] -> [1, H, d]."""
+    """One query row that sees all its keys: q [1, H, d], k/v [Lk, Hkv, d] -> [1, H, d] float32.
+
+    The reference's arithmetic (two batched products and a softmax, on the same layouts), so the
+    same bits, without its regrouping calls: with one query row the regrouping is a view.
+    """
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k.shape[1]
-    qg = q.view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # [Hkv, G, d]
-    out = F.scaled_dot_product_attention(
-        qg.float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(), scale=scale
-    )  # [Hkv, G, d] @ [Hkv, d, Lk] -> [Hkv, G, Lk] -> softmax @ [Hkv, Lk, d] -> [Hkv, G, d]
-    return out.view(1, num_heads, head_dim)  # [1, H, d], float32
+    qg = q.float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # [Hkv, G, d]
+    scores = torch.bmm(qg, k.float().permute(1, 2, 0)) * scale  # @ [Hkv, d, Lk] -> [Hkv, G, Lk]
+    probs = torch.softmax(scores, dim=-1)  # [Hkv, G, Lk]
+    out = torch.bmm(probs, v.float().transpose(0, 1))  # @ [Hkv, Lk, d] -> [Hkv, G, d]
+    return out.view(1, num_heads, head_dim)  # [1, H, d]
 
 
 def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [Lq, H, d] (the last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] float32."""
-    len_q, len_k = q.shape[0], k.shape[0]
-    out = q.new_zeros(q.shape, dtype=torch.float32)  # rows that see no key stay zero
-    first = max(0, len_q - len_k)  # query i sees key j iff j <= i + (Lk - Lq): rows < first none
-    if first == len_q:
-        return out
-    qs = q[first:].transpose(0, 1).float()  # [H, Lq', d] with Lq' = Lq - first <= Lk
-    mask = None
-    if len_q - first != len_k:  # a chunk on a cached prefix: the bottom-right causal rule
-        i = torch.arange(first, len_q, device=q.device).unsqueeze(1)  # [Lq', 1]
-        mask = torch.arange(len_k, device=q.device) <= i + (len_k - len_q)  # [Lq', Lk] bool
-    out[first:] = F.scaled_dot_product_attention(
-        qs,
-        k.transpose(0, 1).float(),  # [Hkv, Lk, d]
-        v.transpose(0, 1).float(),
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=True,
-    ).transpose(0, 1)  # [H, Lq', d] -> [Lq', H, d]
-    return out
+    """q [Lq, H, d] (the last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] float32.
+
+    `attention.causal_attention_one_sequence` step for step, its einops regroupings written as
+    the views and permutes they stand for: the same layouts into the same products, same bits.
+    """
+    len_q, num_heads, head_dim = q.shape
+    len_k, num_kv_heads = k.shape[:2]
+    group = num_heads // num_kv_heads
+    qg = q.float().view(len_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    qg = qg.reshape(num_kv_heads, group * len_q, head_dim)  # [Hkv, g*Lq, d] (a copy)
+    scores = torch.bmm(qg, k.float().permute(1, 2, 0)) * scale  # -> [Hkv, g*Lq, Lk]
+    scores = scores.view(num_kv_heads, group, len_q, len_k)  # [Hkv, g, Lq, Lk]
+    i = torch.arange(len_q, device=q.device).unsqueeze(1)  # [Lq, 1]
+    allowed = torch.arange(len_k, device=q.device) <= i + (len_k - len_q)  # [Lq, Lk] causal
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    probs = torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)  # no key seen -> 0
+    probs = probs.view(num_kv_heads, group * len_q, len_k)  # [Hkv, g*Lq, Lk]
+    out = torch.bmm(probs, v.float().permute(1, 0, 2))  # @ [Hkv, Lk, d] -> [Hkv, g*Lq, d]
+    out = out.view(num_kv_heads, group, len_q, head_dim).permute(2, 0, 1, 3)  # [Lq, Hkv, g, d]
+    return out.reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
 
 
 def attention_torch(

@@ -1,8 +1,8 @@
 """The torch tiers that cut PyTorch calls from a decode step, against the naive tiers.
 
 RMSNorm (`stages/rmsnorm_torch.py`) and the KV store (`stages/kv_store_torch.py`) must give the
-reference's bits; attention's (`stages/attention_torch.py`) fused decode row sums in another order,
-so it is held to float32 rounding; the SwiGLU FFN over packed weights keeps bfloat16 between its
+reference's bits, and so must attention's (`stages/attention_torch.py`: a greedy token can hang on a
+1e-7 difference); the SwiGLU FFN over packed weights keeps bfloat16 between its
 two GEMMs (`stages/gemm_torch.py`), held to the bfloat16 bound of the dequantize-GEMM's own tests.
 Expected values come from the naive tiers, never from the code under test.
 """
@@ -14,7 +14,7 @@ from stagewise.stages import attention, attention_torch, ffn, gemm_torch, kv_sto
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.quantize import quantize
 from stagewise.stages.rope_torch import wide_cache
-from tests.helpers import TOLERANCES, assert_close
+from tests.helpers import assert_close
 
 
 def randn(*shape: int, seed: int) -> torch.Tensor:
@@ -65,12 +65,11 @@ def attention_inputs(q_lens: list[int], k_lens: list[int], heads=6, kv_heads=2, 
         ([3, 5], [11, 2]),  # a chunk on a cached prefix; more queries than keys (3 rows see none)
     ],
 )
-def test_attention_torch_tier_matches_naive(q_lens, k_lens):
+def test_attention_torch_tier_gives_the_references_bits(q_lens, k_lens):
     inputs = attention_inputs(q_lens, k_lens)
     ref = attention.naive(**inputs)
     out = attention.STAGE.torch(**inputs)
-    atol, rtol = TOLERANCES[torch.float32]
-    assert_close(out, ref, atol, rtol, f"attention torch vs naive, q {q_lens}, k {k_lens}")
+    assert out.dtype == ref.dtype and torch.equal(out, ref), (q_lens, k_lens, (out - ref).abs().max())
 
 
 def test_a_decode_row_sees_every_key_with_equal_weights_when_scores_tie():

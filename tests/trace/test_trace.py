@@ -144,9 +144,10 @@ def test_markdown_rendering(tiny):
         llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0))
     md = render_markdown(tracer)
     assert md.startswith("# stagewise trace")
-    # the default tier is torch; each row names the tier that ran (rmsnorm has none: naive)
+    # the default tier is torch; each row names the tier that ran (embedding has none: naive)
     assert "backend torch" in md and "| 0 | 0 | qkv_proj | torch | x [num_tokens=" in md
-    assert "| 0 | 0 | rmsnorm | naive | x [num_tokens=" in md
+    assert "| 0 | 0 | rmsnorm | torch | x [num_tokens=" in md
+    assert "| 0 | - | embedding | naive |" in md
 
 
 def test_inactive_tracer_records_nothing(tiny):
