@@ -15,17 +15,16 @@ swaps each head's halves, two multiplies and an add:
                    =  [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
 
 The angles come from a widened copy of the cache, row p = [cos, cos, -sin, sin]
-(2 d floats: for SmolLM2's 8192 positions x 64 dims, 4 MB beside the cache's
+(2 d floats: for 8192 positions of 64-dim heads, 4 MB beside the cache's
 2 MB), built once per cache and remembered beside it (`wide_cache`, space for
 time as the cache itself is). Negating a sine and adding is exactly
 subtracting, so the numbers are the reference's, bit for bit.
 
-Measured on a 2-core AMD EPYC (SmolLM2-135M shapes, one decode row, one
-thread, medians of 7 alternated rounds of 2000 calls; the machine was shared
-with other jobs, load average 6-7, so the times are inflated several-fold and
-only their ratio means much): the previous form of this tier (q and k joined,
-half-width angles, 9 ops) 232 us per call, the reference 300+ us, this form
-about 0.6x the previous one (see the commit that introduced it).
+What the calls cost is hard to time on a shared 2-core machine (at a load
+average of 6-12 a step's time moved by +-10 % between runs, more than these
+calls cost); what can be counted is the calls: the previous form
+of this tier (q and k joined, half-width angles) made 9 plus 2 casts that
+changed nothing for a float32 model, this one 6, and none of the casts.
 """
 
 import weakref
