@@ -31,9 +31,9 @@ def test_tiny_naive_torch_triton_greedy_tokens_equal(tiny, mode):
 def test_default_tier_is_torch_and_says_which_stages_run_it(tiny):
     llm = LLM(tiny)
     assert llm.describe()["backend"] == "torch"
-    assert llm.ops.tier("qkv_proj") == "torch" and llm.ops.tier("rmsnorm") == "naive"  # no torch tier
+    assert llm.ops.tier("qkv_proj") == "torch" and llm.ops.tier("embedding") == "naive"  # no torch tier
     tiers = llm.describe()["tiers"]
-    assert tiers.startswith("naive: tokenize, embedding, rmsnorm") and "torch: qkv_proj, rope" in tiers
+    assert tiers.startswith("naive: tokenize, embedding, sampling") and "torch: rmsnorm, qkv_proj, rope" in tiers
 
 
 def test_tiny_triton_every_stage_is_a_kernel(tiny):
