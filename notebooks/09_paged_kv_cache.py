@@ -24,7 +24,8 @@
 # And contiguous regions of different sizes fragment the memory, so a new
 # request can fail to fit even when enough bytes are free in total.
 #
-# vLLM's answer (the seeds' "Paged Attention", borrowed from virtual memory):
+# vLLM's answer (the "Paged Attention" of the seeds, the project's two source
+# articles named in the README; borrowed from virtual memory):
 # cut the KV memory into fixed-size **blocks** of `block_size` tokens
 # (`EngineConfig().block_size` by default, printed below) and hand them out
 # **one at a time, as tokens arrive**. A request owns a list of block ids —
@@ -47,16 +48,13 @@
 # contiguous cache) -> measure (memory reserved vs used) -> prefix caching.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the prefix-caching example
-# generates 8 answer tokens instead of 24. Everything else is the same (the
-# stepping demo is small already).
-#
-# *The seeds* are the two source articles this project is built from: the README names them and
-# what they cover (section "The seeds: the two source articles").
+# generates 8 answer tokens instead of 24; everything else is the same.
 
 # %%
+import contextlib
+import io
 import os
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from stagewise import LLM, SamplingParams
@@ -66,7 +64,7 @@ from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json
 from stagewise.trace.tracer import Tracer
-from stagewise.viz_engine import block_pool_over_time, block_table_board, shared_rows
+from stagewise.viz_engine import block_pool_over_time, block_table_board, memory_held, shared_rows
 
 # %matplotlib inline
 
@@ -83,15 +81,14 @@ cfg, tok = loaded.config, loaded.tokenizer
 # memory budget.
 
 # %%
-BLOCK = EngineConfig().block_size  # the engine's default block size
-NUM_BLOCKS = 14
-print(f"default block_size: {BLOCK} tokens")
-ecfg = EngineConfig(
-    max_num_seqs=4, max_num_batched_tokens=128, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS, max_model_len=256
-)
-llm = LLM(loaded, mode="paged", engine_config=ecfg)
+BLOCK, NUM_BLOCKS = EngineConfig().block_size, 14  # the engine's default block size; a small pool
+ecfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS,
+                    max_model_len=256)  # fmt: skip
+with contextlib.redirect_stderr(io.StringIO()) as said:  # the first LLM() times this CPU's GEMM forms, once
+    llm = LLM(loaded, mode="paged", engine_config=ecfg)
+print("GEMM forms:", said.getvalue().strip().removeprefix("stagewise: ") or "chosen")  # a busy machine says so
 cache = llm.engine.cache
-print(cache.describe())
+print(f"default block_size: {BLOCK} tokens; {cache.describe()}")
 print("kv tensor  :", list(cache.kv.shape), "= [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]")
 print("block table:", list(cache.block_table.shape), "= [max_num_reqs, max_num_blocks_per_req]")
 print(f"one block holds {BLOCK} tokens x {kv_bytes_per_token(cfg, loaded.dtype):,} B = "
@@ -140,9 +137,8 @@ trace = to_json(tracer)
 print(f"{len(trace['steps'])} steps; tokens generated:", {n: len(t) for n, t in outputs.items()})
 
 # %% [markdown]
-# The steps where some block-table row changed, as the trace shows them: which
-# requests ran, how many tokens each computed (`+n`), and the block-table row
-# each one owns.
+# The steps where some block-table row changed: which requests ran, how many
+# tokens each computed (`+n`), and the block-table row each one owns.
 
 # %%
 previous = {}
@@ -190,13 +186,13 @@ block_pool_over_time(owner, legend, arrivals, title)
 #
 # The indirection drawn the way a teacher draws it, from a live engine: the
 # same four requests replayed on a fresh engine up to the step after which the
-# most requests were still running (most blocks among ties), then stopped,
-# and its state read directly: each running
-# request's row of `cache.block_table` (checked against the block manager's
-# own list), its `num_computed_tokens`, and the pool. Left: logical block
-# `i` of each request holds the physical block id written in it; right: the
-# pool of physical blocks, each filled as far as it holds tokens. Every arrow
-# is one step of `slot = block_table[row][pos // 16] * 16 + pos % 16`.
+# most requests were still running (most blocks among ties), then stopped, and
+# its state read directly: each running request's row of `cache.block_table`
+# (checked against the block manager's own list), its `num_computed_tokens`,
+# and the pool. Left: logical block `i` of each request holds the physical
+# block id written in it; right: the pool of physical blocks, each filled as
+# far as it holds tokens. Every arrow is one step of
+# `slot = block_table[row][pos // 16] * 16 + pos % 16`.
 
 # %%
 steps = trace["steps"]
@@ -310,18 +306,7 @@ print(f"\npaged peak: {peak_blocks} blocks in use at once = {peak_blocks * BLOCK
       f"({kv.last_stats.kv_cache_bytes / 2**20:.1f} MiB) for the whole batch")
 
 # %%
-fig, ax = plt.subplots(figsize=(9, 4.5))
-x = np.arange(len(order))
-ax.bar(x - 0.27, [used[n] for n in order], 0.27, label="tokens (prompt + output)", color="tab:gray")
-ax.bar(x, [paged_slots[n] for n in order], 0.27, label=f"paged: ceil(tokens / {BLOCK}) blocks", color="tab:green")
-static_label = "static: longest prompt + largest max_tokens"
-ax.bar(x + 0.27, [static_slots_per_row] * len(order), 0.27, label=static_label, color="tab:blue")
-ax.set_xticks(x, order)
-ax.set_ylabel("KV slots (tokens)")
-ax.set_title(f"memory each request holds: paged wastes < {BLOCK} slots, static reserves for the worst case")
-ax.legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+memory_held(used, paged_slots, static_slots_per_row, BLOCK)  # stagewise/viz_engine.py
 
 # %% [markdown]
 # ### Two effects, counted apart: staggered arrival and paging
@@ -372,14 +357,12 @@ for name, blocks in scenarios.items():
 # down, and it never needs to know the output length in advance.
 #
 # The paged waste is the unfilled tail of each request's last block, at most
-# `block_size - 1` slots. The static layout (table above) would not even fit
-# in the pool the paged engine ran it in. The
-# static waste is everything between a request's real length and the batch's
-# worst case — and this is the *friendly* case where we told
-# the engine the exact output lengths. A real server does not know when a
-# request will emit its end-of-sequence token, so a contiguous scheme must
-# reserve `max_tokens` (or the whole `max_model_len`) per request; the paged
-# engine still allocates one block per 16 tokens actually generated.
+# `block_size - 1` slots. The static waste is everything between a request's
+# real length and the batch's worst case, in the *friendly* case where the
+# engine was told the exact output lengths. A real server does not know when
+# a request will emit its end-of-sequence token, so a contiguous scheme must
+# reserve `max_tokens` (or `max_model_len`) per request; the paged engine
+# still allocates one block per 16 tokens actually generated.
 #
 # ## 5. Prefix caching: requests that share a beginning
 #
@@ -462,19 +445,17 @@ shared_rows([runs[0][1]["blocks"], runs[1][1]["blocks"]], ["request 1 (first Q)"
 # * Blocks are handed out as tokens arrive and returned the moment a request
 #   finishes, so memory tracks what is actually used, with less than one block
 #   of waste per request, and no contiguous region is ever needed.
-# * How many requests fit depends on paging *and* on when they run; the
-#   scenarios above count the two apart.
+# * How many requests fit depends on paging *and* on when they run (the
+#   scenarios above count the two apart).
 # * Full blocks are content-addressed by a chained hash, so requests with a
 #   common prefix share physical blocks and skip recomputing them.
-# * Same tokens as the contiguous cache, checked. Notebook 10 uses this
-#   freedom to schedule: requests join and leave the batch at every step.
+# * Same tokens as the contiguous cache, checked. Notebook 10 uses this freedom:
+#   requests join and leave the batch at every step.
 #
 # ## Exercises
 #
-# Each task has a stub to fill in and a check cell below it. The check runs your
-# function and the package's own reference on fresh inputs and prints **PASS**,
-# **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
-# Solutions: `notebooks/solutions/nb09.py`.
+# A stub to fill in, a check cell below it (**PASS**, **FAIL** with the worst
+# mismatch, or **not yet**). Solutions: `notebooks/solutions/nb09.py`.
 #
 # **1. Blocks for a request.** How many blocks of `block_size` slots hold
 # `num_tokens` tokens? (Zero tokens need zero blocks.) Then sweep `block_size`
