@@ -257,18 +257,7 @@ plt.show()
 # same factor — it is as much a bandwidth optimisation as a memory one.
 
 # %%
-fig, ax = plt.subplots(figsize=(10, 4.5))
-xs = range(len(rows))
-ax.bar([i - 0.2 for i in xs], [r[3] / 1e3 for r in rows], 0.4, label="MHA (Hkv = H)", color="tab:gray")
-ax.bar([i + 0.2 for i in xs], [r[2] / 1e3 for r in rows], 0.4, label="GQA (the real models)", color="tab:green")
-for i, (_, c, g_b, _) in enumerate(rows):
-    ax.text(i + 0.2, g_b / 1e3, f"/{c.group_size}", ha="center", va="bottom")
-ax.set_xticks(list(xs), [r[0] for r in rows])
-ax.set_yscale("log")
-ax.set_ylabel("KV cache per token, kB (bf16, all layers)")
-ax.set_title("GQA shrinks the KV cache by H / Hkv")
-ax.legend()
-plt.tight_layout()
+viz.kv_per_token([(name, mha_b, gqa_b, c.group_size) for name, c, gqa_b, mha_b in rows])
 plt.show()
 
 # %% [markdown]

@@ -213,15 +213,11 @@ for rank in (0, 1):
     print(f"rank {rank}: {len(ar)} all-reduces of {ar[0]:.0f} .. {ar[-1]:.0f} µs (median {ar[len(ar) // 2]:.0f}); "
           f"its qkv_proj / o_proj GEMMs: median {mm[len(mm) // 2]:.0f} µs")
 kinds = sorted({r.stage for r in step.stages})
-fig, ax = plt.subplots(figsize=(10, 3.5))
-for rank, color in zip((0, 1), ("tab:blue", "tab:orange")):
-    ms = [sum((r.dur_us or 0) for r in step.stages if r.rank == rank and r.stage == k) / 1000 for k in kinds]
-    ax.barh([i + 0.4 * rank for i in range(len(kinds))], ms, height=0.4, color=color, label=f"rank {rank}")
-ax.set_yticks([i + 0.2 for i in range(len(kinds))], kinds)
-ax.set_xlabel("ms in the last step")
-ax.legend()
-ax.set_title("tiny, TP=2 on gloo: each rank's stages and collectives")
-plt.tight_layout()
+ms_by_rank = {  # rank -> ms of its calls of each kind in the step
+    rank: [sum((r.dur_us or 0) for r in step.stages if r.rank == rank and r.stage == k) / 1000 for k in kinds]
+    for rank in (0, 1)
+}
+viz.per_rank_times(kinds, ms_by_rank, "tiny, TP=2 on gloo: each rank's stages and collectives")
 plt.show()
 
 # %% [markdown]
@@ -244,16 +240,15 @@ for hw_name in ("h100", "h200"):
         print(f"8x {hw_name} over {link}: weights/device {human(t.weights_per_device)}, KV left "
               f"{human(t.capacity.free_for_kv)}, decode all-reduce {human(t.decode_message)} in "
               f"{t.decode_all_reduce.value * 1e6:.1f} µs, per token {human(t.decode_time)}")  # fmt: skip
-fig, ax = plt.subplots(figsize=(9, 3))
-names = [n for n, _ in rows]
-shard = [t.decode_shard.time.value * 1e3 for _, t in rows]
-comm = [t.decode_comm.value * 1e3 for _, t in rows]
-ax.barh(names, shard, label="one shard's decode (speed of light)")
-ax.barh(names, comm, left=shard, label=f"{rows[0][1].all_reduces_per_step.value:.0f} all-reduces (ring + latency)")
-ax.set_xlabel("ms per output token, batch 1, N = 8192")
-ax.legend(loc="lower right")
-ax.set_title("Llama 3 405B, bf16, TP = 8")
-plt.tight_layout()
+shard = [t.decode_shard.time.value * 1e3 for _, t in rows]  # ms per token: one shard at the speed of light
+comm = [t.decode_comm.value * 1e3 for _, t in rows]  # ms per token in all-reduces
+viz.stacked_rows(
+    [n for n, _ in rows],
+    [("one shard's decode (speed of light)", shard),
+     (f"{rows[0][1].all_reduces_per_step.value:.0f} all-reduces (ring + latency)", comm)],
+    "ms per output token, batch 1, N = 8192",
+    "Llama 3 405B, bf16, TP = 8",
+)  # fmt: skip
 plt.show()
 
 # %%

@@ -46,7 +46,7 @@ import os
 import matplotlib.pyplot as plt
 import torch
 
-from stagewise import LLM, SamplingParams
+from stagewise import LLM, SamplingParams, viz_stages
 from stagewise.bench.spec import WORKLOADS
 from stagewise.bench.spec_steps import step_costs
 from stagewise.config import PRESETS, EngineConfig
@@ -75,13 +75,7 @@ costs = step_costs(loaded, "torch", context=128, rows=rows, repeats=2 if QUICK e
 for n in rows:
     print(f"{n:>2} rows: {costs[n]:7.1f} ms  ({costs[n] / costs[1]:.2f}x a decode step)")
 
-fig, ax = plt.subplots(figsize=(6.5, 4))
-ax.plot(rows, [costs[n] for n in rows], marker="o", label="measured step")
-ax.plot(rows, [n * costs[1] for n in rows], linestyle="--", color="gray", label="n x decode step")
-ax.set_xlabel("query rows in the step (1 + k guesses)")
-ax.set_ylabel("ms per step")
-ax.set_title("one sequence, 128 tokens of context (float32, torch tier)")
-ax.legend()
+viz_stages.step_cost(rows, costs, "one sequence, 128 tokens of context (float32, torch tier)")
 plt.show()
 
 # %% [markdown]
@@ -122,19 +116,11 @@ kept = torch.rand(20000, k, generator=generator) < a  # each guess kept with pro
 run = torch.cumprod(kept.int(), dim=1).sum(dim=1)  # the run of guesses kept before the first miss
 print(f"a={a}, k={k}: formula {expected_tokens(a, k):.3f}, simulated {float(run.float().mean()) + 1:.3f}")
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-ks = [n - 1 for n in rows if n > 1]
-for a in (0.5, 0.7, 0.8, 0.9):
-    left.plot(range(0, 9), [expected_tokens(a, k) for k in range(0, 9)], marker=".", label=f"a = {a}")
-    right.plot(ks, [expected_tokens(a, k) / (costs[k + 1] / costs[1]) for k in ks], marker="o", label=f"a = {a}")
-left.set_xlabel("k guesses per step")
-left.set_ylabel("expected tokens per step")
-left.legend()
-right.axhline(1.0, color="gray", linestyle=":")
-right.set_xlabel("k guesses per step")
-right.set_ylabel("speed-up over plain decoding")
-right.set_title("E(a, k) / measured step cost", fontsize=10)
-right.legend()
+ks = [n - 1 for n in rows if n > 1]  # the guesses per step whose step cost was measured
+rates = (0.5, 0.7, 0.8, 0.9)
+expected = {a: [expected_tokens(a, k) for k in range(0, 9)] for a in rates}
+speedup = {a: (ks, [expected_tokens(a, k) / (costs[k + 1] / costs[1]) for k in ks]) for a in rates}
+viz_stages.speculation_gain(expected, speedup)
 plt.show()
 
 # %% [markdown]
@@ -184,14 +170,15 @@ kept_share, theory = float((counts == 2).double().mean()), float(torch.minimum(p
 print(f"kept {kept_share:.1%} of the guesses (theory: sum of min(p, q) = {theory:.1%})")
 print(f"chi-square against p: {chi2:.1f} (4 degrees of freedom; above 18.5 happens 1 time in 1000 when the law is p)")
 
-fig, ax = plt.subplots(figsize=(6.5, 3.8))
-xs = torch.arange(vocab)
-ax.bar(xs - 0.27, q, 0.27, label="q (the proposer)", color="tab:orange")
-ax.bar(xs, freq, 0.27, label="tokens out (measured)", color="tab:green")
-ax.bar(xs + 0.27, p, 0.27, label="p (the target)", color="tab:blue")
-ax.set_xlabel("token")
-ax.set_ylabel("probability")
-ax.legend()
+viz_stages.side_by_side(
+    [
+        ("q (the proposer)", q, "tab:orange"),
+        ("tokens out (measured)", freq, "tab:green"),
+        ("p (the target)", p, "tab:blue"),
+    ],
+    xlabel="token",
+    ylabel="probability",
+)
 plt.show()
 
 # %% [markdown]
@@ -240,11 +227,14 @@ for s in tracer.steps:
 m = spec.metrics
 print(f"acceptance {m.acceptance_rate:.0%}, {m.mean_accepted_tokens:.2f} guesses kept per verify step")
 
-fig, ax = plt.subplots(figsize=(7, 3))
-ax.bar(range(len(per_step)), per_step, color="tab:green")
-ax.set_xlabel("engine step")
-ax.set_ylabel("tokens produced")
-ax.set_title("n-gram speculation on a quoting prompt: several tokens per step", fontsize=10)
+viz_stages.bars(
+    dict(enumerate(per_step)),
+    "n-gram speculation on a quoting prompt: several tokens per step",
+    colors="tab:green",
+    xlabel="engine step",
+    ylabel="tokens produced",
+    figsize=(7, 3),
+)
 plt.show()
 
 # %% [markdown]
@@ -316,5 +306,6 @@ check("15.rejection_step", my_rejection_step)
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:
 #
-#     .venv/bin/python -m pytest -q tests/engine/test_spec_greedy.py tests/engine/test_spec_sampling.py tests/stages/test_rejection_sampling.py
+#     .venv/bin/python -m pytest -q tests/engine/test_spec_greedy.py tests/engine/test_spec_sampling.py
+#     .venv/bin/python -m pytest -q tests/stages/test_rejection_sampling.py
 #     .venv/bin/python -m pytest -q tests/exercises -k 15
