@@ -375,7 +375,7 @@ for b in (1, 32):
 # (`vllm/benchmarks/latency.py`) times prefill and decode of a fixed batch, and
 # `vllm bench throughput` (`vllm/benchmarks/throughput.py`) a whole workload; the
 # knobs that move a step along the roofline are the scheduler's
-# `max_num_batched_tokens` and `max_num_seqs` (`SchedulerConfig`).
+# `max_num_batched_tokens` and `max_num_seqs` (`SchedulerConfig` in `vllm/config/scheduler.py`).
 #
 # ## Takeaways
 #

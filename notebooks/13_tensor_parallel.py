@@ -277,7 +277,8 @@ print(f"one decode all-reduce: {message / 1024:.0f} KiB, {message / link.bandwid
 # layer ends with `tensor_model_parallel_all_reduce`
 # (`vllm/distributed/communication_op.py`), which calls `GroupCoordinator.all_reduce`
 # in `vllm/distributed/parallel_state.py` (NCCL or vLLM's custom all-reduce for
-# small messages). `VocabParallelEmbedding` / `ParallelLMHead` split the vocabulary.
+# small messages). `VocabParallelEmbedding` / `ParallelLMHead`
+# (`vllm/model_executor/layers/vocab_parallel_embedding.py`) split the vocabulary.
 #
 # ## Takeaways
 #
