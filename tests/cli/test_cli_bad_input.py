@@ -100,6 +100,8 @@ CASES = [
     (["bench", "modes", *Q, "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["bench", "modes", *Q, "--modes", ""], "--modes needs at least one name"),
     (["bench", "modes", *Q, "--modes", ","], "--modes needs at least one name"),
+    (["bench", "modes", *Q, "--formats", ""], "--formats needs at least one name"),
+    (["bench", "modes", *Q, "--formats", "bogus"], "unknown quantization 'bogus'"),
     (["bench", "modes", *Q, "--output-lengths", ""], "--output-lengths must be positive integers"),
     (["bench", "modes", "--out", "results", "--model", "llama-3-405b"], "no weights here .* nothing to measure"),
     (["bench", "modes", *Q, "--device", "meta"], "no weights here"),
