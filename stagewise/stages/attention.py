@@ -46,8 +46,9 @@ decode a tile is one query's whole GQA group, so K/V are read once per KV head,
 not once per query head. Causal tiles stop at the diagonal, so keys no query of
 the tile may see are never loaded.
 
-The torch tier (`stages/attention_torch.py`) runs a decode row (one query
-that sees every key) as one fused `scaled_dot_product_attention` call.
+The torch tier (`stages/attention_torch.py`) runs the same products on the
+same layouts with the regroupings written as views and permutes: the
+reference's numbers bit for bit, in fewer PyTorch calls.
 """
 
 import torch
@@ -161,7 +162,7 @@ STAGE = Stage(
     triton=optimized,
     triton_kind="triton: FlashAttention, tiles + online softmax",
     torch=attention_torch.attention_torch,
-    torch_kind="torch: a decode row in one fused scaled_dot_product_attention call",
+    torch_kind="torch: the reference's products, regroupings as views (bit for bit)",
     example_inputs=example_inputs,
     outputs=("out",),
     axes={
