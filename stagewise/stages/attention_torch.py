@@ -11,13 +11,14 @@ stand for, so the numbers are the reference's bit for bit (a fused
 enough to flip a greedy token where two logits nearly tie, which it did on
 one of `bench quant`'s prompts with the packed model).
 
-In a decode step a sequence has one query row, and that row sees every key,
-so there is no mask and the regrouping is a view: the G query heads that
-share a KV head are G rows of one [G, Lk] problem, reading the sequence's
-keys where the cache holds them (a strided view, no copy):
-
-    q [1, H, d] -> [Hkv, G, d];  k [Lk, Hkv, d] -> [Hkv, d, Lk] (view)
-    softmax(q k^T * scale) v -> [Hkv, G, d] -> [1, H, d]
+A decode row (one query row that sees every key) is the exception: it runs
+`chunked_decode.decode_rows`, attention over fixed-size chunks of keys, the
+same function the paged tier's decode uses. Its sums run in another order
+than the reference's (within float32 rounding of it, not bit for bit), and in
+exchange a row gets the same bits in `mode="kv"` and `mode="paged"`, alone or
+batched: with packed weights, whose bfloat16 activations turn a 1e-8
+difference into a flipped rounding and sometimes a flipped greedy token, that
+is what keeps the engine modes' tokens identical.
 
 A prefill (several query rows) keeps the reference's bottom-right causal
 mask; rows that may see no key (the padding rows of static batching) are
@@ -27,23 +28,23 @@ norm's (2649 -> 1652, counted with a TorchDispatchMode).
 """
 
 import torch
+import torch.nn.functional as F
 
 from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.chunked_decode import decode_rows, padded_length
 
 
 def decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One query row that sees all its keys: q [1, H, d], k/v [Lk, Hkv, d] -> [1, H, d] float32.
 
-    The reference's arithmetic (two batched products and a softmax, on the same layouts), so the
-    same bits, without its regrouping calls: with one query row the regrouping is a view.
+    Over fixed-size chunks of keys (`chunked_decode`), as the paged tier decodes: the same bits.
     """
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = k.shape[1]
-    qg = q.float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # [Hkv, G, d]
-    scores = torch.bmm(qg, k.float().permute(1, 2, 0)) * scale  # @ [Hkv, d, Lk] -> [Hkv, G, Lk]
-    probs = torch.softmax(scores, dim=-1)  # [Hkv, G, Lk]
-    out = torch.bmm(probs, v.float().transpose(0, 1))  # @ [Hkv, Lk, d] -> [Hkv, G, d]
-    return out.view(1, num_heads, head_dim)  # [1, H, d]
+    len_k = k.shape[0]
+    pad = padded_length(len_k) - len_k  # keys to whole chunks; the padding is masked
+    kp = F.pad(k.float(), (0, 0, 0, 0, 0, pad)).unsqueeze(0)  # [1, S, Hkv, d]
+    vp = F.pad(v.float(), (0, 0, 0, 0, 0, pad)).unsqueeze(0)
+    real = (torch.arange(len_k + pad, device=k.device) < len_k).unsqueeze(0)  # [1, S]
+    return decode_rows(q.float(), kp, vp, real, scale)  # [1, H, d]
 
 
 def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -15,10 +15,12 @@ sequences share the ops:
    own sequence's first slot: a real K/V, so the copy holds no garbage from
    an unused block tail (IEEE arithmetic would keep a NaN there a NaN through
    the mask: NaN - inf, 0 * NaN);
-2. per layer: one `index_select` of K and one of V through `slots`, and one
-   fused `scaled_dot_product_attention` whose mask hides the padding keys.
-   The G query heads that share a KV head are the G query rows of one
-   [G, S] problem: GQA without copying K/V.
+2. per layer: one `index_select` of K and one of V through `slots`, then
+   `chunked_decode.decode_rows`: attention over fixed-size chunks of keys,
+   so that a sequence's numbers are the same bits whoever shares its step
+   (that module's docstring says why this matters with packed weights). The
+   G query heads that share a KV head are the G query rows of one problem:
+   GQA without copying K/V.
 
 Long sequences make big padded copies that no longer stay in cache, so the
 decoding sequences are cut into groups of at most `GROUP_KEYS` padded keys.
@@ -56,6 +58,7 @@ import torch.nn.functional as F
 
 from stagewise.stages import attention
 from stagewise.stages.attention_metadata import AttentionMetadata
+from stagewise.stages.chunked_decode import decode_rows, padded_length
 
 GROUP_KEYS = 2048  # most padded keys (sequences x longest) in one batched call (docstring)
 
@@ -67,8 +70,8 @@ class DecodeGroup:
     rows: slice  # their query rows (consecutive)
     # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
     slots: torch.Tensor
-    # [D, 1, 1, S] bool: True = a real key; None when no sequence is padded
-    mask: torch.Tensor | None
+    # [D, S] bool: True = a real key (S = whole chunks of CHUNK_KEYS)
+    mask: torch.Tensor
 
 
 def group_runs(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
@@ -99,16 +102,16 @@ def plan_decode(
     for run in group_runs(decoding, lens):
         first, last = run[0], run[-1] + 1
         longest = max(lens[first:last])
+        padded = padded_length(longest)  # S: whole chunks of keys
         num_blocks = -(-longest // block_size)
         blocks = block_table[first:last, :num_blocks].to(torch.long)  # [D, n_blocks] block ids
         offsets = torch.arange(block_size, device=blocks.device)  # [block_size]
-        slots = (blocks.unsqueeze(-1) * block_size + offsets).flatten(1)[:, :longest]  # [D, S]
-        mask = None
-        if any(n < longest for n in lens[first:last]):
-            keys = torch.arange(longest, device=blocks.device)  # [S]
-            real = keys < seq_lens[first:last].to(blocks.device, torch.long).unsqueeze(1)  # [D, S]
-            slots = torch.where(real, slots, slots[:, :1])  # padding reads the sequence's first key
-            mask = real[:, None, None, :]  # [D, 1, 1, S]: broadcast over KV heads and query rows
+        slots = (blocks.unsqueeze(-1) * block_size + offsets).flatten(1)[:, :longest]  # [D, L]
+        slots = F.pad(slots, (0, padded - longest))  # [D, S]
+        keys = torch.arange(padded, device=blocks.device)  # [S]
+        real = keys < seq_lens[first:last].to(blocks.device, torch.long).unsqueeze(1)  # [D, S]
+        slots = torch.where(real, slots, slots[:, :1])  # padding reads the sequence's first key
+        mask = real
         plan.append(DecodeGroup(slice(cu_q[first], cu_q[last]), slots, mask))
     return plan
 
@@ -117,19 +120,13 @@ def attend_group(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
     """Step 2: q [D, H, d], caches [num_blocks, block_size, Hkv, d] -> [D, H, d]."""
-    num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    padded = group.slots.shape[1]  # S
+    num_seqs, padded = group.slots.shape  # D, S
+    num_kv_heads, head_dim = k_cache.shape[2:]
     index = group.slots.reshape(-1)  # [D * S]
     k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)  # [D * S, Hkv, d]: a copy
     v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)
-    k = k.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)  # [D, Hkv, S, d], a view
-    v = v.view(num_seqs, padded, num_kv_heads, head_dim).transpose(1, 2)
-    qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [D, Hkv, G, d]
-    out = F.scaled_dot_product_attention(
-        qg, k, v, attn_mask=group.mask, scale=scale
-    )  # [D, Hkv, G, d]
-    return out.reshape(num_seqs, num_heads, head_dim)  # [D, H, d]
+    shape = (num_seqs, padded, num_kv_heads, head_dim)
+    return decode_rows(q, k.view(shape), v.view(shape), group.mask, scale)  # [D, H, d]
 
 
 def one_sequence(

@@ -6,6 +6,7 @@ prefills, blocks shuffled, stale values (even NaN) in the padding slots that the
 import pytest
 import torch
 
+from stagewise.stages import chunked_decode
 from stagewise.stages import paged_attention as pa
 from stagewise.stages import paged_attention_torch as batched
 from stagewise.stages.attention_metadata import AttentionMetadata
@@ -68,15 +69,32 @@ def test_decode_groups_respect_the_padded_key_budget(monkeypatch):
 def test_the_plan_points_padding_at_a_real_key_and_masks_it():
     inputs = paged_inputs([1, 1, 3], [4, 20, 0], block_size=4)
     (group,) = batched.plan_of(inputs["metadata"], 4)
-    assert group.rows == slice(0, 2) and group.slots.shape == (2, 21)
+    chunk = chunked_decode.CHUNK_KEYS
+    assert group.rows == slice(0, 2) and group.slots.shape == (2, chunk)  # 21 keys -> one whole chunk
     table = inputs["metadata"].block_table
     for b, n in enumerate([5, 21]):
         expected = [int(table[b, p // 4]) * 4 + p % 4 for p in range(n)]
         assert group.slots[b, :n].tolist() == expected  # slot = block_id * block_size + offset
         assert (group.slots[b, n:] == expected[0]).all()  # padding reads the sequence's own first key
-        assert group.mask[b, 0, 0].tolist() == [True] * n + [False] * (21 - n)
-    (alone,) = batched.plan_decode(table[:1], inputs["metadata"].seq_lens[:1], [0, 1], [5], 4)
-    assert alone.mask is None and alone.slots.shape == (1, 5)  # one sequence: nothing padded, no mask
+        assert group.mask[b].flatten().tolist() == [True] * n + [False] * (chunk - n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sequence_gets_the_same_bits_alone_and_batched(dtype):
+    """Fixed-size key chunks: padding to a longer neighbour (here up to 3 chunks) changes no bit."""
+    lens = [1, 1, 1, 1, 1]
+    prefixes = [20, 150, 3, 64, 130]  # 21, 151, 4, 65, 131 keys: 1 to 3 chunks of 64
+    inputs = paged_inputs(lens, prefixes, block_size=16)
+    inputs = {k: v.to(dtype) if k in ("q", "k_cache", "v_cache") else v for k, v in inputs.items()}
+    together = batched.paged_attention_torch(**inputs)
+    table, meta = inputs["metadata"].block_table, inputs["metadata"]
+    for b, prefix in enumerate(prefixes):
+        one = dict(inputs, q=inputs["q"][b : b + 1])
+        one["metadata"] = AttentionMetadata.build([1], [prefix + 1], "cpu", block_table=table[b : b + 1])
+        alone = batched.paged_attention_torch(**one)
+        assert torch.equal(alone[0], together[b]), f"sequence {b} ({prefix + 1} keys) alone != batched"
+    assert_close(together.float(), pa.naive(**inputs).float(), 2e-2, 2e-2, "chunked vs naive")
+    assert meta.num_seqs == 5
 
 
 def test_the_engine_builds_the_plan_once_per_step_for_the_torch_tier_only(tiny, monkeypatch):
@@ -94,3 +112,18 @@ def test_the_engine_builds_the_plan_once_per_step_for_the_torch_tier_only(tiny, 
     calls.clear()
     LLM(tiny, backend="naive", mode="paged").generate(["a b"], params)
     assert calls == []  # the textbook needs no plan
+
+
+def test_kv_and_paged_decode_rows_are_the_same_bits():
+    """mode="kv" (contiguous keys, `attention_torch`) and mode="paged" decode one row identically."""
+    from stagewise.stages import attention_torch
+
+    inputs = paged_inputs([1, 1], [70, 8], block_size=16)
+    paged_out = batched.paged_attention_torch(**inputs)
+    table = inputs["metadata"].block_table
+    for b, n in enumerate([71, 9]):
+        keys = [int(table[b, p // 16]) * 16 + p % 16 for p in range(n)]
+        k = inputs["k_cache"].flatten(0, 1)[keys]  # [n, Hkv, d]: this sequence's keys, in order
+        v = inputs["v_cache"].flatten(0, 1)[keys]
+        row = attention_torch.decode_row(inputs["q"][b : b + 1], k, v, inputs["scale"])
+        assert torch.equal(row[0], paged_out[b]), f"sequence {b}: kv tier != paged tier"
