@@ -17,7 +17,12 @@ fastest at load (the activation is the same PyTorch line).
 Triton: Triton GEMM -> Triton `silu_and_mul` -> Triton GEMM
 (`kernels/matmul.py`, `kernels/activation.py`). The activation kernel reads
 gate and up once, computes in fp32 and writes h once: the minimum traffic for
-a step that is purely memory bound.
+a step that is purely memory bound. In decode (at most 16 rows, plain
+weights) the activation moves into the down GEMM's input load instead
+(`kernels/silu_down.py`): the split-K kernel reads gate and up, forms
+silu(gate) * up in fp32, rounds it to the activation dtype as the activation
+kernel's store does, and multiplies; h is never written and one launch goes.
+Prefill and packed weights keep the three launches.
 """
 
 import torch
@@ -48,16 +53,33 @@ def product(x: torch.Tensor, w) -> torch.Tensor:
 
 def optimized(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """x [T, hidden], w_gate_up [hidden, 2*inter], w_down [inter, hidden] -> [T, hidden], Triton."""
+    gate_up = _gemm(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
+    return down_from_gate_up(gate_up, w_down)  # [T, 2*inter] -> [T, hidden]
+
+
+def down_from_gate_up(gate_up: torch.Tensor, w_down) -> torch.Tensor:
+    """The Triton tier after the gate/up GEMM: gate_up [T, 2*inter] -> silu(gate) * up @ w_down
+    [T, hidden]. A caller that made gate_up itself (fused with the norm before it) enters here.
+
+    Decode shapes with plain weights: one fused kernel (`kernels/silu_down.py`); otherwise
+    `silu_and_mul` then the GEMM.
+    """
     # lazy: importing kernels chooses GPU or interpreter
     from stagewise.kernels.activation import silu_and_mul
+    from stagewise.kernels.silu_down import fuses, silu_down
+
+    if fuses(gate_up, w_down):  # M <= 16 rows, plain weights: silu(gate) * up in the GEMM's load
+        return silu_down(gate_up, w_down)  # [T, 2*inter] @ [inter, hidden] -> [T, hidden]
+    h = silu_and_mul(gate_up)  # [T, 2*inter] -> [T, inter], one read, one write
+    return _gemm(h, w_down)  # [T, inter] @ [inter, hidden] -> [T, hidden]
+
+
+def _gemm(a: torch.Tensor, w) -> torch.Tensor:
+    """a @ w in Triton: the tiled GEMM, or the fused dequantize-GEMM for a packed weight."""
+    # lazy: importing kernels chooses GPU or interpreter
     from stagewise.kernels.matmul import matmul
 
-    def gemm(a, w):  # a packed weight: the fused Triton dequantize-GEMM
-        return dequant_gemm.optimized(a, w) if is_packed(w) else matmul(a, w)
-
-    gate_up = gemm(x, w_gate_up)  # [T, hidden] @ [hidden, 2*inter] -> [T, 2*inter]
-    h = silu_and_mul(gate_up)  # [T, 2*inter] -> [T, inter], one read, one write
-    return gemm(h, w_down)  # [T, inter] @ [inter, hidden] -> [T, hidden]
+    return dequant_gemm.optimized(a, w) if is_packed(w) else matmul(a, w)
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -79,7 +101,8 @@ STAGE = Stage(
     shapes="[T, hidden] -> [T, 2*inter] -> [T, inter] -> [T, hidden]",
     naive=naive,
     triton=optimized,
-    triton_kind="triton: tiled GEMM, fused silu_and_mul, tiled GEMM",
+    triton_kind="triton: tiled GEMM, then silu(gate) * up in the split-K down GEMM's load (decode) "
+    "or fused silu_and_mul + tiled GEMM (prefill)",
     torch=gemm_torch.ffn,
     torch_kind="torch: both GEMMs in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
