@@ -227,6 +227,8 @@ def launches(
     add("silu_and_mul", "silu_and_mul", "activation", "_silu_and_mul_kernel", args,
         _row_plan("silu_and_mul", {}, silu_and_mul_tiles(tokens, inter, interpreter=False)))  # fmt: skip
     out.append(_matmul("down_proj", tokens, hidden, inter, dtype, target))
+    if tokens <= DECODE_MAX_M:  # decode, plain weights: the two launches above as one (silu_down.py)
+        out.append(_silu_down(tokens, hidden, inter, dtype, target))
     out.append(_matmul("lm_head", seqs, cfg.vocab_size, hidden, dtype, target, gather=True))
     out.extend(_sampling(seqs, cfg.vocab_size, dtype))
     if phase.q_len == 1:  # a decode step may verify speculative drafts
@@ -331,3 +333,27 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
         launches.append(Launch("split_k_reduce", "split_k_reduce", "stagewise.kernels.split_k",
                                "_split_k_reduce_kernel", reduce, split_k_reduce_plan(splits, d)))  # fmt: skip
     return launches
+
+def _silu_down(m: int, n: int, k: int, dtype, target: Target) -> Launch:
+    """The down projection with silu(gate) * up in its input load (kernels/silu_down.py): the split-K
+    decode GEMM's candidates, stages cut for the second A-side tile, as its GPU tuner times them.
+    The unfused pair's rows stay: prefill, and sm_75 (not proven there), still launch it."""
+    import triton
+
+    from stagewise.kernels import silu_down
+
+    budget = target.shared_memory - matmul_decode.SMEM_HEADROOM
+    fma = target.capability < 80
+    found = silu_down.candidates(n, k, dtype.itemsize, SMS.get(target.capability, 108), budget, fma)
+    meta = lambda c: {"BLOCK_M": matmul_decode.BLOCK_M, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}  # noqa: E731
+    configs = tuple(triton.Config(meta(c), num_warps=c.num_warps, num_stages=c.num_stages) for c in found)
+    # as in _matmul: one candidate's K_PER_SPLIT (a multiple of 16) specialises them all alike
+    k_per_split, splits = matmul_decode.split_plan(k, found[0].block_k, found[0].split_k)
+    x = _ptr(dtype)
+    args = dict(gate_up_ptr=x, b_ptr=x, out_ptr=_ptr(torch.float32) if splits > 1 else x, c_ptr=x)
+    args.update(counter_ptr=_ptr(torch.int32), M=m, N=n, K=k, K_PER_SPLIT=k_per_split, stride_gm=2 * k)
+    args.update(stride_bk=n, stride_bn=1, stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1)
+    args.update(stride_cm=n, stride_cn=1, INTERPRETED=False, FUSED_SUM=splits > 1, **_precision(dtype))
+    plan = LaunchPlan("silu_down", {}, configs)
+    return Launch("silu_down", "silu_down (split-K)", "stagewise.kernels.silu_down", "_silu_down_kernel", args, plan)
+

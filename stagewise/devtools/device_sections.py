@@ -78,12 +78,18 @@ def section_env(dry_run: bool, ctx: dict) -> dict:
 def section_kernels(dry_run: bool, ctx: dict) -> dict:
     import torch
 
+    from stagewise.bench.ffn_fusion import silu_down_cases
     from stagewise.bench.kernel_bench import DRY_SIZES, GPU_SIZES, run_kernel_cases
 
     device = _device(dry_run)
     sizes = DRY_SIZES if dry_run else GPU_SIZES
-    rows = run_kernel_cases(sizes, device, torch.bfloat16 if not dry_run else torch.float32, ctx["copy_gbs"])
-    return {"rows": rows, "dtype": "bfloat16" if not dry_run else "float32"}
+    dtype = torch.bfloat16 if not dry_run else torch.float32
+    rows = run_kernel_cases(sizes, device, dtype, ctx["copy_gbs"])
+    try:  # the FFN's decode fusion against its two launches (a failure is a row, as in kernel_bench)
+        rows += silu_down_cases(sizes, device, dtype)
+    except Exception as err:
+        rows.append({"kernel": "silu_down", "shape": "decode", "error": f"{type(err).__name__}: {err}"[:400]})
+    return {"rows": rows, "dtype": str(dtype).removeprefix("torch.")}
 
 
 def section_bench(dry_run: bool, ctx: dict) -> dict:

@@ -14,9 +14,18 @@ What that buys, Llama-3-8B at 8 decode rows in bf16: the weights are
 8 x 14336 x 2 B = 229 KB written and read again, 0.1 us of that bandwidth.
 So the gain is the launch (a few us per layer on an eager step, one node of
 a CUDA graph), not bytes. The price: each of the cdiv(4096, BLOCK_N) tiles
-of N recomputes the sigmoid of its K range (64 tiles of 64 columns: 64 x 8 x
-14336 = 7.3 M sigmoids a layer, spread over the SMs) and reads gate and up
-where the unfused GEMM read h, twice the activation bytes, from L2.
+of N recomputes the sigmoids of its K range and reads gate and up (twice
+the bytes of h, from L2). 64 tiles: 64 x 8 x 14336 = 7.3 M sigmoids, two
+special-function ops each (exp, reciprocal) at 16 a clock per SM: 132 x 16
+x 1.98 GHz = 4.2 T/s, so 3.5 us of those units against 24 us of streaming,
+meant to hide under the weight loads (the GPU tuner times it, tile by tile).
+
+Prefill keeps the two kernels for that reason. At 512 tokens and 32 tiles
+of 128 columns the recomputation is 32 x 512 x 14336 = 235 M sigmoids =
+112 us of special-function time, more than the down GEMM itself (2 x 512 x
+14336 x 4096 = 60 GFLOP, ~75 us at ~800 TFLOP/s), to save a 29 MB round trip
+of h (~6 us). Fusing there needs h computed once per row tile and kept on
+chip, a different kernel.
 
 Rounding: the unfused path stores h in the activation dtype (rounded to
 nearest) and the GEMM loads that. This kernel rounds h the same way before
@@ -27,9 +36,10 @@ test_silu_down.py checks that under the interpreter). fp32 keeps h in fp32.
 Everything else is the split-K decode GEMM's: the grid, the split of K, the
 fp32 partials and their fused sum in the fixed order 0, 1, ... by the last
 split of each tile (`matmul_decode.decode_launch`, `arrival_counters`,
-`_sum_partials`); a GPU times the same candidates once per shape class.
-Prefill (M > 16) keeps the two kernels: there the GEMM is compute bound and
-the intermediate round trip is a small share of its time.
+`_sum_partials`); a GPU times the same candidates once per shape class,
+their stages cut to fit the second A-side tile (`candidates`). Precision is
+precision.py's: 16-bit dots on tensor cores with fp32 accumulation; fp32 dots
+TF32 exactly when torch.matmul may use it.
 """
 
 import torch
