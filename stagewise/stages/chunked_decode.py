@@ -54,7 +54,7 @@ def decode_rows(
     vc = v.reshape(shape).permute(0, 3, 1, 2, 4).float().contiguous()  # -> [D, Hkv, chunks, C, d]
     qg = q.float().view(num_seqs, num_kv_heads, 1, num_heads // num_kv_heads, head_dim)
     scores = torch.matmul(qg, kc) * scale  # [D,Hkv,1,G,d] @ [D,Hkv,n,d,C] -> [D,Hkv,n,G,C]
-    mask = real.view(num_seqs, 1, chunks, 1, CHUNK_KEYS)  # broadcast over KV heads and rows
+    mask = real.to(scores.device).view(num_seqs, 1, chunks, 1, CHUNK_KEYS)  # over heads and rows
     scores = scores.masked_fill(~mask, float("-inf"))
     top = scores.amax(dim=(2, 4), keepdim=True)  # [D, Hkv, 1, G, 1]: the row's max
     probs = torch.exp(scores - top)  # [D, Hkv, n, G, C]; padding -> exactly 0

@@ -101,8 +101,7 @@ STAGE = Stage(
     shapes="[T, hidden] -> [T, 2*inter] -> [T, inter] -> [T, hidden]",
     naive=naive,
     triton=optimized,
-    triton_kind="triton: tiled GEMM, then silu(gate) * up in the split-K down GEMM's load (decode) "
-    "or fused silu_and_mul + tiled GEMM (prefill)",
+    triton_kind="triton: GEMMs; decode fuses silu(gate) * up into the down GEMM's load",
     torch=gemm_torch.ffn,
     torch_kind="torch: both GEMMs in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
