@@ -334,6 +334,7 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
                                "_split_k_reduce_kernel", reduce, split_k_reduce_plan(splits, d)))  # fmt: skip
     return launches
 
+
 def _silu_down(m: int, n: int, k: int, dtype, target: Target) -> Launch:
     """The down projection with silu(gate) * up in its input load (kernels/silu_down.py): the split-K
     decode GEMM's candidates, stages cut for the second A-side tile, as its GPU tuner times them.
