@@ -22,6 +22,13 @@ longer runs autotuned on a GPU, INTERPRETER_BLOCKS in the interpreter. q/k/v may
 be strided views (q of the fused QKV output), the last dim contiguous. Dots follow
 precision.py: 16-bit tensor-core dots, fp32 accumulation, P rounded to the input
 dtype before P @ V; fp32 as torch.matmul (TF32 if allowed, else IEEE).
+
+K/V tiles: pointer loads, or on sm_90 in 16 bits, for prefill, tensor descriptors that the TMA
+engine serves (attention_tma.py; the TMA constexpr; same keys, same sums). Q stays a pointer
+load, once per program: its rows are (query, group head) pairs, a box TMA could fetch only for a
+power-of-two G (SmolLM2's is 3), and K/V carry most of the bytes. Llama-3-8B, a 512-token prompt,
+a 128-row tile (32 queries x 4 heads, 32 KB of Q): it sees 256 keys on average, 4 pairs of
+64-key K/V tiles of 32 KB each, so Q is a fifth of its loads, and less as prompts grow.
 """
 
 import functools
@@ -44,6 +51,14 @@ from stagewise.kernels.attention_common import (
     qk_scale_log2,
     store_rows,
     tile_fits,
+)
+from stagewise.kernels.attention_tma import (
+    HAS_TENSOR_DESCRIPTORS,
+    attend_keys_tma,
+    descriptor_workspace,
+    descriptors_fit,
+    kv_descriptor,
+    uses_tensor_descriptors,
 )
 from stagewise.kernels.checks import KernelInputError, check_same_device
 from stagewise.kernels.plan_cache import cdiv, launch_tuned, next_power_of_2, plan_cache
@@ -99,6 +114,7 @@ def _flash_attention_kernel(
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision of fp32 tiles: "ieee" or "tf32"
     INT64_OFFSETS: tl.constexpr,  # a tensor spans >= 2^31 elements: 64-bit offsets
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
+    TMA: tl.constexpr,  # K/V tiles through tensor descriptors (sm_90's TMA engine), not pointers
 ):
     seq, kv_head, split, q_start, q_len, f0 = program_tile(cu_seqlens_q_ptr, BLOCK_M, NUM_SPLITS)
     if f0 >= q_len * GROUP:
@@ -117,22 +133,40 @@ def _flash_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # the online softmax's running state
     m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
-    k_base = k_ptr + kv_head * stride_k_head + dims  # key row 0 of this KV head
-    v_base = v_ptr + kv_head * stride_v_head + dims
     shift = k_len - q_len  # query i sees keys j <= i + shift
-    acc, m_i, l_i = attend_keys(  # keys every row of the tile sees whole: no mask work at all
-        acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
-        k_start, cu_seqlens_k_ptr, k_len, shift, lo, mid, qk_scale,
-        BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=False,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
-    )  # fmt: skip
-    acc, m_i, l_i = attend_keys(  # the diagonal band: causal and length masks
-        acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
-        k_start, cu_seqlens_k_ptr, k_len, shift, mid, hi, qk_scale,
-        BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=True,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
-    )  # fmt: skip
+    if TMA:  # one descriptor per K and V: this KV head's rows of the sequence, [k_len, d]
+        k_desc = kv_descriptor(
+            k_ptr + kv_head * stride_k_head, k_start, tl.maximum(k_len, 1), stride_k_token,
+            BLOCK_N, HEAD_DIM, INT64_OFFSETS,
+        )  # fmt: skip
+        v_desc = kv_descriptor(
+            v_ptr + kv_head * stride_v_head, k_start, tl.maximum(k_len, 1), stride_v_token,
+            BLOCK_N, HEAD_DIM, INT64_OFFSETS,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys_tma(  # keys every row of the tile sees whole
+            acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, lo, mid, qk_scale,
+            BLOCK_N, MASKED=False, FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys_tma(  # the diagonal band
+            acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, mid, hi, qk_scale,
+            BLOCK_N, MASKED=True, FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+        )  # fmt: skip
+    else:
+        dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
+        k_base = k_ptr + kv_head * stride_k_head + dims  # key row 0 of this KV head
+        v_base = v_ptr + kv_head * stride_v_head + dims
+        acc, m_i, l_i = attend_keys(  # keys every row of the tile sees whole: no mask work at all
+            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
+            k_start, cu_seqlens_k_ptr, k_len, shift, lo, mid, qk_scale,
+            BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=False,
+            FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys(  # the diagonal band: causal and length masks
+            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
+            k_start, cu_seqlens_k_ptr, k_len, shift, mid, hi, qk_scale,
+            BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=True,
+            FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
+        )  # fmt: skip
     store_rows(
         out_ptr, m_part_ptr, l_part_ptr, acc, m_i, l_i, q_rows, head, row_ok, split,
         stride_o_token, stride_o_head, stride_o_split, stride_ml_token, stride_ml_head,
@@ -150,6 +184,7 @@ def flash_attention(
     seqused_k: torch.Tensor | None = None,
     num_splits: int | None = None,
     max_q_len: int | None = None,
+    tensor_descriptors: bool | None = None,
 ) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1] int32, seqused_k [B] int32 or None
     -> out [Tq, H, d].
@@ -157,6 +192,10 @@ def flash_attention(
     `num_splits` forces split-K (1 = off); None lets `choose_num_splits` decide for the decode tile,
     from the grid and Tk / B keys per sequence (a contiguous cache's capacity per row: no host
     read).
+
+    `tensor_descriptors` chooses how K/V tiles are loaded: None lets the plan decide (descriptors
+    on sm_90 with 16-bit dots, pointers elsewhere), True asks for descriptors (on sm_90 or in the
+    interpreter), False for pointers.
 
     `max_q_len` (the longest sequence's query rows, a host int from the scheduler) sizes the grid.
     The launcher never reads cu_seqlens or seqused_k on the host: that would wait for every kernel
@@ -193,6 +232,7 @@ def flash_attention(
     num_splits = 1 if num_splits is None else num_splits
     if num_splits < 1:
         raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
+    tma = _descriptor_choice(tensor_descriptors, plan, k, v)
     target, m_part, l_part, stride_o_split, stride_ml = partial_buffers(out, num_splits)
     grid = lambda meta: (cdiv(rows, meta["BLOCK_M"]), num_seqs, num_kv_heads * num_splits)
     q_len_bucket = min(next_power_of_2(max_q_len), 8192)
@@ -226,14 +266,34 @@ def flash_attention(
         NUM_SPLITS=num_splits,
         **blocks,
     )
+    args["TMA"] = tma  # the plan's choice, or the caller's
+    if tma and not INTERPRETER:
+        triton.set_allocator(descriptor_workspace)  # where the kernel writes its descriptors
     if fixed:
         _flash_attention_kernel[grid](**args)
     else:  # the autotuner's key: its key arguments and every tensor's dtype (all follow q's)
-        key = ("flash_attention", q_len_bucket, head_dim, group, policy, num_splits, q.dtype)
+        key = ("flash_attention", q_len_bucket, head_dim, group, policy, num_splits, tma, q.dtype)
         launch_tuned(tuned_kernel(), _flash_attention_kernel, key, grid, args)
     if num_splits > 1:
         split_k_reduce(target, m_part, l_part, out)
     return out
+
+
+def _descriptor_choice(asked: bool | None, plan: LaunchPlan, k, v) -> bool:
+    """Whether this launch loads K/V through tensor descriptors (the kernel's TMA constexpr)."""
+    if asked is None:
+        return plan.constexprs["TMA"] and descriptors_fit(k, v)
+    if asked and not (plan.constexprs["TMA"] or (INTERPRETER and HAS_TENSOR_DESCRIPTORS)):
+        raise KernelInputError(
+            f"{NAME}: tensor descriptors need sm_90 with 16-bit q/k/v (or the interpreter) and "
+            f"triton >= 3.4 (installed: {triton.__version__})"
+        )
+    if asked and not descriptors_fit(k, v):
+        raise KernelInputError(
+            f"{NAME}: tensor descriptors need k and v 16-byte aligned, with token and head "
+            "strides of a multiple of 16 bytes"
+        )
+    return asked
 
 
 def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> tuple[int, int, int]:
@@ -305,7 +365,7 @@ def flash_attention_plan(
     max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
 ) -> LaunchPlan:
     """Tiles: the interpreter's, the decode tile (one GQA group, fixed), or the tuner's that fit."""
-    constexprs = {"GROUP": group, "HEAD_DIM": head_dim}
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "TMA": False}
     if target.interpreter:
         config = triton.Config(INTERPRETER_BLOCKS, num_warps=4, num_stages=1)
         return LaunchPlan(NAME, constexprs, (config,))
@@ -319,6 +379,7 @@ def flash_attention_plan(
         config = triton.Config(blocks, num_warps=warps, num_stages=stages)
         return LaunchPlan(NAME, constexprs, (config,))
     configs = tuple(c for c in _gpu_configs() if _fits(c, head_dim, dtype, target))
+    constexprs["TMA"] = uses_tensor_descriptors(dtype, target)  # prefill only: see the docstring
     return LaunchPlan(NAME, constexprs, configs)
 
 
@@ -330,7 +391,15 @@ def tuned_kernel():
     """
     return triton.autotune(
         configs=_gpu_configs(),
-        key=["q_len_bucket", "HEAD_DIM", "GROUP", "FP32_DOTS", "INPUT_PRECISION", "NUM_SPLITS"],
+        key=[
+            "q_len_bucket",
+            "HEAD_DIM",
+            "GROUP",
+            "FP32_DOTS",
+            "INPUT_PRECISION",
+            "NUM_SPLITS",
+            "TMA",
+        ],
         prune_configs_by={"early_config_prune": _prune_configs},
     )(_flash_attention_kernel)
 
