@@ -201,6 +201,8 @@ def launches(
         label = "rmsnorm+residual" if residual else "rmsnorm"
         add("rmsnorm", label, "rmsnorm", "_rmsnorm_kernel", args, rmsnorm_plan(hidden, residual))
     out.append(_matmul("qkv_proj", tokens, qkv_width, hidden, dtype, target))
+    if tokens <= DECODE_MAX_M:  # decode, plain weights: attn_norm inside qkv_proj (norm_matmul.py)
+        out.append(_norm_matmul(tokens, qkv_width, hidden, dtype, target))
     rope_args = dict(positions_ptr=i64, q_ptr=x, q_token_stride=qkv_width, q_head_stride=d, k_ptr=x)
     rope_args.update(k_token_stride=qkv_width, k_head_stride=d, cos_sin_ptr=f32, cos_sin_row_stride=d)
     rope_args.update(num_tokens=tokens, num_heads=heads, num_kv_heads=kv_heads)
@@ -218,6 +220,7 @@ def launches(
         kv_args,
         _row_plan("kv_store", kv_heads_tiling, kv_tiles),
     )
+    out.append(_rope_kv_store(tokens, heads, kv_heads, d, qkv_width, dtype))  # paged: rope + kv_store
     out.extend(_attention(phase, heads, kv_heads, d, qkv_width, dtype, target))
     out.append(_matmul("o_proj", tokens, hidden, heads * d, dtype, target))
     out.append(_matmul("gate_up", tokens, 2 * cfg.intermediate_size, hidden, dtype, target))
@@ -307,6 +310,7 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
     flash.update(stride_ml_token=heads * splits if splits > 1 else 0, stride_ml_head=splits if splits > 1 else 0)
     flash.update(HAS_SEQUSED_K=phase.name == "decode", NUM_SPLITS=splits, INT64_OFFSETS=False, **_precision(dtype))
     label = f"flash_attention split {splits}" if splits > 1 else "flash_attention"
+    label += " (TMA)" if plan.constexprs["TMA"] else ""  # K/V through tensor descriptors (sm_90)
     launches = [Launch("flash_attention", label, "stagewise.kernels.flash_attention",
                        "_flash_attention_kernel", flash, plan)]  # fmt: skip
 
@@ -358,3 +362,42 @@ def _silu_down(m: int, n: int, k: int, dtype, target: Target) -> Launch:
     plan = LaunchPlan("silu_down", {}, configs)
     return Launch("silu_down", "silu_down (split-K)", "stagewise.kernels.silu_down", "_silu_down_kernel", args, plan)
 
+
+def _norm_matmul(m: int, n: int, k: int, dtype, target: Target) -> Launch:
+    """attn_norm fused into qkv_proj's input load (kernels/norm_matmul.py): the split-K decode GEMM's
+    candidates, stages cut for the residual's A-side tile, as its GPU tuner times them. Prefill keeps
+    rmsnorm + matmul."""
+    import triton
+
+    from stagewise.kernels import norm_matmul
+
+    budget = target.shared_memory - matmul_decode.SMEM_HEADROOM
+    fma = target.capability < 80
+    found = norm_matmul.candidates(n, k, dtype.itemsize, SMS.get(target.capability, 108), budget, fma)
+    meta = lambda c: {"BLOCK_M": matmul_decode.BLOCK_M, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}  # noqa: E731
+    configs = tuple(triton.Config(meta(c), num_warps=c.num_warps, num_stages=c.num_stages) for c in found)
+    k_per_split, splits = matmul_decode.split_plan(k, found[0].block_k, found[0].split_k)  # as in _matmul
+    x = _ptr(dtype)
+    args = dict(x_ptr=x, stride_xm=k, residual_ptr=x, stride_rm=k, residual_out_ptr=x, norm_w_ptr=x, b_ptr=x)
+    args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, c_ptr=x, counter_ptr=_ptr(torch.int32))
+    args.update(M=m, N=n, K=k, K_PER_SPLIT=k_per_split, eps=1e-5, stride_bk=n, stride_bn=1)
+    args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1, stride_cm=n, stride_cn=1)
+    args.update(HAS_RESIDUAL=True, INTERPRETED=False, FUSED_SUM=splits > 1, **_precision(dtype))
+    plan = LaunchPlan("norm_matmul", {}, configs)
+    label = "rmsnorm+qkv_proj (split-K)"
+    return Launch("norm_matmul", label, "stagewise.kernels.norm_matmul", "_norm_matmul_kernel", args, plan)
+
+
+def _rope_kv_store(tokens: int, heads: int, kv_heads: int, d: int, qkv_width: int, dtype) -> Launch:
+    """RoPE with the paged KV store (kernels/rope_kv_store.py): rope's fixed tiles, q/k/v views of QKV."""
+    x = _ptr(dtype)
+    args = dict(positions_ptr=_ptr(torch.int64), slot_mapping_ptr=_ptr(torch.int64), cos_sin_ptr=_ptr(torch.float32))
+    for name in ("q", "k", "v"):
+        args.update({f"{name}_ptr": x, f"{name}_token_stride": qkv_width, f"{name}_head_stride": d})
+    args.update(k_cache_ptr=x, v_cache_ptr=x, cos_sin_row_stride=d, num_tokens=tokens, num_heads=heads)
+    args.update(num_kv_heads=kv_heads)
+    rope_heads, tile = rope_tiles(tokens, heads, kv_heads, d)
+    plan = _row_plan("rope_kv_store", rope_heads, [tile])
+    return Launch(
+        "rope_kv_store", "rope+kv_store", "stagewise.kernels.rope_kv_store", "_rope_kv_store_kernel", args, plan
+    )

@@ -20,7 +20,7 @@ import torch
 from stagewise.config import EngineConfig, ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.runtime import to_device
-from stagewise.stages import kv_store, paged_attention
+from stagewise.stages import kv_store, paged_attention, rope
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.paged_attention_torch import plan_of
 
@@ -163,6 +163,53 @@ class PagedKVStep:
             v_cache=v_cache.view(flat),
             metadata=m,
         )
+        return self._paged_attention(ops, layer, q, k_cache, v_cache, scale)
+
+    def attend_rotary(
+        self,
+        ops,
+        layer: int,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """`attend` for q, k not yet rotated: RoPE and the KV store run as one Triton kernel.
+
+        Only when both stages run the triton tier (`ops.fuses(rope, kv_store)`): q is rotated in
+        place, rope(k) and v go to their slots, and k in the QKV buffer stays unrotated (attention
+        reads keys from the cache only). -> attention output [T, H, d].
+        """
+        from stagewise.kernels.rope_kv_store import rope_kv_store  # lazily: picks the interpreter
+
+        m = self.metadata
+        k_cache, v_cache = self.cache.kv[layer].unbind(0)  # [num_blocks, block_size, Hkv, d] each
+        flat = (-1, *k_cache.shape[2:])  # [num_slots, Hkv, d]
+
+        def rotate_and_store(positions, q, k, v, cos_sin_cache, k_cache, v_cache, metadata):
+            slots = metadata.slot_mapping  # [T]
+            return rope_kv_store(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slots)
+
+        q = ops.fused(
+            (rope, kv_store),
+            rotate_and_store,
+            layer=layer,
+            positions=positions,
+            q=q,
+            k=k,
+            v=v,
+            cos_sin_cache=cos_sin_cache,
+            k_cache=k_cache.view(flat),
+            v_cache=v_cache.view(flat),
+            metadata=m,
+        )  # q [T, H, d], rotated in place
+        return self._paged_attention(ops, layer, q, k_cache, v_cache, scale)
+
+    def _paged_attention(self, ops, layer, q, k_cache, v_cache, scale) -> torch.Tensor:
+        """q [T, H, d] against this layer's cache blocks -> [T, H, d]."""
+        m = self.metadata
         if m.decode_plan is None and ops.tier(paged_attention) == "torch":
             # the torch tier's decode plan depends on the step only: once per step, all layers
             m.decode_plan = plan_of(m, self.cache.block_size)

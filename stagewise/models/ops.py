@@ -6,6 +6,13 @@ a reader) can jump from the model to the stage. That one indirection lets a
 run pick a tier per stage — `naive` (the textbook), `torch` (the fast PyTorch
 formulation where a stage has one, else naive) or `triton` — and lets the
 tracer see every stage's inputs and outputs and which tier ran.
+
+Where two neighbouring stages both run the triton tier, the model may call one
+kernel that does both (`fuses`, `fused`): RMSNorm inside qkv_proj's input load
+(kernels/norm_matmul.py), RoPE inside the paged KV store (kernels/rope_kv_store.py).
+The tracer records such a call once, as the later stage, with the scalar
+`fused` naming both. `StageOps(..., fuse=False)` (or `ops.fuse = False`) keeps
+every stage its own kernel, for comparison.
 """
 
 from types import ModuleType
@@ -19,7 +26,9 @@ BACKENDS = TIERS  # "naive", "torch", "triton"
 
 
 class StageOps:
-    def __init__(self, backend: str = "torch", overrides: dict[str, str] | None = None):
+    def __init__(
+        self, backend: str = "torch", overrides: dict[str, str] | None = None, fuse: bool = True
+    ):
         overrides = dict(overrides or {})
         for name, choice in [("*", backend), *overrides.items()]:
             if choice not in BACKENDS:
@@ -30,6 +39,7 @@ class StageOps:
             if name != "*" and name not in STAGES:
                 raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
         self.backend = backend  # the tier asked for every stage
+        self.fuse = fuse  # allow one kernel for neighbouring triton stages (`fuses`)
         self.overrides = overrides  # stage -> tier, where one stage was asked otherwise
         # stage -> the tier that runs ("torch" falls back to "naive" where a stage has none)
         self.backends = {
@@ -57,6 +67,24 @@ class StageOps:
         if tracer is None:
             return fn(**kwargs)
         return tracer.record_stage(name, layer, self.backends[name], fn, kwargs)
+
+    def fuses(self, *stages) -> bool:
+        """True when fusion is on and every one of `stages` runs the triton tier."""
+        return self.fuse and all(self.tier(stage) == "triton" for stage in stages)
+
+    def fused(self, stages: tuple, fn, layer: int | None = None, **kwargs):
+        """Run `fn(**kwargs)`, one kernel doing the work of `stages` (modules, in order).
+
+        Traced as the last stage (its registry entry names the outputs), with the scalar
+        `fused` = "rmsnorm+qkv_proj": a trace shows one call where the kernels are one.
+        """
+        tracer = active_tracer()
+        if tracer is None:
+            return fn(**kwargs)
+        names = [stage_of(stage, STAGES).name for stage in stages]
+        result = tracer.record_stage(names[-1], layer, "triton", fn, kwargs)
+        tracer.current_step_records()[-1].scalars["fused"] = "+".join(names)
+        return result
 
     def tier(self, stage) -> str:
         """The tier that runs `stage` (module, record or name): "naive", "torch" or "triton"."""
