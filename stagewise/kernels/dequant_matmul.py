@@ -151,7 +151,9 @@ GPU_PREFILL = {
     2: DequantConfig(block_m=64, block_n=64, block_k=32, split_k=1, num_warps=4, num_stages=3),
     4: DequantConfig(block_m=32, block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=2),
 }
-GPU_DECODE_TILE = {2: (64, 64, 4, 3), 4: (32, 32, 4, 2)}  # (block_n, block_k, warps, stages)
+# 16-bit decode: 8 warps for the expanded 64 x 64 tile: with 4, triton 3.6 (an older GPU machine's
+# version) spills ~330 bytes a thread at 255 registers on sm_90; 8 warps compile at ~190, no spills
+GPU_DECODE_TILE = {2: (64, 64, 8, 3), 4: (32, 32, 4, 2)}  # (block_n, block_k, warps, stages)
 # 8-bit codes with a minimum (q5_k) load a second [BLOCK_K, BLOCK_N] tile per step: at 3 stages the
 # 16-bit decode tile spills 12 bytes a thread on sm_90 (the compile gate); 2 stages do not (92 regs)
 MINS_8BIT_DECODE_STAGES = 2
