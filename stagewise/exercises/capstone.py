@@ -109,6 +109,10 @@ class StudentOps:
         self.calls[name] = self.calls.get(name, 0) + 1
         return out
 
+    def fuses(self, *stages) -> bool:
+        """The student's stages are separate functions: the model never fuses two of them."""
+        return False
+
 
 @dataclass
 class Seq:

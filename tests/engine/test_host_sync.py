@@ -114,6 +114,7 @@ def test_counter_sees_a_read_planted_in_a_stage(tiny):
         return rope(positions=positions, **kwargs)
 
     llm.ops._fns["rope"] = rope_with_a_read
+    llm.ops.fuse = False  # the paged triton tier would run RoPE inside the KV store (rope_kv_store)
     reads, _ = counted_run(llm, ["Hi"], [SamplingParams(max_tokens=1, temperature=0)])
     planted = [r for r in reads if r[1].startswith("tests/engine/test_host_sync.py:")]
     assert len(planted) == tiny.config.num_layers, reads  # one per layer
@@ -123,7 +124,8 @@ def test_debug_checks_read_values_and_are_off_by_default(tiny, monkeypatch):
     monkeypatch.setenv(DEBUG_CHECKS_ENV, "1")
     reads, _ = counted_run(triton_llm(tiny, "paged"), ["Hi"], [SamplingParams(max_tokens=1, temperature=0)])
     launchers = {where.split(":")[0] for _, where in reads if where.startswith("stagewise/kernels/")}
-    assert {"stagewise/kernels/rope.py", "stagewise/kernels/paged_attention.py"} <= launchers, reads
+    # paged triton: RoPE runs inside the KV store's kernel (rope_kv_store), attn_norm inside qkv_proj's
+    assert {"stagewise/kernels/rope_kv_store.py", "stagewise/kernels/paged_attention.py"} <= launchers, reads
     monkeypatch.delenv(DEBUG_CHECKS_ENV)
     from stagewise.runtime import debug_checks
 
