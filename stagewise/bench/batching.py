@@ -15,6 +15,10 @@ Systems, all on the same seeded workload (greedy, `ignore_eos`, a
 - continuous:   stagewise mode "paged", at most `max_num_seqs` running (or `continuous_max_num_seqs`)
 - transformers: (`--compare transformers`) HF `generate`, padded batches of the same size
 
+stagewise's weights are the file's own by default (`quantization="auto"`: a GGUF's packed
+4/8-bit blocks); `--quantization none` dequantizes them to float32. transformers always
+dequantizes the GGUF to float32.
+
 Static and continuous must produce identical tokens for every request
 (checked before anything is reported). Per system: useful output tokens/s,
 requests/s, total (prompt + output) tokens/s, TTFT / TBT / latency p50 and
@@ -45,6 +49,7 @@ from stagewise.engine.llm import LLM
 from stagewise.engine.outputs import percentile
 from stagewise.errors import StagewiseError
 from stagewise.kv.paged import kv_bytes_per_token
+from stagewise.models.quantized import check_quantization, weight_formats
 from stagewise.models.registry import LoadedModel, load_model
 
 SYSTEMS = {"static": "kv", "continuous": "paged"}  # stagewise system -> LLM mode
@@ -68,6 +73,7 @@ class BatchingSettings:
     seed: int = 0  # workload seed
     compare: tuple[str, ...] = ()  # extra systems: "transformers"
     on_mismatch: str = "raise"  # different tokens between systems: "raise", or "record" them and time on
+    quantization: str = "auto"  # stagewise's weights: "auto" keeps a GGUF's packed blocks, "none" floats
 
 
 QUICK = {"num_requests": 8, "prompt_tokens": (16, 64), "output_tokens": (8, 32), "max_num_seqs": 4}
@@ -189,6 +195,7 @@ def _run_transformers(hf: HFBaseline, loaded, settings, workload, on_done) -> di
 def check_settings(settings: BatchingSettings) -> None:
     """Every setting in range, before anything is loaded."""
     refuse_weightless(settings.model, settings.device)
+    check_quantization(settings.quantization)
     for name in settings.compare:
         if name not in COMPARE:
             raise StagewiseError(f"unknown --compare '{name}'; use {', '.join(COMPARE)}")
@@ -213,7 +220,7 @@ def run_batching(settings: BatchingSettings, loaded: LoadedModel | None = None, 
     """Run every system `repeats` times (alternating); returns the result dict."""
     check_settings(settings)
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
-    loaded = loaded or load_model(settings.model, settings.device, dtype)
+    loaded = loaded or load_model(settings.model, settings.device, dtype, quantization=settings.quantization)
     refuse_weightless(settings.model, settings.device, loaded)
     hf = HFBaseline(settings.model, loaded.device, loaded.dtype) if "transformers" in settings.compare else None
     workload = mixed_workload(
@@ -287,6 +294,7 @@ def _result(settings, loaded, ecfg, workload, runs, reference, hf) -> dict:
         "workload": workload.describe(),
         "outputs_identical": True,
         "notes": run_notes(settings.backend, loaded),
+        "weight_formats": weight_formats(loaded.weights),  # e.g. "q4_1 x 120, q8_0 x 1, float32 x 61"
         "static_padding_expected": expected,
         "summary": summary,
         "runs": runs,
@@ -337,7 +345,8 @@ def batching_table(result: dict):
         f"static vs continuous batching — {w['num_requests']} requests, static batch "
         f"{result['settings']['max_num_seqs']}, continuous seats "
         f"{result['settings'].get('continuous_max_num_seqs') or result['settings']['max_num_seqs']}, "
-        f"{w['total_output_tokens']} output tokens"
+        f"{w['total_output_tokens']} output tokens, stagewise weights "
+        f"{result['settings'].get('quantization', 'none')}"
     )
     summary = result["summary"]
     cols = [Col("metric", wrap=True, min_width=18), *(Col(name, "right") for name in summary)]

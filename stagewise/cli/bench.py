@@ -246,6 +246,9 @@ def batching(
     continuous_seats: int | None = typer.Option(None, help="most running requests, continuous (default: same)"),
     repeats: int = typer.Option(1, help="timed runs per system, alternating the systems"),
     seed: int = typer.Option(0, help="workload seed"),
+    quantization: str = typer.Option(
+        "auto", help="stagewise's weights: auto (a GGUF's packed blocks, the default) or none (float32)"
+    ),
     overwrite: bool = OVERWRITE,
 ):
     """Static vs continuous batching (and transformers) on a seeded mixed-length workload."""
@@ -277,6 +280,7 @@ def batching(
         repeats=positive(repeats, "--repeats", 1),
         seed=seed,
         compare=names,
+        quantization=quantization,
     )
     check_settings(settings)
     name = check_result_files(out_dir, "batching", asdict(settings), overwrite, quick and out is None)

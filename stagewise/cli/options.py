@@ -25,10 +25,10 @@ RECALIBRATE = typer.Option(
     False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
 )
 QUANTIZATION = typer.Option(
-    "none",
+    "auto",
     "--quantization",
-    help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights "
-    "stay packed (the fast CPU tier computes them in bfloat16); int8 / int4 (int4:g64, g128): a Hugging "
+    help="auto (default): a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay packed (the fast CPU tier "
+    "computes them in bfloat16); none: dequantize to floats; int8 / int4 (int4:g64, g128): a Hugging "
     "Face checkpoint quantized at load, round to nearest, groups of 32 by default",
 )
 

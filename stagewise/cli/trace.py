@@ -67,10 +67,10 @@ def trace(
         False, "--recalibrate", help="measure the CPU GEMM forms again instead of reading their cache"
     ),
     quantization: str = typer.Option(
-        "none",
+        "auto",
         "--quantization",
-        help="none (default): dequantize to floats; auto: a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed "
-        "(4/8 bits; the fast CPU tier computes them in bfloat16)",
+        help="auto (default): a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed (4/8 bits; the fast CPU tier "
+        "computes them in bfloat16); none: dequantize to floats",
     ),
     speculative_config: str | None = options.SPECULATIVE_CONFIG,
     speculative: str | None = options.SPECULATIVE,

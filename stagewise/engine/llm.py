@@ -118,7 +118,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         parallel_config: ParallelConfig | None = None,
         recalibrate: bool = False,
-        quantization: str = "none",
+        quantization: str = "auto",
         speculative_config: dict | str | SpeculativeConfig | None = None,
     ):
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
@@ -145,9 +145,10 @@ class LLM:
         )
         self.mode = mode
         self.ops = StageOps(backend, stage_backends)
-        # quantization "auto": a GGUF's Q4_0/Q4_1/Q8_0 weights stay packed; "none" (the default for
-        # now): all float, because the packed torch tier computes in bfloat16 and its greedy tokens
-        # can part from the float model's (and between batch sizes)
+        # quantization "auto" (the default): a GGUF's Q4_0/Q4_1/Q8_0 (and K-quant) weights stay
+        # packed, 4-8 bits per weight; "none": all float, as a Hugging Face model computes (the
+        # packed torch tier computes in bfloat16, so its greedy tokens can part from the float
+        # model's after a near-tie)
         self.loaded = (
             model
             if isinstance(model, LoadedModel)
