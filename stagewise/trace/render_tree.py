@@ -159,9 +159,17 @@ def model_header(model: dict) -> Text:
         f"head_dim {e.get('head_dim')}, inter {e.get('intermediate_size')}, vocab {e.get('vocab_size')} "
         f"· RoPE {e.get('rope', 'plain')} "
         f"· mode [bold]{e.get('mode')}[/] · backend [bold]{e.get('backend')}[/] · {e.get('dtype')} on {e.get('device')}"
+        + packed_weights(m)
         + (f" · [bold]tensor parallel x{m['tensor_parallel_size']}[/]" if m.get("tensor_parallel_size", 1) > 1 else "")
         + (" · [bold]shape only[/] (no values)" if is_shape_only(m) else "")
     )
+
+
+def packed_weights(model: dict) -> str:
+    """' · weights q4_1/q8_0 packed' when some weights are kept quantized (describe()'s "weights"), else ''."""
+    kinds = [part.split(" x ")[0] for part in str(model.get("weights") or "").split(", ") if part]
+    packed = [k for k in kinds if not k.startswith(("float", "bfloat"))]
+    return f" · weights [bold]{'/'.join(packed)}[/] packed" if packed else ""
 
 
 def is_shape_only(model: dict) -> bool:
