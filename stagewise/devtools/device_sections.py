@@ -78,17 +78,33 @@ def section_env(dry_run: bool, ctx: dict) -> dict:
 def section_kernels(dry_run: bool, ctx: dict) -> dict:
     import torch
 
+    from stagewise.bench.decode_fusions import norm_matmul_cases, rope_kv_store_cases
     from stagewise.bench.ffn_fusion import silu_down_cases
-    from stagewise.bench.kernel_bench import DRY_SIZES, GPU_SIZES, run_kernel_cases
+    from stagewise.bench.kernel_bench import DRY_SIZES, GPU_SIZES, run_kernel_cases, summary_line
+    from stagewise.bench.quant_decode import quant_decode_cases
 
     device = _device(dry_run)
     sizes = DRY_SIZES if dry_run else GPU_SIZES
     dtype = torch.bfloat16 if not dry_run else torch.float32
     rows = run_kernel_cases(sizes, device, dtype, ctx["copy_gbs"])
-    try:  # the FFN's decode fusion against its two launches (a failure is a row, as in kernel_bench)
-        rows += silu_down_cases(sizes, device, dtype)
-    except Exception as err:
-        rows.append({"kernel": "silu_down", "shape": "decode", "error": f"{type(err).__name__}: {err}"[:400]})
+    # the decode fusions against their two launches, and the W4A16 decode GEMV against F.linear on
+    # the dequantized weight: each family on its own, a failure is a row (as in kernel_bench)
+    families = (
+        ("silu_down", lambda: silu_down_cases(sizes, device, dtype)),
+        ("norm_matmul", lambda: norm_matmul_cases(sizes, device, dtype)),
+        ("rope_kv_store", lambda: rope_kv_store_cases(sizes, device, dtype)),
+        ("dequant_matmul", lambda: quant_decode_cases(sizes, device, dtype, ctx["copy_gbs"])),
+    )
+    for kernel, cases in families:
+        t0 = time.perf_counter()
+        try:
+            got = cases()
+        except Exception as err:
+            got = [{"kernel": kernel, "shape": "decode", "error": f"{type(err).__name__}: {err}"[:400]}]
+        print("\n".join(summary_line(r) for r in got), f"\n[{kernel}: {time.perf_counter() - t0:.1f} s]", flush=True)
+        rows += got
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return {"rows": rows, "dtype": str(dtype).removeprefix("torch.")}
 
 
