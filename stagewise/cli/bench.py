@@ -249,6 +249,11 @@ def batching(
     quantization: str = typer.Option(
         "auto", help="stagewise's weights: auto (a GGUF's packed blocks, the default) or none (float32)"
     ),
+    on_mismatch: str = typer.Option(
+        "raise",
+        help="static and continuous tokens differ: raise (default), or record where they part and time on "
+        "(packed weights compute in bfloat16, whose rounding can flip a greedy near-tie between batch shapes)",
+    ),
     overwrite: bool = OVERWRITE,
 ):
     """Static vs continuous batching (and transformers) on a seeded mixed-length workload."""
@@ -281,6 +286,7 @@ def batching(
         seed=seed,
         compare=names,
         quantization=quantization,
+        on_mismatch=on_mismatch,
     )
     check_settings(settings)
     name = check_result_files(out_dir, "batching", asdict(settings), overwrite, quick and out is None)
