@@ -53,13 +53,24 @@ def _kernels(sec: dict) -> list[str]:
 def _e2e(sec: dict) -> list[str]:
     lines = []
     rows = [
-        [d["model"], d["backend"] + (" + CUDA graphs" if d.get("cuda_graphs") else ""), d["dtype"],
+        [d["model"], d["backend"] + (" + CUDA graphs" if d.get("cuda_graphs") else ""),
+         d["dtype"] + (f", {d['weights']} weights" if d.get("weights") else ""),
          _num(d["ms_per_token_p50"], ".2f"), _num(d["tokens_per_s"], ",.0f"),
          _num(d["streaming_floor_ms"], ".2f"), f"{100 * d['share_of_streaming_limit']:.0f}%"]
         for d in sec.get("decode", [])
     ]  # fmt: skip
     header = ["model", "backend", "dtype", "ms/token", "tokens/s", "weight-streaming floor ms", "share of limit"]
     lines += ["Decode at batch 1 (paged mode, greedy, median time between tokens):", "", *_table(header, rows), ""]
+    packed = [d for d in sec.get("decode", []) if d.get("weights")]  # the 4-bit model beside the 16-bit one
+    for d in packed:
+        vs = f"{d['vs_bf16']:.2f}x" if d.get("vs_bf16") else "—"
+        lines.append(
+            f"- {d['weights']} weights (random codes): {d['ms_per_token_p50']:.2f} ms/token, {vs} this run's "
+            f"16-bit row, **{d['vs_committed_bf16']:.2f}x** the committed bf16 figure (target {d['target']}; "
+            f"met: {_num(d.get('passed'))}); weight-streaming floor {d['streaming_floor_ms']:.2f} ms "
+            f"({d['weight_bytes'] / 1e9:.2f} GB packed / copy bandwidth)"
+        )
+    lines += [""] if packed else []
     prof = sec.get("step_profiles") or []
     if prof:
         rows = [
