@@ -1,4 +1,4 @@
-"""`--quantization`: the GGUF's packed weights (auto) or floats (none, the default); a bad value is
+"""`--quantization`: the GGUF's packed weights (auto, the default) or floats (none); a bad value is
 one line and exit 2."""
 
 import sys

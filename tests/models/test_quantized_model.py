@@ -65,3 +65,9 @@ def test_triton_tier_same_tokens_as_naive(tiny_q4):
 def test_unknown_quantization_is_one_line(tiny_q4):
     with pytest.raises(StagewiseError, match="unknown quantization 'int3'"):
         load_model(str(tiny_q4), device="cpu", quantization="int3")
+
+
+def test_llm_keeps_a_gguf_packed_by_default_and_load_model_does_not(tiny_q4):
+    """`LLM(path)` (and every command) defaults to quantization="auto"; `load_model` to "none"."""
+    assert is_packed(LLM(str(tiny_q4), device="cpu").loaded.weights.layers[0].w_qkv)
+    assert not is_packed(load_model(str(tiny_q4), device="cpu").weights.layers[0].w_qkv)
