@@ -66,7 +66,7 @@ def _e2e(sec: dict) -> list[str]:
         vs = f"{d['vs_bf16']:.2f}x" if d.get("vs_bf16") else "—"
         lines.append(
             f"- {d['weights']} weights (random codes): {d['ms_per_token_p50']:.2f} ms/token, {vs} this run's "
-            f"16-bit row, **{d['vs_committed_bf16']:.2f}x** the committed bf16 figure (target {d['target']}; "
+            f"{d['dtype']} row, **{d['vs_committed_bf16']:.2f}x** the committed bf16 figure (target {d['target']}; "
             f"met: {_num(d.get('passed'))}); weight-streaming floor {d['streaming_floor_ms']:.2f} ms "
             f"({d['weight_bytes'] / 1e9:.2f} GB packed / copy bandwidth)"
         )
