@@ -238,13 +238,7 @@ def _launch(a, b, c, row_index, cfg: "DecodeConfig", policy: DotPolicy, fused_su
     m, n, k = c.shape[0], c.shape[1], a.shape[1]
     grid, k_per_split, options = decode_launch(n, k, cfg, policy)
     splits = grid[1]
-    counters = None
-    if splits == 1:
-        out, stride_os = c, 0
-    else:
-        out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
-        stride_os = out.stride(0)
-        counters = arrival_counters(c.device, grid[0]) if fused_sum else None
+    out, stride_os, counters = split_outputs(c, splits, grid[0], fused_sum)
     _decode_kernel[grid](
         a_ptr=a,
         b_ptr=b,
@@ -292,6 +286,22 @@ def decode_launch(n: int, k: int, cfg: "DecodeConfig", policy: DotPolicy) -> tup
         num_stages=cfg.num_stages,
     )
     return (_cdiv(n, cfg.block_n), splits), k_per_split, options
+
+
+def split_outputs(
+    c: torch.Tensor, splits: int, tiles: int, fused_sum: bool = True
+) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """Where a split-K launch writes, for c [M, N]: (out, its split stride, counters).
+
+    One split: c itself. More: fp32 partials [SPLIT_K, M, N] and the fused sum's arrival counters
+    for `tiles` tiles of N, or None (fused_sum False, or a CUDA-graph capture that would have to
+    grow them): then the caller sums the partials with the second kernel (`split_k_sum`).
+    """
+    if splits == 1:
+        return c, 0, None
+    m, n = c.shape
+    out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
+    return out, out.stride(0), arrival_counters(c.device, tiles) if fused_sum else None
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}  # per device: int32 zeros, one per tile of N

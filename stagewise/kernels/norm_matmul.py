@@ -61,11 +61,11 @@ from stagewise.kernels.matmul_decode import (
     DECODE_MAX_M,
     INTERPRETER_CONFIG,
     DecodeConfig,
-    arrival_counters,
     decode_launch,
     gpu_candidates,
     smem_budget,
     split_k_sum,
+    split_outputs,
 )
 from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
@@ -269,13 +269,7 @@ def _launch(x, residual, residual_out, norm_weight, w, c, eps, cfg: DecodeConfig
     (m, k), n = x.shape, w.shape[1]
     grid, k_per_split, options = decode_launch(n, k, cfg, policy)
     splits = grid[1]
-    counters = None
-    if splits == 1:
-        out, stride_os = c, 0
-    else:
-        out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32)  # [SPLIT_K, M, N]
-        stride_os = out.stride(0)
-        counters = arrival_counters(x.device, grid[0])
+    out, stride_os, counters = split_outputs(c, splits, grid[0])
     _norm_matmul_kernel[grid](
         x_ptr=x,
         stride_xm=x.stride(0),

@@ -59,10 +59,10 @@ from stagewise.kernels.matmul_decode import (
     INTERPRETER_CONFIG,
     DecodeConfig,
     _sum_partials,
-    arrival_counters,
     decode_launch,
     gpu_candidates,
     smem_budget,
+    split_outputs,
 )
 from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
@@ -221,13 +221,7 @@ def _launch(gate_up, w_down, c, cfg: DecodeConfig, policy: DotPolicy, fused_sum=
     m, n, k = c.shape[0], c.shape[1], w_down.shape[0]
     grid, k_per_split, options = decode_launch(n, k, cfg, policy)  # the decode GEMM's own plan
     splits = grid[1]
-    counters = None
-    if splits == 1:
-        out, stride_os = c, 0
-    else:
-        out = torch.empty((splits, m, n), device=c.device, dtype=torch.float32)  # [SPLIT_K, M, N]
-        stride_os = out.stride(0)
-        counters = arrival_counters(c.device, grid[0]) if fused_sum else None
+    out, stride_os, counters = split_outputs(c, splits, grid[0], fused_sum)
     _silu_down_kernel[grid](
         gate_up_ptr=gate_up,
         b_ptr=w_down,
