@@ -111,6 +111,8 @@ CASES = [
     (["bench", "batching", *Q, "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
     (["bench", "batching", *Q, "--continuous-seats", "0"], "--continuous-seats must be >= 1, got 0"),
     (["bench", "batching", *Q, "--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["bench", "batching", *Q, "--quantization", "int3"], "unknown quantization 'int3'"),
+    (["bench", "batching", *Q, "--on-mismatch", "ignore"], "--on-mismatch must be raise or record, got 'ignore'"),
     (["bench", "batching", *Q, "--prompt-tokens", "0-4"], "LOW-HIGH"),
     (["bench", "modes", *TINY, "--out", "new", "--prompt-tokens", "5000"], "5000 with --output-lengths up to"),
     (
