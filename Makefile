@@ -20,13 +20,16 @@ test: install
 	./scripts/install_browser.sh
 	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
-# Lint and format check (100 columns in stages/, kernels/, models/, engine/, tokenizer/, kv/: their ruff.toml;
-# 120 elsewhere). --no-cache: ruff's cache would miss those per-folder ruff.toml files. The notebooks' jupytext
-# sources are linted too (the .ipynb are made from them), not format-checked: ruff format would rewrap most of
-# them (their hand-wrapped two-line f-strings become three-line calls), and each rewrap means a re-render
+# Lint and format check (100 columns in stages/, kernels/, quant/, tuning/, models/, engine/, tokenizer/, kv/:
+# their ruff.toml; 120 elsewhere), and no statement split over three lines only by a trailing comment
+# (scripts/check_comment_splits.py; --fix moves each such comment above its statement). --no-cache: ruff's
+# cache would miss those per-folder ruff.toml files. The notebooks' jupytext sources are linted too (the .ipynb
+# are made from them), not format-checked: ruff format would rewrap most of them (their hand-wrapped two-line
+# f-strings become three-line calls), and each rewrap means a re-render
 check: install
 	.venv/bin/ruff check --no-cache stagewise tests scripts notebooks/*.py
 	.venv/bin/ruff format --no-cache --check stagewise tests scripts
+	.venv/bin/python scripts/check_comment_splits.py
 
 # JupyterLab goes into the same .venv (only here: `make test` runs the notebooks without it); the kernel named
 # "stagewise" (this .venv's Python) is registered for any other Jupyter front end too (VS Code, a system Jupyter)
@@ -39,9 +42,12 @@ notebook: install
 # Execute every notebook and store its outputs (figures, printed numbers) in the committed .ipynb, with the
 # hash of its .py source in the metadata (tests/test_notebooks.py checks the hash; `make test` executes the
 # notebooks in memory and never rewrites them). QUICK=1: the smaller workloads (metadata mode "quick");
-# JOBS=N notebooks at once; NOTEBOOKS="00_pipeline 05_attention" only those; STALE=1 only those whose .py changed
+# JOBS=N notebooks at once; NOTEBOOKS="00_pipeline 05_attention" only those; STALE=1 only those whose .py changed.
+# A notebook whose timing cells ran while other processes used over 25% of the CPU is not written (ALLOW_LOAD=1
+# writes it anyway); notebooks/render_log.json records each render's load share
 notebooks-outputs: install
-	.venv/bin/python scripts/render_notebooks.py $(if $(QUICK),--quick) $(if $(STALE),--stale) --jobs $(or $(JOBS),1) $(NOTEBOOKS)
+	.venv/bin/python scripts/render_notebooks.py $(if $(QUICK),--quick) $(if $(STALE),--stale) \
+		$(if $(ALLOW_LOAD),--allow-load) --jobs $(or $(JOBS),1) $(NOTEBOOKS)
 
 lint:
 	.venv/bin/ruff check stagewise tests

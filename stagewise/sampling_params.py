@@ -36,6 +36,7 @@ FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal positive float32
 # changes no ordinary result.
 PENALIZED_LOGIT_MAX = 1e33
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds travel in an int64 tensor
+MAX_SAMPLES = 16  # the most samples one request may ask for (SamplingParams.n)
 
 
 def _is_int(value) -> bool:
@@ -65,6 +66,12 @@ class SamplingParams:
     seed: int | None = None  # per-request random seed; None (or -1, as in vLLM) = the engine picks one
     stop: tuple[str, ...] = ()  # stop strings: generation ends at the first one (a list is accepted)
     ignore_eos: bool = False  # keep generating past the end-of-sequence token (for benchmarks)
+    # per generated token, the log-probabilities of the k most likely tokens and of the token drawn:
+    # the raw float32 log-softmax of the step's logits, as computed (RequestOutput.logprobs); None: off
+    logprobs: int | None = None
+    # parallel sampling: n samples of the prompt, 1 <= n <= MAX_SAMPLES; in paged mode they share the
+    # prompt's K/V blocks (copy-on-write). Seeded, sample i draws with sample_seed(seed, i): seed + i
+    n: int = 1
 
     def __post_init__(self) -> None:
         # Integers travel to the device as int64 (top_k; max_tokens is counted beside int64 positions):
@@ -90,6 +97,13 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(stop))  # frozen: store the list as a tuple
         if not isinstance(self.ignore_eos, bool):
             raise StagewiseError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            if not _is_int(self.logprobs) or not 0 <= self.logprobs <= INT64_MAX:
+                raise StagewiseError(f"logprobs must be None or an int >= 0, got {_shown(self.logprobs)}")
+            object.__setattr__(self, "logprobs", int(self.logprobs))
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
+            raise StagewiseError(f"n must be an int in [1, {MAX_SAMPLES}], got {_shown(self.n)}")
+        object.__setattr__(self, "n", int(self.n))
 
     def _check_real(self, name: str, low: float, high: float, low_open: bool, high_open: bool) -> None:
         """Check a finite real number in a range and store it as a float."""
@@ -109,6 +123,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the request decodes greedily (temperature < 1e-5): the argmax, no randomness."""
         return self.temperature < GREEDY_TEMPERATURE
+
+
+def sample_seed(seed: int, i: int) -> int:
+    """The seed of sample i (0 .. n-1) of a request seeded with `seed`: seed + i, as vLLM does.
+
+    So sample 0 draws as the same request with n = 1, and every sample has its own reproducible
+    stream. The count skips -1 (which means "no seed") and wraps around within int64.
+    """
+    value = seed + i
+    if seed < -1 <= value:
+        value += 1
+    return (value - INT64_MIN) % 2**64 + INT64_MIN
 
 
 @dataclass

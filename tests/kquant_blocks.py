@@ -27,7 +27,7 @@ def random_blocks(num_rows: int, row_len: int, type_name: str, seed: int = 0) ->
 
 
 def _pack_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """[B, 8] six-bit sc, mn -> [B, 12] bytes (the layout `models/gguf_kquants.py` reads)."""
+    """[B, 8] six-bit sc, mn -> [B, 12] bytes (the layout `quant/gguf_kquants.py` reads)."""
     a = (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6)
     b = (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6)
     c = (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4)

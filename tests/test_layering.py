@@ -1,12 +1,12 @@
-"""The package's layers run one way (DESIGN.md, "Layering"), and no import runs in a circle.
+"""The package's layers run one way (README.md, "Layout"), and no import runs in a circle.
 
 Every module's imports are read with `ast` — at the top of the file and inside
 functions alike (a lazy import is still a dependency) — and checked against the
 documented order, bottom to top:
 
-    ground (config, errors, runtime, sampling_params, files) <- kernels <- stages <- tokenizer
-    <- kv <- trace <- models <- parallel <- engine <- serve <- calc <- bench <- viz (the notebooks'
-    figures: viz.py, viz_*.py) <- devtools <- exercises <- cli
+    ground (config, errors, runtime, sampling_params, files) <- kernels <- quant <- tuning <- cpu <- stages
+    <- tokenizer <- kv <- trace <- models <- parallel <- engine <- serve <- calc <- bench <- viz
+    (the notebooks' figures) <- devtools <- exercises <- cli
 
 A module may import its own layer and the layers below it. Nothing imports the
 package root `stagewise` (its lazy `__getattr__` would hide an upward import of
@@ -22,6 +22,9 @@ GROUND = ("config", "errors", "runtime", "sampling_params", "files")
 ORDER = (
     "ground",
     "kernels",
+    "quant",
+    "tuning",
+    "cpu",
     "stages",
     "tokenizer",
     "kv",
@@ -53,8 +56,8 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "root"
-    if parts[1] == "viz" or parts[1].startswith("viz_"):
-        return "viz"  # stagewise.viz and stagewise.viz_engine: one layer
+    if parts[1] == "__main__":
+        return "cli"  # `python -m stagewise`: an entry point, as the CLI's
     return "ground" if parts[1] in GROUND else parts[1]
 
 
@@ -92,7 +95,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_module_is_in_a_known_layer():
     unknown = sorted(m for m in module_names() if layer_of(m) not in (*ORDER, "root"))
-    assert not unknown, f"modules outside the documented layers (add the package to ORDER and DESIGN.md): {unknown}"
+    assert not unknown, f"modules outside the documented layers (add the package to ORDER and the README): {unknown}"
 
 
 def test_no_import_goes_up_the_layers():
@@ -151,4 +154,33 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     assert find_cycles(edges) == [["stagewise.kernels.a", "stagewise.kernels.b"]]
     assert find_cycles({"stagewise.kernels.a": {"stagewise.kernels.b"}, "stagewise.kernels.b": set()}) == []
     assert layer_of("stagewise.engine.llm") == "engine" and layer_of("stagewise.config") == "ground"
+    assert layer_of("stagewise.viz") == layer_of("stagewise.viz.engine") == "viz"
+    assert layer_of("stagewise.devtools.gpu.kernel_bench") == "devtools"
     assert ORDER.index(layer_of("stagewise.engine.llm")) > ORDER.index(layer_of("stagewise.stages.rope"))
+
+
+# what the stages share, beside the stage modules and their torch tiers (the issue's "nothing else")
+STAGES_SHARED = {
+    "__init__",  # the registry
+    "base",  # the Stage record
+    "attention_metadata",  # the per-step metadata object the attention stages read
+    "chunked_attention",  # every query row over fixed-size key chunks (the attention tiers)
+    "chunked_decode",  # decode rows over fixed-size key chunks (the attention tiers)
+    "pre_tokenizers",  # the tokenize stage's pre-tokenizer regexes
+    "tokenize_sentencepiece",  # the tokenize stage for SentencePiece vocabularies
+    "dequant_gemm",  # the dequantize-GEMM the projections send a packed weight to
+    "dequant_gemm_torch",  # its torch tier
+}
+
+
+def test_the_stages_folder_holds_stages_their_torch_tiers_and_what_they_share():
+    """Codecs live in quant/, measured choices in tuning/: `ls stagewise/stages` shows stages only."""
+    from stagewise.stages import STAGES
+
+    stages = {s.naive.__module__.rpartition(".")[2] for s in STAGES.values()}
+    torch_tiers = {s.torch.__module__.rpartition(".")[2] for s in STAGES.values() if s.torch is not None}
+    assert all(name.endswith("_torch") for name in torch_tiers), torch_tiers
+    found = {p.stem for p in (PACKAGE / "stages").glob("*.py")}
+    others = sorted(found - stages - torch_tiers - STAGES_SHARED)
+    assert not others, f"stagewise/stages holds modules that are neither a stage, a torch tier nor shared: {others}"
+    assert {"quant", "tuning"} <= {p.name for p in PACKAGE.iterdir() if p.is_dir()}

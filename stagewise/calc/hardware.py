@@ -180,7 +180,7 @@ def _gemv_bandwidth(device: str, budget_s: float, sync, weight_bytes: int) -> di
     """Bytes/s of the ways decode can stream a weight matrix far larger than cache, and of a copy.
 
     "gemv": W @ x with one vector. "two_columns": W @ [x, x], the tall-skinny GEMM that
-    `stages/gemm.py` uses on a CPU, where the BLAS streams weights faster that way than
+    `tuning/gemm_forms.py` asks for on a CPU, where the BLAS streams weights faster that way than
     through its GEMV. "read": W.sum(), a plain read, the ceiling for both. "copy": read + write.
     """
     cols = 4096

@@ -18,8 +18,12 @@ first ~0.1 s), is out of reach.
 """
 
 import importlib
+import os
+import shutil
 import sys
 import types
+
+RICH_HELP_COLUMNS = 100  # narrower than this, help is click's plain layout (see _fit_help)
 
 
 def main() -> None:
@@ -32,7 +36,16 @@ def trace_main() -> None:
     _start("trace_main")
 
 
+def _fit_help() -> None:
+    """Below ~100 columns (a projector at 80), Rich's help panels cut option names and long words with
+    an ellipsis (`--tensor-parallel-…`). There the help is click's plain layout instead, which wraps and
+    never cuts: typer reads TYPER_USE_RICH when it is imported. A value the user set is kept."""
+    if "TYPER_USE_RICH" not in os.environ and shutil.get_terminal_size().columns < RICH_HELP_COLUMNS:
+        os.environ["TYPER_USE_RICH"] = "0"
+
+
 def _start(entry: str) -> None:
+    _fit_help()
     try:
         from stagewise.cli import command  # light: the standard library, errors and files
 

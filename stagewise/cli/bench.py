@@ -1,4 +1,4 @@
-"""`stagewise bench modes|batching|stages`: run a benchmark, print a table, save `<name>.json` + `<name>.png`.
+"""`stagewise bench modes|batching|stages|...`: run a benchmark, print a table, save `<name>.json` + `<name>.png`.
 
 Register under the main CLI with `app.add_typer(bench_app, name="bench")`.
 Results go to `benchmarks/results/<machine-tag>/` unless `--out` says
@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stagewise.bench.progress import bench_display
+from stagewise.bench.harness.progress import bench_display
 from stagewise.cli import options
 from stagewise.errors import StagewiseError
 from stagewise.files import atomic_paths, check_writable, check_writable_folder
@@ -97,7 +97,7 @@ def setup(threads: int | None, out: str | None, quick: bool) -> tuple[Console, P
     """Set torch's thread count first (the machine tag names it), then pick and check the output folder."""
     import torch
 
-    from stagewise.bench.machine import machine_tag
+    from stagewise.bench.harness.machine import machine_tag
 
     if threads is not None:
         if threads < 1:
@@ -154,7 +154,7 @@ def finish(console: Console, result: dict, table, plot, out_dir: Path, name: str
     failed plot, a full disk or Ctrl-C while the PNG saves leaves the old pair, never a new JSON beside
     an old PNG.
     """
-    from stagewise.bench.machine import write_result_json
+    from stagewise.bench.harness.machine import write_result_json
 
     console.print(table)
     for note in result.get("notes") or []:
@@ -197,10 +197,18 @@ def modes(
         help="comma-separated weight formats, each mode run with each (quantization=: none, auto, int8, int4), "
         "e.g. none,auto (default: the model as loaded, float)",
     ),
+    batch_invariant: bool = options.BATCH_INVARIANT,
     overwrite: bool = OVERWRITE,
 ):
     """Naive recompute vs KV cache vs paged KV: same prompt, same tokens, growing outputs."""
-    from stagewise.bench.modes import ModesSettings, check_settings, modes_table, plot_modes, run_modes, settings_dict
+    from stagewise.bench.commands.modes import (
+        ModesSettings,
+        check_settings,
+        modes_table,
+        plot_modes,
+        run_modes,
+        settings_dict,
+    )
 
     console, out_dir = setup(threads, out, quick)
     settings = ModesSettings(
@@ -217,6 +225,7 @@ def modes(
         compare=tuple(c.strip() for item in compare for c in item.split(",") if c.strip()),
         tp=parse_ints(tp, "--tp"),
         formats=split_names(formats, "--formats") if formats is not None else (),
+        batch_invariant=batch_invariant,
     )
     check_settings(settings)
     name = check_result_files(out_dir, "modes", settings_dict(settings), overwrite, quick and out is None)
@@ -254,11 +263,18 @@ def batching(
         help="static and continuous tokens differ: raise (default), or record where they part and time on "
         "(packed weights compute in bfloat16, whose rounding can flip a greedy near-tie between batch shapes)",
     ),
+    batch_invariant: bool = options.BATCH_INVARIANT,
     overwrite: bool = OVERWRITE,
 ):
     """Static vs continuous batching (and transformers) on a seeded mixed-length workload."""
-    from stagewise.bench.batching import QUICK as Q
-    from stagewise.bench.batching import BatchingSettings, batching_table, check_settings, plot_batching, run_batching
+    from stagewise.bench.commands.batching import QUICK as Q
+    from stagewise.bench.commands.batching import (
+        BatchingSettings,
+        batching_table,
+        check_settings,
+        plot_batching,
+        run_batching,
+    )
 
     console, out_dir = setup(threads, out, quick)
     names = tuple(c.strip() for item in compare for c in item.split(",") if c.strip())
@@ -287,6 +303,7 @@ def batching(
         compare=names,
         quantization=quantization,
         on_mismatch=on_mismatch,
+        batch_invariant=batch_invariant,
     )
     check_settings(settings)
     name = check_result_files(out_dir, "batching", asdict(settings), overwrite, quick and out is None)
@@ -313,7 +330,7 @@ def stages(
     overwrite: bool = OVERWRITE,
 ):
     """Every registry stage: naive PyTorch vs optimized, prefill and decode shapes (CPU: interpreter, correctness)."""
-    from stagewise.bench.stage_bench import StagesSettings, plot_stages, resolve, run_stages, stages_table
+    from stagewise.bench.commands.stages import StagesSettings, plot_stages, resolve, run_stages, stages_table
 
     console, out_dir = setup(threads, out, quick)
     if warmup is not None and warmup < 0:
@@ -347,9 +364,10 @@ def soak(
     overwrite: bool = OVERWRITE,
     speculative_config: str | None = options.SPECULATIVE_CONFIG,
     speculative: str | None = options.SPECULATIVE,
+    prefix_cache: str | None = options.PREFIX_CACHE,
 ):
     """Thousands of mixed requests through one engine: nothing lost, outputs as if alone, memory flat, blocks free."""
-    from stagewise.bench.soak import SoakSettings, plot_soak, run_soak, soak_table
+    from stagewise.bench.commands.soak import SoakSettings, plot_soak, run_soak, soak_table
 
     # one thread by default: the tiny model's small ops lose more to thread hand-offs than they gain
     console, out_dir = setup(1 if threads is None else threads, out, quick)
@@ -360,8 +378,9 @@ def soak(
         max_num_seqs=positive(max_num_seqs, "--max-num-seqs", 8),
         seed=seed,
         speculative=options.speculative_arg(speculative_config, speculative),
+        prefix_cache=options.prefix_cache_arg(prefix_cache) or "hash",
     )
-    from stagewise.bench.modes import refuse_weightless
+    from stagewise.bench.commands.modes import refuse_weightless
 
     refuse_weightless(model, None)
     name = check_result_files(out_dir, "soak", asdict(settings), overwrite, quick and out is None)
@@ -394,10 +413,10 @@ def serve(
     overwrite: bool = OVERWRITE,
 ):
     """Poisson arrivals through real HTTP streams: TTFT / TBT / latency and throughput, continuous vs static."""
-    from stagewise.bench.serve import QUICK as Q
-    from stagewise.bench.serve import ServeSettings, check_settings, failures, header, run_serve
-    from stagewise.bench.serve_client import parse_rates
-    from stagewise.bench.serve_report import plot_serve, serve_table
+    from stagewise.bench.commands.serve import QUICK as Q
+    from stagewise.bench.commands.serve import ServeSettings, check_settings, failures, header, run_serve
+    from stagewise.bench.commands.serve_client import parse_rates
+    from stagewise.bench.commands.serve_report import plot_serve, serve_table
 
     console, out_dir = setup(threads, out, quick)  # the machine tag names the server's threads
     settings = ServeSettings(
@@ -431,6 +450,52 @@ def serve(
         raise StagewiseError("some requests failed or were lost (see the notes and serve.json)")
 
 
+@bench_app.command("serve-limits")
+def serve_limits(
+    model: str = MODEL,
+    streams: int | None = typer.Option(None, help="streams decoding beside the largest stop list (default 200)"),
+    view_streams: int | None = typer.Option(None, help="streams decoding while the view is watched (default 16)"),
+    subscribers: int | None = typer.Option(None, help="/api/events connections tried at once (default 2000)"),
+    prompt_tokens: int = typer.Option(32, help="every stream's prompt length"),
+    output_tokens: int | None = typer.Option(None, help="every stream's max_tokens (default 64; quick 8)"),
+    repeats: int | None = typer.Option(None, help="runs of each case, alternated (default 2; quick 1)"),
+    backend: str = BACKEND,
+    threads: int | None = typer.Option(None, help="the server's torch threads (default: its own choice)"),
+    server_arg: list[str] = typer.Option([], help="one more `serve` option for the server (repeatable)"),
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    overwrite: bool = OVERWRITE,
+):
+    """What one request or watcher costs the others at the server's limits: stop strings, view subscribers."""
+    from stagewise.bench.commands.serve_limits import QUICK as Q
+    from stagewise.bench.commands.serve_limits import LimitsSettings, header, run_limits
+    from stagewise.bench.commands.serve_limits_report import limits_table, plot_limits
+
+    console, out_dir = setup(threads, out, quick)
+    d = LimitsSettings()
+
+    def pick(value, flag, name):
+        return positive(value, flag, Q.get(name, getattr(d, name)) if quick else getattr(d, name))
+
+    settings = LimitsSettings(
+        model=model,
+        streams=pick(streams, "--streams", "streams"),
+        view_streams=pick(view_streams, "--view-streams", "view_streams"),
+        subscribers=pick(subscribers, "--subscribers", "subscribers"),
+        prompt_tokens=positive(prompt_tokens, "--prompt-tokens", 32),
+        output_tokens=pick(output_tokens, "--output-tokens", "output_tokens"),
+        repeats=pick(repeats, "--repeats", "repeats"),
+        backend=check_backend(backend),
+        threads=threads,
+        server_args=tuple(server_arg),
+    )
+    name = check_result_files(out_dir, "serve_limits", asdict(settings), overwrite, quick and out is None)
+    console.print(escape(header(settings)))
+    with bench_display() as progress:
+        result = run_limits(settings, progress=progress)
+    finish(console, result, limits_table(result), plot_limits, out_dir, name)
+
+
 @bench_app.command()
 def spec(
     model: str = MODEL,
@@ -448,11 +513,12 @@ def spec(
     repeats: int | None = typer.Option(None, help="timed runs per prompt and system (default 2; quick 1)"),
     prompts_per_kind: int | None = typer.Option(None, help="first N prompts of each workload (default 3; quick 1)"),
     step_repeats: int | None = typer.Option(None, help="timed passes per step shape (default 20; quick 2)"),
+    batch_invariant: bool = options.BATCH_INVARIANT,
     overwrite: bool = OVERWRITE,
 ):
     """Speculative decoding (n-gram, draft model) vs plain decoding: copy-heavy and free prose, batch 1."""
-    from stagewise.bench.spec import SpecSettings, check_settings, quick_settings, run_spec
-    from stagewise.bench.spec_report import plot_spec, spec_table
+    from stagewise.bench.commands.spec import SpecSettings, check_settings, quick_settings, run_spec
+    from stagewise.bench.commands.spec_report import plot_spec, spec_table
 
     console, out_dir = setup(threads, out, quick)
     base = quick_settings(model) if quick else SpecSettings(model=model)
@@ -468,6 +534,7 @@ def spec(
             repeats=positive(repeats, "--repeats", base.repeats),
             prompts_per_kind=positive(prompts_per_kind, "--prompts-per-kind", base.prompts_per_kind),
             step_repeats=positive(step_repeats, "--step-repeats", base.step_repeats),
+            batch_invariant=batch_invariant,
         )
     )
     check_settings(settings)
@@ -475,6 +542,103 @@ def spec(
     with bench_display() as progress:  # stderr, transient; None when not a terminal
         result = run_spec(settings, progress=progress)
     finish(console, result, spec_table(result), plot_spec, out_dir, name)
+
+
+@bench_app.command()
+def prefix(
+    model: str = MODEL,
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    backend: str = BACKEND,
+    threads: int | None = THREADS,
+    caches: str = typer.Option("none,hash,radix", help="prefix caches compared (the first is the reference)"),
+    workloads: str = typer.Option("chat,few-shot,samples", help="workloads: chat, few-shot, samples"),
+    block_size: int = typer.Option(16, help="tokens per KV block"),
+    max_tokens: int | None = typer.Option(None, help="greedy tokens per answer, tokens per sample (default 24)"),
+    turns: int | None = typer.Option(None, help="chat: turns per conversation (default 6)"),
+    conversations: int | None = typer.Option(None, help="chat: conversations at once (default 4)"),
+    samples: int | None = typer.Option(None, help="samples: n per prompt (default 4)"),
+    prompt_tokens: int | None = typer.Option(None, help="samples: tokens per prompt (default 500)"),
+    repeats: int | None = typer.Option(None, help="timed runs per workload and cache, alternating (default 3)"),
+    batch_invariant: bool = options.BATCH_INVARIANT,
+    overwrite: bool = OVERWRITE,
+):
+    """Prefix caches side by side (none, hash as vLLM, radix as SGLang): chat, few-shot, n samples."""
+    from stagewise.bench.commands.prefix import PrefixSettings, check_settings, quick_settings, run_prefix
+    from stagewise.bench.commands.prefix_report import plot_prefix, prefix_table
+
+    console, out_dir = setup(threads, out, quick)
+    base = quick_settings(model) if quick else PrefixSettings(model=model)
+    settings = PrefixSettings(
+        **asdict(base)
+        | dict(
+            model=model,
+            backend=check_backend(backend),
+            caches=split_names(caches, "--caches"),
+            workloads=split_names(workloads, "--workloads"),
+            block_size=positive(block_size, "--block-size", 16),
+            max_tokens=positive(max_tokens, "--max-tokens", base.max_tokens),
+            turns=positive(turns, "--turns", base.turns),
+            conversations=positive(conversations, "--conversations", base.conversations),
+            samples=positive(samples, "--samples", base.samples),
+            prompt_tokens=positive(prompt_tokens, "--prompt-tokens", base.prompt_tokens),
+            repeats=positive(repeats, "--repeats", base.repeats),
+            batch_invariant=batch_invariant,
+        )
+    )
+    check_settings(settings)
+    name = check_result_files(out_dir, "prefix", asdict(settings), overwrite, quick and out is None)
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
+        result = run_prefix(settings, progress=progress)
+    finish(console, result, prefix_table(result), plot_prefix, out_dir, name)
+
+
+@bench_app.command()
+def invariance(
+    model: str = MODEL,
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    threads: int | None = THREADS,
+    quantization: str | None = typer.Option(
+        None, help="weight formats: auto (packed GGUF), none (float32) (default auto,none; quick: auto)"
+    ),
+    repeats: int | None = typer.Option(None, help="alternated runs per row for decode and TTFT (default 5; quick 1)"),
+    decode_tokens: int | None = typer.Option(None, help="greedy tokens of the decode run (default 64; quick 8)"),
+    ttft_prompts: str | None = typer.Option(None, help="prompt lengths whose TTFT is timed (default 128,512)"),
+    batching: bool = typer.Option(True, "--batching/--no-batching", help="also run bench batching's workload"),
+    spec: bool = typer.Option(True, "--spec/--no-spec", help="also run bench spec's copy-heavy n-gram prompts"),
+    overwrite: bool = OVERWRITE,
+):
+    """Batch invariance on vs off: decode, TTFT, continuous batching, n-gram speed-up (same weights, one run)."""
+    from stagewise.bench.commands.invariance import (
+        InvarianceSettings,
+        check_settings,
+        invariance_table,
+        plot_invariance,
+        run_invariance,
+    )
+
+    console, out_dir = setup(threads, out, quick)
+    formats = (
+        split_names(quantization, "--quantization") if quantization else (("auto",) if quick else ("auto", "none"))
+    )
+    settings = InvarianceSettings(
+        model=model,
+        formats=formats,
+        repeats=positive(repeats, "--repeats", 1 if quick else 5),
+        decode_tokens=positive(decode_tokens, "--decode-tokens", 8 if quick else 64),
+        ttft_prompts=parse_ints(ttft_prompts, "--ttft-prompts")
+        if ttft_prompts
+        else ((32, 64) if quick else (128, 512)),
+        batching=batching,
+        spec=spec,
+        quick=quick,
+    )
+    check_settings(settings)
+    name = check_result_files(out_dir, "invariance", asdict(settings), overwrite, quick and out is None)
+    with bench_display() as progress:  # stderr, transient; None when not a terminal
+        result = run_invariance(settings, progress=progress)
+    finish(console, result, invariance_table(result), plot_invariance, out_dir, name)
 
 
 @bench_app.command()
@@ -495,7 +659,7 @@ def quant(
     """A GGUF's weights kept quantized vs float32, transformers and llama.cpp: batch-1 decode, memory."""
     import sys
 
-    from stagewise.bench.quant import QuantSettings, plot_quant, quant_table, run_quant
+    from stagewise.bench.commands.quant import QuantSettings, plot_quant, quant_table, run_quant
 
     console, out_dir = setup(threads, out, quick)
     base = QuantSettings(max_tokens=4, repeats=1, prompts=1) if quick else QuantSettings()
@@ -514,12 +678,65 @@ def quant(
 
 
 @bench_app.command()
+def scale(
+    out: str | None = OUT,
+    quick: bool = QUICK,
+    models: str | None = typer.Option(
+        None,
+        help="smollm2-135m, llama-3.2-1b / llama-3-8b (random Q4_0 files at those shapes) or .gguf files "
+        "(default all three; quick: the first two)",
+    ),
+    prompt_tokens: str | None = typer.Option(
+        None, help="prompt lengths in tokens (default 16,128,512,2048; quick 16,64)"
+    ),
+    threads: str | None = typer.Option(None, help="thread counts, every system at each (default 1,2; quick 2)"),
+    systems: str = typer.Option("packed,float32,transformers,llama.cpp", help="systems compared"),
+    llamacpp: str | None = typer.Option(
+        None, help="node_modules holding node-llama-cpp (runs scripts/llamacpp_decode.mjs; else its row says why)"
+    ),
+    decode_tokens: int | None = typer.Option(None, help="greedy tokens per run (default 32; quick 4)"),
+    repeats: int | None = typer.Option(None, help="rounds over the systems, alternated (default 3; quick 1)"),
+    layers: int | None = typer.Option(None, help="random files: this many layers (default the shape's; quick 2)"),
+    overwrite: bool = OVERWRITE,
+):
+    """Decode tok/s and time to first token from SmolLM2 to 8B-class files: stagewise, transformers, llama.cpp."""
+    import sys
+
+    from stagewise.bench.commands.scale import ScaleSettings, plot_scale, run_scale, scale_table
+
+    console, out_dir = setup(None, out, quick)
+    base = ScaleSettings()
+    if quick:
+        base = ScaleSettings(
+            models=base.models[:2], prompt_tokens=(16, 64), threads=(2,), decode_tokens=4, repeats=1, layers=2
+        )
+    settings = ScaleSettings(
+        models=split_names(models, "--models") if models is not None else base.models,
+        prompt_tokens=parse_ints(prompt_tokens, "--prompt-tokens") if prompt_tokens is not None else base.prompt_tokens,
+        threads=parse_ints(threads, "--threads") if threads is not None else base.threads,
+        systems=split_names(systems, "--systems"),
+        decode_tokens=positive(decode_tokens, "--decode-tokens", base.decode_tokens),
+        repeats=positive(repeats, "--repeats", base.repeats),
+        layers=positive(layers, "--layers", base.layers) if layers is not None else base.layers,
+        llamacpp=llamacpp,
+    )
+    name = check_result_files(out_dir, "scale", asdict(settings), overwrite, quick and out is None)
+    result = run_scale(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    result["settings"] = json.loads(json.dumps(asdict(settings)))
+    finish(console, result, scale_table(result), plot_scale, out_dir, name)
+
+
+@bench_app.command()
 def perplexity(
     model: str = MODEL,
     out: str | None = OUT,
     quick: bool = QUICK,
     threads: int | None = THREADS,
-    backends: str = typer.Option("naive,torch", help="tiers, each run with float32 and with packed weights"),
+    backends: str = typer.Option(
+        "naive,torch",
+        help="tiers, each run with float32 and with packed weights; torch-stock: the torch tier with "
+        "PyTorch's own packed kernels (as without a C++ compiler)",
+    ),
     max_tokens: int | None = typer.Option(None, help="greedy tokens per prompt (default 32; quick 4)"),
     prompts: int | None = typer.Option(None, help="the first N built-in greedy prompts (default 8; quick 2)"),
     text_tokens: int | None = typer.Option(None, help="the first N tokens of the text (default all; quick 64)"),
@@ -528,13 +745,18 @@ def perplexity(
     """Weights kept quantized vs dequantized to float32: perplexity of a fixed text, greedy agreement."""
     import sys
 
-    from stagewise.bench.perplexity import PerplexitySettings, perplexity_table, plot_perplexity, run_perplexity
+    from stagewise.bench.commands.perplexity import (
+        PerplexitySettings,
+        perplexity_table,
+        plot_perplexity,
+        run_perplexity,
+    )
 
     console, out_dir = setup(threads, out, quick)
     base = PerplexitySettings(max_tokens=4, prompts=2, text_tokens=64) if quick else PerplexitySettings()
     settings = PerplexitySettings(
         model=model,
-        backends=tuple(check_backend(b) for b in split_names(backends, "--backends")),
+        backends=tuple(b if b == "torch-stock" else check_backend(b) for b in split_names(backends, "--backends")),
         text_tokens=positive(text_tokens, "--text-tokens", base.text_tokens),  # None: the whole text
         prompts=positive(prompts, "--prompts", base.prompts),
         max_tokens=positive(max_tokens, "--max-tokens", base.max_tokens),

@@ -6,6 +6,8 @@ unexpected exception prints one line and exits with 1 (`--debug` shows its
 traceback). `stagewise.cli.command.run_command` does this for every entry point.
 """
 
+import inspect
+
 import typer
 from rich.console import Console
 
@@ -18,6 +20,32 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="LLM inference, stage by stage.",
 )
+
+
+def _print_version(asked: bool) -> None:
+    if not asked:
+        return
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    torch, triton = version("torch"), version("triton")
+    print(f"stagewise {version('stagewise')} (torch {torch}, triton {triton}, Python {platform.python_version()})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="print the version and exit"
+    ),
+):
+    """LLM inference, stage by stage."""
 
 
 @app.command()
@@ -48,8 +76,11 @@ def generate(
     quantization: str = options.QUANTIZATION,
     speculative_config: str | None = options.SPECULATIVE_CONFIG,
     speculative: str | None = options.SPECULATIVE,
+    batch_invariant: bool = options.BATCH_INVARIANT,
+    prefix_cache: str | None = options.PREFIX_CACHE,
 ):
     """Generate text, streaming it as it is produced."""
+    from stagewise.cli.interpreted import interpreter_progress
     from stagewise.sampling_params import SamplingParams
 
     params = SamplingParams(
@@ -64,6 +95,7 @@ def generate(
         ignore_eos=ignore_eos,
     )
     spec = options.speculative_arg(speculative_config, speculative)
+    prefix_cache = options.prefix_cache_arg(prefix_cache)
     llm = options.load_llm(
         model,
         dtype=dtype,
@@ -76,9 +108,12 @@ def generate(
         recalibrate=recalibrate,
         quantization=quantization,
         speculative_config=spec,
+        batch_invariant=batch_invariant,
+        prefix_cache=prefix_cache,
     )
     with llm:  # under tensor parallelism: the workers end with the command, however it ends
-        _stream_to_stdout(llm, prompts, params, chat, stats)
+        with interpreter_progress(llm, prompts, max_tokens, row=False):  # triton on a CPU: an estimate
+            _stream_to_stdout(llm, prompts, params, chat, stats)
 
 
 def _stream_to_stdout(llm, prompts: list[str], params, chat: bool, stats: bool) -> None:
@@ -92,7 +127,7 @@ def _stream_to_stdout(llm, prompts: list[str], params, chat: bool, stats: bool) 
 
 @app.command()
 def stages():
-    """List the pipeline stages with their shapes and what their optimized path is."""
+    """List the pipeline stages with their shapes and what their triton tier is."""
     Console().print(stages_table())
 
 
@@ -103,8 +138,8 @@ def stages_table():
     from stagewise.trace.fit import Col, FitTable
 
     cols = [Col("stage"), Col("shapes", wrap=True, min_width=16), Col("what it computes", wrap=True, min_width=16)]
-    cols.append(Col("optimized path", wrap=True, min_width=14))
-    rows = [[s.name, s.shapes, s.summary, s.optimized_kind] for s in STAGES.values()]
+    cols.append(Col("triton tier", wrap=True, min_width=14))
+    rows = [[s.name, s.shapes, s.summary, s.triton_kind] for s in STAGES.values()]
     return FitTable("stagewise stages, in pipeline order", cols, rows)
 
 
@@ -122,7 +157,23 @@ def _register_commands() -> None:
     app.command(name="calc")(calc)
     app.command(name="serve")(serve)
     app.command(name="view")(view)
-    app.add_typer(bench_app, name="bench")
+    app.add_typer(bench_app, name="bench", short_help=_first_paragraph(bench_app.info.help))
+    _whole_short_helps(app)
+
+
+def _first_paragraph(text: str | None) -> str | None:
+    return " ".join(inspect.cleandoc(text).split("\n\n")[0].split()) if text else None
+
+
+def _whole_short_helps(typer_app: typer.Typer) -> None:
+    """A command's line in its group's list is the first paragraph of its help, whole. Without it, click's
+    plain help layout (below 100 columns, see stagewise/cli/__init__.py) cuts that line at ~60 characters
+    ("what their..."); with it the line wraps. Rich's panels show the same paragraph."""
+    for info in typer_app.registered_commands:
+        if info.short_help is None and info.callback is not None:
+            info.short_help = _first_paragraph(info.callback.__doc__)
+    for group in typer_app.registered_groups:
+        _whole_short_helps(group.typer_instance)
 
 
 def main() -> None:

@@ -9,6 +9,10 @@ while others decode joins the running batch at the next engine step. `--mode
 kv` is the static-batching baseline: a batch is formed from the requests
 waiting when it starts (up to --max-num-seqs), runs to completion, and only
 then does the next batch start.
+
+The limits that keep one request or client from slowing the others (stop
+strings, view subscribers, timeouts, ...) are flags too; their defaults and
+what each bounds are in `stagewise/serve/limits.py`.
 """
 
 import sys
@@ -20,9 +24,15 @@ from stagewise.cli import options
 SERVE_MODES = ("paged", "kv")
 
 
+def _limit(name: str, flag: str, help: str):
+    from stagewise.serve.limits import ServerLimits
+
+    return typer.Option(getattr(ServerLimits, name), flag, help=help)
+
+
 def serve(
     model: str = options.MODEL,
-    host: str = typer.Option("127.0.0.1", help="address to listen on; 0.0.0.0 = every network interface"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on; 0.0.0.0 (or ::) = every network interface"),
     port: int = typer.Option(8000, help="TCP port (0: any free port, printed on start)"),
     api_key: str | None = typer.Option(
         None, "--api-key", help="require 'Authorization: Bearer KEY' on /v1 requests (default: no authentication)"
@@ -52,6 +62,26 @@ def serve(
         None, "--max-model-len", help="engine: longest prompt + output (default: the model's limit)"
     ),
     prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching", help="engine: reuse prompt KV"),
+    allowed_hosts: list[str] = typer.Option(
+        [],
+        "--allowed-hosts",
+        help="host names a browser may reach the server by, besides IP addresses and localhost "
+        "(comma-separated or repeated; '*': any). Guards against DNS rebinding",
+    ),
+    max_stop_strings: int = _limit("max_stop_strings", "--max-stop-strings", "most stop strings per request"),
+    max_stop_length: int = _limit("max_stop_length", "--max-stop-length", "most characters per stop string"),
+    max_view_subscribers: int = _limit(
+        "max_view_subscribers", "--max-view-subscribers", "most live-view streams open at once; more get 503"
+    ),
+    view_publish_hz: float = _limit(
+        "view_publish_hz", "--view-publish-hz", "most live-view snapshots a second (0: every step)"
+    ),
+    view_history_steps: int = _limit("view_history_steps", "--view-history-steps", "most snapshots /api/history keeps"),
+    view_history_mb: float = _limit("view_history_mb", "--view-history-mb", "most MB of snapshots /api/history keeps"),
+    header_timeout: float = _limit(
+        "header_timeout_s", "--header-timeout", "seconds a connection may take to send a request's headers"
+    ),
+    idle_timeout: float = _limit("idle_timeout_s", "--idle-timeout", "seconds a request body may pause (then 408)"),
     backend: str = options.BACKEND,
     stage_backend: list[str] = options.STAGE_BACKEND,
     special_tokens: bool = options.SPECIAL_TOKENS,
@@ -62,20 +92,42 @@ def serve(
     quantization: str = options.QUANTIZATION,
     speculative_config: str | None = options.SPECULATIVE_CONFIG,
     speculative: str | None = options.SPECULATIVE,
+    batch_invariant: bool = options.BATCH_INVARIANT,
+    prefix_cache: str | None = options.PREFIX_CACHE,
 ):
     """Serve the model over HTTP with the OpenAI API (completions, chat, streaming), /metrics and a live view."""
     from stagewise.config import EngineConfig
     from stagewise.errors import StagewiseError
+    from stagewise.files import check_writable
     from stagewise.serve import server
     from stagewise.serve.app import create_app
+    from stagewise.serve.limits import ServerLimits, binds_every_interface, parse_allowed_hosts
 
     if mode not in SERVE_MODES:
         raise StagewiseError(f"--mode must be paged or kv, got '{mode}'")
     if max_queue < 1:
         raise StagewiseError(f"--max-queue must be >= 1, got {max_queue}")
-    if not drain_timeout >= 0:
-        raise StagewiseError(f"--drain-timeout must be >= 0 seconds, got {drain_timeout}")
+    server.check_drain_timeout(drain_timeout)
+    limits = ServerLimits(
+        max_stop_strings=max_stop_strings,
+        max_stop_length=max_stop_length,
+        max_view_subscribers=max_view_subscribers,
+        view_publish_hz=view_publish_hz,
+        view_history_steps=view_history_steps,
+        view_history_mb=view_history_mb,
+        header_timeout_s=header_timeout,
+        idle_timeout_s=idle_timeout,
+        allowed_hosts=parse_allowed_hosts(allowed_hosts),
+    )
+    if record is not None:
+        if mode != "paged":
+            raise StagewiseError("--record needs --mode paged (the view shows the paged engine's state)")
+        check_writable(record, "--record")  # now, not when the server stops (the recording lost)
+        options.check_not_the_model(record, model, "--record")
     spec = options.speculative_arg(speculative_config, speculative)
+    prefix_cache = options.prefix_cache_arg(prefix_cache)
+    if prefix_cache not in (None, "none") and not prefix_caching:
+        raise StagewiseError(f"--prefix-cache {prefix_cache} needs prefix caching; drop --no-prefix-caching")
     sock = server.bind(host, port)  # first: a port in use is known before the model loads
     engine_config = EngineConfig(
         max_num_seqs=max_num_seqs,
@@ -83,6 +135,7 @@ def serve(
         num_kv_blocks=kv_blocks,
         max_model_len=max_model_len,
         enable_prefix_caching=prefix_caching,
+        prefix_cache=prefix_cache or "hash",
     )
     llm = options.load_llm(
         model,
@@ -97,13 +150,23 @@ def serve(
         recalibrate=recalibrate,
         quantization=quantization,
         speculative_config=spec,
+        batch_invariant=batch_invariant,
     )
     with llm:
-        hub, recorder = _view(llm, mode, record)
-        app = create_app(llm, mode=mode, max_queue=max_queue, api_key=api_key, hub=hub, model_name=served_model_name)
+        hub, recorder = _view(llm, mode, record, limits)
+        app = create_app(
+            llm, mode=mode, max_queue=max_queue, api_key=api_key, hub=hub, model_name=served_model_name, limits=limits
+        )
         name = app.state.server.model_name
-        print(f"serving {name} ({mode}) at {server.url_of(sock)}  (OpenAI API under /v1; Ctrl-C stops)", flush=True)
-        if host in ("0.0.0.0", "::", "") and api_key is None:
+        url = server.url_of(sock)
+        print(f"serving {name} ({mode}) at {url}  (OpenAI API under /v1; Ctrl-C stops)", flush=True)
+        if hub is not None:
+            print(
+                f"live view: {url}/  (open it in a browser: the scheduler and the KV blocks, step by step)", flush=True
+            )
+        if recorder is not None:
+            print(f"recording every engine step to {recorder.path} (written when the server stops)", flush=True)
+        if binds_every_interface(sock.getsockname()[0]) and api_key is None:  # 0.0.0.0, 0, ::, [::], ::0, ...
             print("warning: listening on every interface with no authentication (add --api-key KEY)", file=sys.stderr)
         try:
             server.run(app, sock, drain_timeout=drain_timeout)
@@ -112,7 +175,8 @@ def serve(
             raise
         finally:
             if recorder is not None:
-                recorder.close()
+                path = recorder.close()
+                print(f"wrote {path} ({recorder.num_steps} steps; replay: stagewise view {path})", flush=True)
 
 
 def _ignore_further_signals() -> None:
@@ -125,7 +189,7 @@ def _ignore_further_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _view(llm, mode: str, record: str | None):
+def _view(llm, mode: str, record: str | None, limits):
     """The live view's hub (paged mode: it shows the paged engine), and a recorder when asked for."""
     from stagewise.errors import StagewiseError
 
@@ -139,7 +203,7 @@ def _view(llm, mode: str, record: str | None):
         if record is not None:
             raise StagewiseError("--record needs the live view (stagewise/serve/view.py)") from None
         return None, None
-    hub = ViewHub()
+    hub = ViewHub(limits=limits)
     recorder = None
     if record is not None:
         recorder = RunRecorder(record, llm.describe())

@@ -74,15 +74,19 @@ def trace(
     ),
     speculative_config: str | None = options.SPECULATIVE_CONFIG,
     speculative: str | None = options.SPECULATIVE,
+    batch_invariant: bool = options.BATCH_INVARIANT,
+    prefix_cache: str | None = options.PREFIX_CACHE,
 ):
     """Print every tensor shape through a run, step by step."""
-    from stagewise.bench.progress import load_status
+    from stagewise.bench.harness.progress import load_status
+    from stagewise.cli.interpreted import traced
     from stagewise.engine.llm import LLM
     from stagewise.sampling_params import SamplingParams
     from stagewise.stages import STAGES
     from stagewise.trace.export import drop_times, mark_shape_only
+    from stagewise.trace.render_tree import token_decoder
     from stagewise.trace.select import check_ranges, parse_ranges
-    from stagewise.trace.tracer import COLLECTIVES, Tracer
+    from stagewise.trace.tracer import COLLECTIVES
 
     # Every option is checked before the model loads; the ranges once the sizes are known.
     if fmt not in FORMATS:
@@ -98,8 +102,10 @@ def trace(
     step_ranges = None if steps is None else parse_ranges(steps, "steps")
     if out is not None:
         check_writable(out)
+        options.check_not_the_model(out, model)
     ecfg = engine_config(max_num_seqs, token_budget, block_size, kv_blocks, prefix_caching)
     spec = options.speculative_arg(speculative_config, speculative)
+    prefix_cache = options.prefix_cache_arg(prefix_cache)
     with load_status():  # a line per load phase on stderr (a terminal only)
         llm = LLM(
             model,
@@ -112,15 +118,17 @@ def trace(
             recalibrate=recalibrate,
             quantization=quantization,
             speculative_config=spec,
+            batch_invariant=batch_invariant,
+            prefix_cache=prefix_cache,
         )
     if layer_ranges is not None:
         layer_sel = check_ranges(layer_ranges, llm.config.num_layers, "layers", llm.describe()["name"])
     else:
         layer_sel = layers or ("all" if fmt in ("json", "chrome") else "first")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    with llm, Tracer(timing=timing) as tracer:
+    with llm, traced(llm, prompts, max_tokens, timing) as tracer:  # triton on a CPU: progress
         llm.generate(prompts, params, chat=chat)
-    decode = llm.tokenizer.decode
+    decode = token_decoder(llm.tokenizer)  # a byte token that is part of a character: its bytes
     if llm.weightless:  # shape only: placeholder ids (never decoded) and no times, which would measure nothing
         mark_shape_only(tracer)
         decode, timing = None, False
@@ -137,8 +145,22 @@ def trace(
     )
     if out:
         write_text_atomic(out, text)
+        num_steps = len(tracer.steps) if step_sel is None else len(step_sel)
+        print(f"wrote {out} ({_what_was_written(out, fmt, num_steps, llm.mode, width)})")
     else:
         sys.stdout.write(text)
+
+
+def _what_was_written(out: str, fmt: str, num_steps: int, mode: str, width) -> str:
+    """The words after `wrote FILE`: what the file holds and what opens it."""
+    steps = f"{num_steps} step{'' if num_steps == 1 else 's'}"
+    if fmt == "json":
+        return f"trace JSON, {steps}" + (f"; replay it: stagewise view {out}" if mode == "paged" else "")
+    if fmt == "chrome":
+        return f"Chrome trace events, {steps}; open it in Perfetto or chrome://tracing"
+    if fmt == "markdown":
+        return f"markdown tables, {steps}"
+    return f"{fmt}, {steps}, {width or DEFAULT_FILE_WIDTH} columns, no colour"
 
 
 def render(

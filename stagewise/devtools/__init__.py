@@ -4,6 +4,7 @@
   with no GPU present (registers, spills, shared memory); `scripts/compile_gate.py` runs it
 - `device_check`, `device_report`, `e2e_device`      the one-command check on a GPU machine
   (`benchmarks/gpu/run.sh`): environment, test suite, kernel benchmarks, whole-model decode, in JSON and markdown
+- `gpu/`                                             the kernel microbenchmarks the check's `kernels` section runs
 
-They sit above `bench/` (the device check runs the kernel benchmarks and the engine benchmarks).
+They sit above `bench/` (the device check runs the engine benchmarks and uses their harness).
 """

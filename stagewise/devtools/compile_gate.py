@@ -127,7 +127,8 @@ def build_jobs(cases: list[Case], kernels=None) -> tuple[list[Row], list[dict], 
                 if (case, launch.label, desc) in shown:
                     continue  # e.g. split-K candidates that differ only in their grid
                 shown.add((case, launch.label, desc))
-                row = Row(case, launch.kernel, launch.label, desc, launch.plan.autotuned, target.shared_memory)
+                tuned = launch.plan.autotuned or launch.tuned
+                row = Row(case, launch.kernel, launch.label, desc, tuned, target.shared_memory)
                 row.tiles = dict(config.kwargs)
                 rows.append(row)
                 row_job.append(seen[key])
@@ -161,8 +162,9 @@ def run_jobs(jobs: list[dict], workers: int = 2, on_result=None) -> dict[int, di
             env=worker_env(cache.name),
             text=True,
         )
-        feeder = threading.Thread(target=lambda: (proc.stdin.write("".join(json.dumps(j) + "\n" for j in chunk)),
-                                                  proc.stdin.close()))  # fmt: skip
+        feeder = threading.Thread(
+            target=lambda: (proc.stdin.write("".join(json.dumps(j) + "\n" for j in chunk)), proc.stdin.close())
+        )
         feeder.start()
         for line in proc.stdout:
             result = json.loads(line)
@@ -224,6 +226,11 @@ HOPPER_ATTENTION_KERNELS = ("flash_attention", "paged_attention")
 HOPPER_MIN_KEYS = 64  # keys per tile sm_90 must offer for 16-bit attention at head_dim 128
 
 
+def _invariant(row: Row) -> bool:
+    """A batch-invariant launch (compile_specs labels them so)."""
+    return "batch-invariant" in row.label
+
+
 def hopper_attention_findings(rows: list[Row]) -> list[str]:
     """sm_90, 16-bit, head_dim 128, prefill: each attention kernel offers a clean >= 64-key tile.
 
@@ -239,12 +246,13 @@ def hopper_attention_findings(rows: list[Row]) -> list[str]:
             continue
         if PRESETS[case.model].head_dim != 128:
             continue
-        for kernel in HOPPER_ATTENTION_KERNELS:
-            mine = [r for r in rows if r.case == case and r.kernel == kernel]
+        # the variant launches and the batch-invariant ones (their own fixed tile) each on their own
+        for kernel, invariant in itertools.product(HOPPER_ATTENTION_KERNELS, (False, True)):
+            mine = [r for r in rows if r.case == case and r.kernel == kernel and _invariant(r) == invariant]
             if not mine:
                 continue  # a filtered run (build_jobs(kernels=...)) that left this kernel out
             wide = [r for r in mine if r.tiles.get("BLOCK_N", 0) >= HOPPER_MIN_KEYS]
-            where = f"{kernel} {case.model} {case.phase} {case.dtype} sm_90"
+            where = f"{kernel}{' batch-invariant' if invariant else ''} {case.model} {case.phase} {case.dtype} sm_90"
             if not wide:
                 offered = ", ".join(r.config for r in mine)
                 out.append(f"{where}: no tile of >= {HOPPER_MIN_KEYS} keys offered (only {offered})")

@@ -26,7 +26,7 @@ from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.rmsnorm import rmsnorm_plan
 from stagewise.kernels.rope import rope_tiles
 from stagewise.kernels.row_tiles import token_bucket
-from stagewise.kernels.split_k import choose_num_splits, split_k_reduce_plan
+from stagewise.kernels.split_k import choose_num_splits, chunk_splits, split_k_reduce_plan
 from stagewise.kernels.targets import LaunchPlan, Target
 
 
@@ -59,6 +59,9 @@ class Launch:
     function: str  # its name there
     args: dict  # keyword arguments: {"ptr": dtype name} for tensors, ints / floats / bools otherwise
     plan: LaunchPlan  # the launcher's tiles, warps, stages and constexprs for the target
+    # one of several candidates a GPU tuner times under this label, split over launches whose
+    # constexprs differ (the split-K GEMM's SERIAL): the gate asks one of them to be clean
+    tuned: bool = False
 
 
 def _ptr(dtype: torch.dtype) -> dict:
@@ -76,36 +79,46 @@ def _row_plan(kernel: str, constexprs: dict, candidates) -> LaunchPlan:
     return LaunchPlan(kernel, constexprs, tuple(c.triton_config() for c in candidates))
 
 
-def _matmul(label: str, m: int, n: int, k: int, dtype, target: Target, gather: bool = False) -> Launch:
-    """A GEMM: the split-K decode kernel for m <= 16 (matmul_decode.py), the tiled one otherwise."""
+def _matmul(
+    label: str, m: int, n: int, k: int, dtype, target: Target, gather: bool = False, invariant: bool = False
+) -> list[Launch]:
+    """A GEMM: the split-K decode kernel for m <= 16 or batch-invariant (matmul_decode.py; past one
+    16-row tile its programs walk their splits, SERIAL), the tiled one otherwise."""
     x, w = _ptr(dtype), _ptr(dtype)
     strides_b = (1, k) if gather else (n, 1)  # the LM head reads the [vocab, hidden] embedding transposed
     args = dict(a_ptr=x, b_ptr=w, row_index_ptr=_ptr(torch.int64) if gather else x, M=m, N=n, K=k)
     args.update(stride_am=k, stride_ak=1, stride_bk=strides_b[0], stride_bn=strides_b[1], GATHER=gather)
     args.update(INTERPRETED=False, **_precision(dtype))
-    if m > DECODE_MAX_M:
+    if m > DECODE_MAX_M and not invariant:
         args.update(c_ptr=x, M_BUCKET=_next_power_of_2(m), stride_cm=n, stride_cn=1)
-        return Launch("matmul", label, "stagewise.kernels.matmul", "_matmul_kernel", args, gemm_plan(m, dtype, target))
+        plan = gemm_plan(m, dtype, target)
+        return [Launch("matmul", label, "stagewise.kernels.matmul", "_matmul_kernel", args, plan)]
     import triton  # here, not at the top: stagewise.kernels must choose the Triton mode first
 
     budget = target.shared_memory - matmul_decode.SMEM_HEADROOM
     sms = SMS.get(target.capability, 108)
     fma = target.capability < 80  # as decode_config: FMA tiles before sm_80
     candidates = matmul_decode.gpu_candidates(n, k, dtype.itemsize, sms, budget, fma)
-    configs, per_split = [], {}
+    groups: dict[tuple, list] = {}  # (splits > 1, SERIAL) -> (configs, a K_PER_SPLIT, splits)
     for c in candidates:
         k_per_split, splits = matmul_decode.split_plan(k, c.block_k, c.split_k)
         meta = {"BLOCK_M": matmul_decode.BLOCK_M, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}
-        configs.append(triton.Config(meta, num_warps=c.num_warps, num_stages=c.num_stages))
-        per_split[len(configs) - 1] = (k_per_split, splits)
+        config = triton.Config(meta, num_warps=c.num_warps, num_stages=c.num_stages)
+        serial = m > matmul_decode.BLOCK_M and splits > 1  # as matmul_decode._launch
+        groups.setdefault((splits > 1, serial), ([], k_per_split, splits))[0].append(config)
     # K_PER_SPLIT and the partial buffer differ per candidate; every candidate's K_PER_SPLIT is a multiple of
     # BLOCK_K >= 16 (divisible by 16, like K), so one representative value specialises them all alike.
-    k_per_split, splits = per_split[0]
-    args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, K_PER_SPLIT=k_per_split)
-    args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1)
-    args.update(c_ptr=x, counter_ptr=_ptr(torch.int32), stride_cm=n, stride_cn=1, FUSED_SUM=splits > 1)
-    plan = LaunchPlan("matmul", {}, tuple(configs))
-    return Launch("matmul", label + " (split-K)", "stagewise.kernels.matmul_decode", "_decode_kernel", args, plan)
+    out = []
+    for (split, serial), (configs, k_per_split, splits) in groups.items():
+        partials = split and not serial
+        a = dict(args, out_ptr=_ptr(torch.float32) if partials else x, K_PER_SPLIT=k_per_split, NUM_SPLITS=splits)
+        a.update(stride_os=m * n if partials else 0, stride_om=n, stride_on=1, SERIAL=serial)
+        a.update(c_ptr=x, counter_ptr=_ptr(torch.int32), stride_cm=n, stride_cn=1, FUSED_SUM=partials)
+        plan = LaunchPlan("matmul", {}, tuple(configs))
+        tuned = len(candidates) > 1  # the tuner times them all, whichever group
+        module = "stagewise.kernels.matmul_decode"
+        out.append(Launch("matmul", label + " (split-K)", module, "_decode_kernel", a, plan, tuned))
+    return out
 
 
 QUANTIZED = (  # (label, kind) of the packed launches: SmolLM2's Q4_1 projections and Q8_0 head, Q4_0 files
@@ -116,9 +129,9 @@ QUANTIZED = (  # (label, kind) of the packed launches: SmolLM2's Q4_1 projection
     ("qkv_proj", "q4_0"),
     ("lm_head", "q8_0"),
 )
-K_QUANTIZED = (  # the K-quants, expanded at load to groups with float32 scales (packed_weight.py)
+K_QUANTIZED = (  # the K-quants, expanded at load to groups with float32 scales (quant/packed_weight.py)
     # a Q4_K_M file's W_q | W_k in q4_k beside a q6_k W_v (a PackedParts: two launches,
-    # stages/packed_parts.py) and its q6_k ffn_down (int8 codes, groups of 16); a Q5_K_M file's
+    # quant/packed_parts.py) and its q6_k ffn_down (int8 codes, groups of 16); a Q5_K_M file's
     # q5_k (int8 codes 0..31 and a minimum)
     ("qk_proj", "q4_k"),
     ("v_proj", "q6_k"),
@@ -127,29 +140,34 @@ K_QUANTIZED = (  # the K-quants, expanded at load to groups with float32 scales 
 )
 
 
-def _dequant_matmul(label: str, kind: str, m: int, n: int, k: int, dtype, target: Target) -> Launch:
+def _dequant_matmul(
+    label: str, kind: str, m: int, n: int, k: int, dtype, target: Target, invariant: bool = False
+) -> Launch:
     """The fused dequantize-GEMM of a packed weight (kernels/dequant_matmul.py), as its launcher plans it."""
     import triton
 
     from stagewise.kernels import dequant_matmul as dq
     from stagewise.kernels.matmul_decode import split_plan
-    from stagewise.stages.packed_weight import KINDS, LAYOUT
+    from stagewise.quant.packed_weight import KINDS, LAYOUT
 
     bits, offset, has_mins = KINDS[kind]
     code_dtype, scale_dtype, fixed_group = LAYOUT[kind]  # K-quants: float32 scales, q6_k groups of 16
     group = fixed_group or dq.GROUP_SIZE
-    cfg = dq.dequant_config(m, n, k, SMS.get(target.capability, 108), dtype.itemsize, bits == 8 and has_mins)
+    sms = SMS.get(target.capability, 108)
+    cfg = dq.dequant_config(m, n, k, sms, dtype.itemsize, bits == 8 and has_mins, invariant)
     k_per_split, splits = split_plan(k, cfg.block_k, cfg.split_k)
+    serial = -(-m // cfg.block_m) > 1 and splits > 1  # as dequant_launch
+    partials = splits > 1 and not serial
     x, scales = _ptr(dtype), _ptr(scale_dtype)
     args = dict(a_ptr=x, codes_ptr=_ptr(code_dtype), scales_ptr=scales, mins_ptr=scales)
-    args.update(out_ptr=_ptr(torch.float32) if splits > 1 else x, M=m, N=n, K=k, K_PER_SPLIT=k_per_split)
-    args.update(stride_am=k, stride_ak=1, stride_codes=k * bits // 8, stride_scales=k // group)
-    args.update(stride_os=m * n if splits > 1 else 0, stride_om=n, stride_on=1, INTERPRETED=False)
-    constexprs = dict(BITS=bits, OFFSET=offset, HAS_MINS=has_mins, GROUP=group, **_precision(dtype))
+    args.update(out_ptr=_ptr(torch.float32) if partials else x, M=m, N=n, K=k, K_PER_SPLIT=k_per_split)
+    args.update(NUM_SPLITS=splits, stride_am=k, stride_ak=1, stride_codes=k * bits // 8, stride_scales=k // group)
+    args.update(stride_os=m * n if partials else 0, stride_om=n, stride_on=1, INTERPRETED=False)
+    constexprs = dict(BITS=bits, OFFSET=offset, HAS_MINS=has_mins, GROUP=group, SERIAL=serial, **_precision(dtype))
     tiles = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
     config = triton.Config(tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     plan = LaunchPlan("dequant_matmul", constexprs, (config,))
-    name = f"{label} {kind}" + (f" (split-K {splits})" if splits > 1 else "")
+    name = f"{label} {kind}" + (f" (split-K {splits}{', serial' if serial else ''})" if splits > 1 else "")
     return Launch("dequant_matmul", name, "stagewise.kernels.dequant_matmul", "_dequant_matmul_kernel", args, plan)
 
 
@@ -171,6 +189,11 @@ def quantized_launches(
     }
     chosen = QUANTIZED + tuple((label, kind) for label, kind in K_QUANTIZED if k_kinds is None or kind in k_kinds)
     out = [_dequant_matmul(label, kind, *shapes[label], dtype, target) for label, kind in chosen]
+    out += [  # batch-invariant (the default) prefill: the decode config over tiles of 16 rows
+        _dequant_matmul(f"{label} batch-invariant", kind, *shapes[label], dtype, target, invariant=True)
+        for label, kind in chosen
+        if shapes[label][0] > DECODE_MAX_M
+    ]
     for launch in out:
         launch.args.update(launch.plan.constexprs)
     return out
@@ -200,7 +223,13 @@ def launches(
         args.update(out_ptr=x, residual_out_ptr=x, hidden=hidden, eps=1e-5)
         label = "rmsnorm+residual" if residual else "rmsnorm"
         add("rmsnorm", label, "rmsnorm", "_rmsnorm_kernel", args, rmsnorm_plan(hidden, residual))
-    out.append(_matmul("qkv_proj", tokens, qkv_width, hidden, dtype, target))
+
+    def gemm(label: str, m: int, n: int, k: int, gather: bool = False) -> None:
+        out.extend(_matmul(label, m, n, k, dtype, target, gather))
+        if m > DECODE_MAX_M:  # batch-invariant (the default): the split-K kernel for every M
+            out.extend(_matmul(f"{label} batch-invariant", m, n, k, dtype, target, gather, invariant=True))
+
+    gemm("qkv_proj", tokens, qkv_width, hidden)
     if tokens <= DECODE_MAX_M:  # decode, plain weights: attn_norm inside qkv_proj (norm_matmul.py)
         out.append(_norm_matmul(tokens, qkv_width, hidden, dtype, target))
     rope_args = dict(positions_ptr=i64, q_ptr=x, q_token_stride=qkv_width, q_head_stride=d, k_ptr=x)
@@ -222,17 +251,18 @@ def launches(
     )
     out.append(_rope_kv_store(tokens, heads, kv_heads, d, qkv_width, dtype))  # paged: rope + kv_store
     out.extend(_attention(phase, heads, kv_heads, d, qkv_width, dtype, target))
-    out.append(_matmul("o_proj", tokens, hidden, heads * d, dtype, target))
-    out.append(_matmul("gate_up", tokens, 2 * cfg.intermediate_size, hidden, dtype, target))
+    out.extend(_attention(phase, heads, kv_heads, d, qkv_width, dtype, target, invariant=True))
+    gemm("o_proj", tokens, hidden, heads * d)
+    gemm("gate_up", tokens, 2 * cfg.intermediate_size, hidden)
     inter = cfg.intermediate_size
     args = dict(gate_up_ptr=x, out_ptr=x, num_tokens=tokens, inter=inter, stride_in_row=2 * inter)
     args.update(stride_out_row=inter, tokens_bucket=bucket, INTERPRETED=False)
     add("silu_and_mul", "silu_and_mul", "activation", "_silu_and_mul_kernel", args,
         _row_plan("silu_and_mul", {}, silu_and_mul_tiles(tokens, inter, interpreter=False)))  # fmt: skip
-    out.append(_matmul("down_proj", tokens, hidden, inter, dtype, target))
+    gemm("down_proj", tokens, hidden, inter)
     if tokens <= DECODE_MAX_M:  # decode, plain weights: the two launches above as one (silu_down.py)
         out.append(_silu_down(tokens, hidden, inter, dtype, target))
-    out.append(_matmul("lm_head", seqs, cfg.vocab_size, hidden, dtype, target, gather=True))
+    gemm("lm_head", seqs, cfg.vocab_size, hidden, gather=True)
     out.extend(_sampling(seqs, cfg.vocab_size, dtype))
     if phase.q_len == 1:  # a decode step may verify speculative drafts
         out.extend(_rejection_sampling(cfg.vocab_size))
@@ -291,14 +321,18 @@ def _rejection_sampling(vocab: int, k: int = 4) -> list[Launch]:
     return out
 
 
-def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Target) -> list[Launch]:
-    """FlashAttention (the contiguous-cache path) and paged attention (+ split-K reduce) for this phase."""
+def _attention(
+    phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Target, invariant: bool = False
+) -> list[Launch]:
+    """FlashAttention (the contiguous-cache path) and paged attention (+ split-K reduce) for this phase;
+    invariant: their batch-invariant launches (one tile, keys in KEY_CHUNK chunks, flash unsplit)."""
     x, i32, f32 = _ptr(dtype), _ptr(torch.int32), _ptr(torch.float32)
     group = heads // kv_heads
     sms = SMS.get(target.capability)
-    plan = flash_attention_plan(phase.q_len, group, d, dtype, target)
-    splits = 1  # as the launcher: only the (fixed) decode tile splits its keys
-    if not plan.autotuned:
+    suffix = " batch-invariant" if invariant else ""
+    plan = flash_attention_plan(phase.q_len, group, d, dtype, target, invariant)
+    splits = 1  # as the launcher: only the (fixed) decode tile splits its keys, never batch-invariant
+    if not plan.autotuned and not invariant:
         programs = -(-phase.q_len * group // plan.configs[0].kwargs["BLOCK_M"]) * phase.num_seqs * kv_heads
         splits = choose_num_splits(programs, phase.context, sms)
     flash = dict(q_ptr=x, k_ptr=x, v_ptr=x, out_ptr=f32 if splits > 1 else x, m_part_ptr=f32, l_part_ptr=f32)
@@ -311,12 +345,18 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
     flash.update(HAS_SEQUSED_K=phase.name == "decode", NUM_SPLITS=splits, INT64_OFFSETS=False, **_precision(dtype))
     label = f"flash_attention split {splits}" if splits > 1 else "flash_attention"
     label += " (TMA)" if plan.constexprs["TMA"] else ""  # K/V through tensor descriptors (sm_90)
-    launches = [Launch("flash_attention", label, "stagewise.kernels.flash_attention",
-                       "_flash_attention_kernel", flash, plan)]  # fmt: skip
+    label += suffix
+    launches = [
+        Launch("flash_attention", label, "stagewise.kernels.flash_attention", "_flash_attention_kernel", flash, plan)
+    ]
 
-    plan = paged_attention_plan(phase.q_len, group, d, dtype, target)
+    plan = paged_attention_plan(phase.q_len, group, d, dtype, target, invariant)
     num_q_blocks = -(-phase.q_len * group // plan.configs[0].kwargs["BLOCK_M"])
-    splits = choose_num_splits(num_q_blocks * phase.num_seqs * kv_heads, phase.context, sms)
+    programs = num_q_blocks * phase.num_seqs * kv_heads
+    if invariant:  # one program per chunk of KEY_CHUNK keys, or one for all (as the launcher)
+        splits = chunk_splits(programs, phase.context, sms, plan.constexprs["KEY_CHUNK"], None)
+    else:
+        splits = choose_num_splits(programs, phase.context, sms)
     partial = splits > 1
     paged = dict(q_ptr=x, k_cache_ptr=x, v_cache_ptr=x, out_ptr=f32 if partial else x, m_part_ptr=f32)
     paged.update(l_part_ptr=f32, block_table_ptr=i32, seq_lens_ptr=i32, cu_seqlens_q_ptr=i32, qk_scale=0.18)
@@ -327,15 +367,16 @@ def _attention(phase: Phase, heads, kv_heads, d, qkv_width, dtype, target: Targe
     int64 = int64_offsets(plan.configs[0].kwargs["BLOCK_M"])  # as the launcher: no tensor nears 2^31
     paged.update(stride_kv_head=d, BLOCK_SIZE=BLOCK_SIZE, NUM_SPLITS=splits, INT64_OFFSETS=int64)
     paged.update(**_precision(dtype))
-    label = f"paged_attention split {splits}" if partial else "paged_attention"
-    launches.append(Launch("paged_attention", label, "stagewise.kernels.paged_attention",
-                           "_paged_attention_kernel", paged, plan))  # fmt: skip
+    label = (f"paged_attention split {splits}" if partial else "paged_attention") + suffix
+    launches.append(
+        Launch("paged_attention", label, "stagewise.kernels.paged_attention", "_paged_attention_kernel", paged, plan)
+    )
     if partial:
-        reduce = dict(acc_part_ptr=f32, m_part_ptr=f32, l_part_ptr=f32, out_ptr=x, stride_a_token=heads * splits * d)
-        reduce.update(stride_a_head=splits * d, stride_a_split=d, stride_ml_token=heads * splits)
-        reduce.update(stride_ml_head=splits, stride_o_token=heads * d, stride_o_head=d)
-        launches.append(Launch("split_k_reduce", "split_k_reduce", "stagewise.kernels.split_k",
-                               "_split_k_reduce_kernel", reduce, split_k_reduce_plan(splits, d)))  # fmt: skip
+        reduce = dict(acc_part_ptr=f32, m_part_ptr=f32, l_part_ptr=f32, out_ptr=x, NUM_SPLITS=splits)
+        reduce.update(stride_a_token=heads * splits * d, stride_a_head=splits * d, stride_a_split=d)
+        reduce.update(stride_ml_token=heads * splits, stride_ml_head=splits, stride_o_token=heads * d, stride_o_head=d)
+        launches.append(Launch("split_k_reduce", "split_k_reduce" + suffix, "stagewise.kernels.split_k",
+                               "_split_k_reduce_kernel", reduce, split_k_reduce_plan(d)))  # fmt: skip
     return launches
 
 

@@ -42,6 +42,8 @@ def _kernels(sec: dict) -> list[str]:
         vs = f"{r['ratio_vs_stock']:.2f}x {r.get('stock', '')}" if "ratio_vs_stock" in r else ""
         share = f"{100 * r['share_of_copy']:.0f}%" if "share_of_copy" in r else ""
         value = f"{_num(r.get('triton_value'), ',.1f')} {r.get('metric', '')}"
+        if "same_bits" in r:  # a batch-invariance row: a row's bits alone = in the batch, invariant and variant
+            value = f"same bits {_num(r['same_bits'])}, variant {_num(r.get('variant_same_bits'))}"
         rows.append([r["kernel"], r["shape"], _num(r["triton_ms"], ".4f"), value, vs, share,
                      _num(r.get("rel_err"), ".1e"), _num(r.get("passed"))])  # fmt: skip
     header = ["kernel", "shape", "Triton ms", "Triton", "vs stock", "of copy BW", "rel. error", "target met"]
@@ -53,7 +55,8 @@ def _kernels(sec: dict) -> list[str]:
 def _e2e(sec: dict) -> list[str]:
     lines = []
     rows = [
-        [d["model"], d["backend"] + (" + CUDA graphs" if d.get("cuda_graphs") else ""),
+        [d["model"] + (f" ({d['row']})" if d.get("row") else ""),
+         d["backend"] + (" + CUDA graphs" if d.get("cuda_graphs") else ""),
          d["dtype"] + (f", {d['weights']} weights" if d.get("weights") else ""),
          _num(d["ms_per_token_p50"], ".2f"), _num(d["tokens_per_s"], ",.0f"),
          _num(d["streaming_floor_ms"], ".2f"), f"{100 * d['share_of_streaming_limit']:.0f}%"]
@@ -71,6 +74,15 @@ def _e2e(sec: dict) -> list[str]:
             f"({d['weight_bytes'] / 1e9:.2f} GB packed / copy bandwidth)"
         )
     lines += [""] if packed else []
+    one_b = [d for d in sec.get("decode", []) if d.get("row") == "1B-class"]
+    for d in one_b:
+        lines.append(
+            f"- 1B-class row ({d['model']}, {d['dtype']}): {d['ms_per_token_p50']:.2f} ms/token, "
+            f"{d['weight_bytes'] / 1e9:.2f} GB of weights a token at {d['weights_gb_per_s']:,.0f} GB/s = "
+            f"**{100 * d['share_of_streaming_limit']:.0f}%** of the copy bandwidth (target {d['target']}; "
+            f"met: {_num(d.get('passed'))})"
+        )
+    lines += [""] if one_b else []
     prof = sec.get("step_profiles") or []
     if prof:
         rows = [

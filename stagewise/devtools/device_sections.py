@@ -1,9 +1,10 @@
 """The device check's sections: each runs in its own child process and returns a JSON-able dict.
 
     env      the GPU, versions, the two ceilings: copy bandwidth (>= 1 GB) and the bf16 matmul rate
-    kernels  every Triton kernel vs its naive stage and the stock alternative (bench/kernel_bench.py)
-    e2e      Llama-3-8B-shaped decode at batch 1 vs the weight-streaming limit; SmolLM2-shaped
-             steps/s and host share; host syncs per step; Triton vs naive greedy tokens
+    kernels  every Triton kernel vs its naive stage and the stock alternative (devtools/gpu/kernel_bench.py)
+    e2e      Llama-3-8B-shaped decode at batch 1 vs the weight-streaming limit (bf16 and 4-bit), a
+             Llama-3.2-1B-shaped row held to 70% of HBM bandwidth; SmolLM2-shaped steps/s and host
+             share; host syncs per step; Triton vs naive greedy tokens
     bench    `bench modes` and `bench batching` with the Triton backend on a synthetic SmolLM2
     tests    the engine's GPU claims, the whole-model Triton tests and the kernel tests, on CUDA
 
@@ -60,8 +61,8 @@ def autotune_picks() -> list[dict]:
 def section_env(dry_run: bool, ctx: dict) -> dict:
     import torch
 
-    from stagewise.bench.device_timer import copy_bandwidth, matmul_peak
-    from stagewise.bench.machine import machine_info
+    from stagewise.bench.harness.machine import machine_info
+    from stagewise.devtools.gpu.device_timer import copy_bandwidth, matmul_peak
 
     device = _device(dry_run)
     out = {"machine": machine_info()}
@@ -78,22 +79,25 @@ def section_env(dry_run: bool, ctx: dict) -> dict:
 def section_kernels(dry_run: bool, ctx: dict) -> dict:
     import torch
 
-    from stagewise.bench.decode_fusions import norm_matmul_cases, rope_kv_store_cases
-    from stagewise.bench.ffn_fusion import silu_down_cases
-    from stagewise.bench.kernel_bench import DRY_SIZES, GPU_SIZES, run_kernel_cases, summary_line
-    from stagewise.bench.quant_decode import quant_decode_cases
+    from stagewise.devtools.gpu.decode_fusions import norm_matmul_cases, rope_kv_store_cases
+    from stagewise.devtools.gpu.ffn_fusion import silu_down_cases
+    from stagewise.devtools.gpu.invariance import invariance_cases
+    from stagewise.devtools.gpu.kernel_bench import DRY_SIZES, GPU_SIZES, run_kernel_cases, summary_line
+    from stagewise.devtools.gpu.quant_decode import quant_decode_cases
 
     device = _device(dry_run)
     sizes = DRY_SIZES if dry_run else GPU_SIZES
     dtype = torch.bfloat16 if not dry_run else torch.float32
     rows = run_kernel_cases(sizes, device, dtype, ctx["copy_gbs"])
-    # the decode fusions against their two launches, and the W4A16 decode GEMV against F.linear on
-    # the dequantized weight: each family on its own, a failure is a row (as in kernel_bench)
+    # the decode fusions against their two launches, the W4A16 decode GEMV against F.linear on the
+    # dequantized weight, batch-invariant paths against the variant ones (a row's bits alone and
+    # batched, and the cost): each family on its own, a failure is a row (as in kernel_bench)
     families = (
         ("silu_down", lambda: silu_down_cases(sizes, device, dtype)),
         ("norm_matmul", lambda: norm_matmul_cases(sizes, device, dtype)),
         ("rope_kv_store", lambda: rope_kv_store_cases(sizes, device, dtype)),
         ("dequant_matmul", lambda: quant_decode_cases(sizes, device, dtype, ctx["copy_gbs"])),
+        ("invariance", lambda: invariance_cases(sizes, device, dtype)),
     )
     for kernel, cases in families:
         t0 = time.perf_counter()
@@ -109,9 +113,9 @@ def section_kernels(dry_run: bool, ctx: dict) -> dict:
 
 
 def section_bench(dry_run: bool, ctx: dict) -> dict:
-    from stagewise.bench.batching import BatchingSettings, plot_batching, run_batching
-    from stagewise.bench.machine import write_result_json
-    from stagewise.bench.modes import ModesSettings, plot_modes, run_modes
+    from stagewise.bench.commands.batching import BatchingSettings, plot_batching, run_batching
+    from stagewise.bench.commands.modes import ModesSettings, plot_modes, run_modes
+    from stagewise.bench.harness.machine import write_result_json
 
     model = "random:tiny" if dry_run else "random:smollm2-135m"
     device = "cpu" if dry_run else "cuda"
@@ -167,8 +171,9 @@ def section_tests(dry_run: bool, ctx: dict) -> dict:
     stdout, code = run_in_group(cmd, limit)  # on timeout pytest and its workers are killed together
     report = test_report(stdout)
     if code == "timeout":
-        report["summary"] = f"cut after {limit:.0f} s: " + ", ".join(f"{n} {k.lower()}" for k, n in
-                                                                       report["counts"].items())  # fmt: skip
+        report["summary"] = f"cut after {limit:.0f} s: " + ", ".join(
+            f"{n} {k.lower()}" for k, n in report["counts"].items()
+        )
     print("\n".join(report["failures"]), "\n".join(stdout.splitlines()[-15:]), sep="\n")
     return {"command": " ".join(cmd), "returncode": code, **report}
 

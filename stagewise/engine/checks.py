@@ -1,4 +1,4 @@
-"""The API boundary's checks: argument types of `LLM(...)`, and whether a KV cache fits.
+"""The API boundary's checks: the arguments of `LLM(...)`, and whether a KV cache fits.
 
 They run once, before anything is loaded or allocated — never inside an engine
 step, whose launchers must stay free of host synchronisations. Each failure is
@@ -7,25 +7,23 @@ a one-line `StagewiseError` naming the argument and what it accepts.
 
 import torch
 
-from stagewise.config import EngineConfig
+from stagewise.config import EngineConfig, ModelConfig, ParallelConfig
+from stagewise.engine.speculative import SpeculativeConfig, parse_speculative_config
 from stagewise.errors import StagewiseError
 from stagewise.kv.paged import (
     free_memory_bytes,
     kv_bytes_per_token,
     num_blocks_for_budget,
 )
+from stagewise.kv.prefix_cache import check_prefix_cache
 from stagewise.models import memory
 from stagewise.models.registry import LoadedModel
 
 MODES = ("paged", "kv", "naive")
 
 
-DTYPES = (
-    torch.float32,
-    torch.bfloat16,
-    torch.float16,
-    torch.float64,
-)  # what every stage computes in
+# what every stage computes in
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config) -> None:
@@ -58,6 +56,57 @@ def check_llm_arguments(model, backend, mode, device, dtype, stage_backends, eng
         raise StagewiseError(
             f"engine_config must be an EngineConfig, got {type(engine_config).__name__}"
         )
+
+
+def engine_config_of(engine_config: EngineConfig | None, prefix_cache) -> EngineConfig | None:
+    """`engine_config` with LLM's `prefix_cache` ("hash", "radix", "none"; None: the config's)."""
+    if prefix_cache is None:
+        return engine_config
+    check_prefix_cache(prefix_cache)
+    ecfg = engine_config or EngineConfig()
+    if not ecfg.enable_prefix_caching and prefix_cache != "none":
+        raise StagewiseError(
+            f"prefix_cache={prefix_cache!r} but engine_config has enable_prefix_caching=False"
+        )
+    return ecfg.with_updates(prefix_cache=prefix_cache)
+
+
+def check_flags(**flags) -> None:
+    """Each of `flags` (name=value) must be True or False."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise StagewiseError(f"{name} must be True or False, got {value!r}")
+
+
+def speculative_config_of(value, mode: str) -> SpeculativeConfig | None:
+    """`speculative_config` ({"method": "ngram", ...}, JSON, "ngram:4", a config or None), parsed;
+    only mode "paged" speculates."""
+    spec = parse_speculative_config(value)
+    if spec is not None and mode != "paged":
+        raise StagewiseError(
+            f"speculative_config needs mode='paged' (mode '{mode}' does not speculate)"
+        )
+    return spec
+
+
+def parallel_config_of(
+    tensor_parallel_size: int, parallel_config: ParallelConfig | None
+) -> ParallelConfig:
+    """The tensor-parallel settings: a `ParallelConfig`, or one of `tensor_parallel_size` ranks."""
+    pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
+    if parallel_config is not None and tensor_parallel_size not in (1, pcfg.tensor_parallel_size):
+        raise StagewiseError(
+            "give tensor_parallel_size or parallel_config, not two different sizes"
+        )
+    return pcfg
+
+
+def max_model_len_of(cfg: ModelConfig, ecfg: EngineConfig) -> int:
+    """The engine's longest prompt + output: `ecfg.max_model_len`, or the model's limit."""
+    limit, asked = cfg.max_position_embeddings, ecfg.max_model_len
+    if asked is not None and asked > limit:
+        raise StagewiseError(f"max_model_len={asked} is out of range: {cfg.name} allows 1..{limit}")
+    return asked or limit
 
 
 def check_engine_memory(loaded: LoadedModel, ecfg: EngineConfig, max_model_len: int) -> None:

@@ -100,9 +100,8 @@ class DecodeGraphs:
     ):
         self.model, self.cache, self.max_model_len = model, cache, max_model_len
         self.sizes = graph_sizes(max_batch)
-        self.capture = (
-            capture  # False on a CPU (and in tests): replay = the same forward, run eagerly
-        )
+        # False on a CPU (and in tests): replay = the same forward, run eagerly
+        self.capture = capture
         device, n = model.device, self.sizes[-1]
         # [4, n]: ids, positions, slots, seq_lens; written into `staging`, then one upload
         self.meta = torch.zeros(4, n, dtype=torch.long, device=device)
@@ -120,19 +119,16 @@ class DecodeGraphs:
         self.counts = {"steps": 0, "uploads": 0, "table_rows": 0, "greedy_in_graph": 0, "reads": 0}
         self.counts["dropped"] = 0  # tokens of a step read late, past its request's stop
         self.timeline: deque[tuple[str, int]] = deque(maxlen=64)  # ("queue" | "read", step)
-        self.seq_lens = torch.zeros(
-            n, dtype=torch.int32, device=device
-        )  # [n] the kernels' int32 copy
+        # [n] the kernels' int32 copy
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(
             n, cache.max_blocks_per_req, dtype=torch.int32, device=device
         )
-        self.cu_seqlens = torch.arange(
-            n + 1, dtype=torch.int32, device=device
-        )  # one query row per sequence
+        # one query row per sequence
+        self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.last_token_index = torch.arange(n, dtype=torch.long, device=device)
-        self.pad_slot = (
-            cache.spare_slot
-        )  # padding rows store their K/V here: a block no request owns
+        # padding rows store their K/V here: a block no request owns
+        self.pad_slot = cache.spare_slot
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # [size, vocab] output buffer of each graph
         self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the same, argmax included

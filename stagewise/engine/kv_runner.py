@@ -90,9 +90,8 @@ class KVRunner:
             slots += [-1] * pads[b] + [
                 row_start[b] + pads[b] + t for t in range(r.num_prompt_tokens)
             ]
-        cu_q = [
-            b * prompt_len for b in range(num_rows + 1)
-        ]  # [B+1]: every row has P_max query rows
+        # [B+1]: every row has P_max query rows
+        cu_q = [b * prompt_len for b in range(num_rows + 1)]
         seq_lens = [r.num_prompt_tokens for r in reqs]
         now = time.perf_counter()
         for r in reqs:
@@ -171,9 +170,8 @@ class KVRunner:
         self.stats.padding_tokens += wasted
         live = [b for b, r in enumerate(reqs) if not r.finished]
         if len(live) < len(reqs):  # rows of finished requests are not sampled
-            logits = logits.index_select(
-                0, to_device(live, torch.long, logits.device)
-            )  # [B, V] -> [live, V]
+            # [B, V] -> [live, V]
+            logits = logits.index_select(0, to_device(live, torch.long, logits.device))
         tokens = sample_next_tokens(self.model.ops, logits, [reqs[b] for b in live])
         results = []
         for b, token in zip(live, tokens):

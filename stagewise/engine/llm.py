@@ -28,7 +28,7 @@ run (`benchmarks/README.md`, batch 1, paged) measured a SmolLM2 decode step at
 against 28.3). Triton wins once the step replays from a CUDA graph (1.35 ms,
 5.16 ms): ask for `backend="triton", engine_config=EngineConfig(cuda_graphs=True)`.
 Greedy graphed steps then read their ids one step late, the next step queued
-first (`defer_graph_reads`, on by default; engine/paged_runner.py).
+first (`defer_graph_reads`, on by default; engine/graph_runner.py).
 
 Stepping the engine by hand (paged mode), one iteration at a time:
 
@@ -60,6 +60,17 @@ outputs are the same as each request run alone. Modes "kv" and "naive" take
 the lock for each of their steps as well; `last_stats` is the last call's,
 whichever thread made it.
 
+Batch invariance (the project's design notes; on by default): a request's logits, and so its
+greedy tokens, are the same bits whoever shares its steps — alone or among 32,
+whatever the chunking of its prompt, after preemption, verified among k + 1
+speculative rows, in modes "naive", "kv" and "paged" — on the torch tier, for
+float and packed weights. `LLM(..., batch_invariant=False)` runs the torch tier's
+faster batch-variant paths instead (`Stage.torch_variant`): a prefill's
+attention in one product, GEMM forms chosen by the row count. Out of scope:
+the naive tier (the textbook's products, `stages/attention.py` says why),
+results across tiers or dtypes, and across tensor-parallel degrees (a run with
+tensor_parallel_size > 1 says so once).
+
 Tensor parallelism (`stagewise/parallel/`): `LLM(..., tensor_parallel_size=N)`
 splits every matrix over N ranks — this process is rank 0 (it schedules and
 samples), ranks 1..N-1 are worker processes started here (gloo on a CPU, NCCL
@@ -68,38 +79,43 @@ block) ends the workers. An interrupted or failed tensor-parallel step shuts
 every rank down: that `LLM` then refuses further steps.
 """
 
+import copy
 import itertools
 import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from stagewise.config import DEFAULT_MODEL, PRESETS, EngineConfig, ParallelConfig
-from stagewise.engine.checks import check_engine_memory, check_llm_arguments
+from stagewise.engine.build import build_model, build_paged_runner
+from stagewise.engine.checks import (
+    check_flags,
+    check_llm_arguments,
+    engine_config_of,
+    max_model_len_of,
+    parallel_config_of,
+    speculative_config_of,
+)
 from stagewise.engine.kv_runner import KVRunner
 from stagewise.engine.naive_runner import NaiveRunner
 from stagewise.engine.outputs import RequestFailed, RequestOutput, TokenEvent, run_summary
 from stagewise.engine.paged_runner import PagedRunner
 from stagewise.engine.prompts import check_text, encode_prompt
-from stagewise.engine.request import FinishReason, Request, RequestStatus
+from stagewise.engine.request import FinishReason, Request, RequestStatus, prompt_indices
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.shared_engine import SharedEngine
-from stagewise.engine.speculative import (
-    SpeculativeConfig,
-    make_proposer,
-    parse_speculative_config,
-)
+from stagewise.engine.speculative import SpeculativeConfig
 from stagewise.engine.text_stream import TextStream
 from stagewise.errors import StagewiseError
 from stagewise.models.chat_template import apply_chat_template
-from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
-from stagewise.models.quantized import prepare_for, weight_formats
+from stagewise.models.prepare import prepare_weights
+from stagewise.models.quantized import weight_formats
 from stagewise.models.registry import LoadedModel, load_model
 from stagewise.runtime import load_phase
-from stagewise.sampling_params import SamplingParams
-from stagewise.stages import gemm_torch
+from stagewise.sampling_params import SamplingParams, sample_seed
 from stagewise.stages.rope import describe_rope
 from stagewise.trace.hooks import active_tracer
 
@@ -120,88 +136,54 @@ class LLM:
         recalibrate: bool = False,
         quantization: str = "auto",
         speculative_config: dict | str | SpeculativeConfig | None = None,
+        batch_invariant: bool = True,
+        prefix_cache: str | None = None,
     ):
+        # 1. validate the arguments (engine/checks.py), before anything is loaded
         check_llm_arguments(model, backend, mode, device, dtype, stage_backends, engine_config)
-        # speculative decoding (engine/speculative/): {"method": "ngram", ...}, JSON, "ngram:4"
-        self.speculative_config = parse_speculative_config(speculative_config)
-        if self.speculative_config is not None and mode != "paged":
-            raise StagewiseError(
-                f"speculative_config needs mode='paged' (mode '{mode}' does not speculate)"
-            )
-        pcfg = parallel_config or ParallelConfig(tensor_parallel_size=tensor_parallel_size)
-        if parallel_config is not None and tensor_parallel_size not in (
-            1,
-            pcfg.tensor_parallel_size,
-        ):
-            raise StagewiseError(
-                "give tensor_parallel_size or parallel_config, not two different sizes"
-            )
-        if not isinstance(special_tokens, bool):
-            raise StagewiseError(f"special_tokens must be True or False, got {special_tokens!r}")
-        if not isinstance(recalibrate, bool):
-            raise StagewiseError(f"recalibrate must be True or False, got {recalibrate!r}")
-        self.special_tokens = (
-            special_tokens  # True: prompts may hold control tokens (trusted input only)
+        engine_config = engine_config_of(engine_config, prefix_cache)
+        self.speculative_config = speculative_config_of(speculative_config, mode)
+        pcfg = parallel_config_of(tensor_parallel_size, parallel_config)
+        check_flags(
+            special_tokens=special_tokens, recalibrate=recalibrate, batch_invariant=batch_invariant
         )
+        self.special_tokens = special_tokens  # True: prompts may hold control tokens (trusted)
         self.mode = mode
-        self.ops = StageOps(backend, stage_backends)
-        # quantization "auto" (the default): a GGUF's Q4_0/Q4_1/Q8_0 (and K-quant) weights stay
-        # packed, 4-8 bits per weight; "none": all float, as a Hugging Face model computes (the
-        # packed torch tier computes in bfloat16, so its greedy tokens can part from the float
-        # model's after a near-tie)
+        # batch_invariant (the default): a request's numbers never depend on its batch
+        self.ops = StageOps(backend, stage_backends, batch_invariant=batch_invariant)
+        # 2. load the model. quantization "auto" (the default): a GGUF's Q4_0/Q4_1/Q8_0 (and
+        # K-quant) weights stay packed, 4-8 bits per weight; "none": all float, as a Hugging Face
+        # model computes (the packed torch tier computes in bfloat16, so its greedy tokens can
+        # part from the float model's after a near-tie)
         self.loaded = (
             model
             if isinstance(model, LoadedModel)
             else load_model(model, device, dtype, quantization=quantization)
         )
         self.config = self.loaded.config
-        self.tokenizer = self.loaded.tokenizer
+        self.tokenizer = copy.copy(self.loaded.tokenizer)  # its own: a chat_template set stays here
         self.engine_config = engine_config or EngineConfig()
+        self.max_model_len = max_model_len_of(self.config, self.engine_config)
+        # 3. ready the weights for the tiers that run them (on one device)
         self.tensor_parallel_size = pcfg.tensor_parallel_size
         if pcfg.tensor_parallel_size == 1:
-            # The torch tier's CPU GEMM forms, chosen once per process for these weights (from
-            # the cache when this machine measured the same shapes before; a no-op off the CPU,
-            # for small models, or when the projections run another tier).
-            gemm_torch.calibrate_for(self.loaded.weights, self.ops.backends, recalibrate)
-            if any(True for _ in self.loaded.weights.packed()):  # packed: the torch tier's forms
-                with load_phase("repacking the quantized weights for the torch tier"):
-                    prepare_for(self.loaded.weights, self.ops.backends)
-        with load_phase("building the engine"):
-            self.model = self._build_model(pcfg)
-            limit = self.config.max_position_embeddings
-            asked = self.engine_config.max_model_len
-            if asked is not None and asked > limit:
-                raise StagewiseError(
-                    f"max_model_len={asked} is out of range: {self.config.name} allows 1..{limit}"
-                )
-            self.max_model_len = asked or limit
-            # paged mode keeps one engine (KV cache, block manager, prefix cache) for the LLM's
-            # lifetime
-            self.engine = self._paged_engine() if mode == "paged" else None
+            # The tiers' forms of these weights, built once: the CPU GEMM forms (from this
+            # machine's cache when it measured the same shapes before) and the packed weights'
+            # torch-tier layout; a no-op off the CPU or when no stage runs the torch tier.
+            prepare_weights(
+                self.loaded.weights, self.ops.backends, recalibrate, source=self.loaded.source
+            )
+        with load_phase(f"building the engine (backend {self.ops.describe()})"):
+            # 4. the model on one device, or tensor parallelism's ranks started (engine/build.py)
+            self.model = build_model(self.loaded, self.ops, pcfg, self.engine_config)
+            # 5. paged mode keeps one engine (KV cache, block manager, prefix cache) for the
+            # LLM's lifetime; modes "kv" and "naive" build a runner per call
+            self.engine = build_paged_runner(self) if mode == "paged" else None
         self._ids = itertools.count()
         self.last_stats = RunStats()  # counters of the most recent generate/stream call
         self._lock = threading.RLock()  # held for each engine step, never while a stream yields
         # paged mode: every call shares the one engine; each token goes to its request's owner
         self._shared = SharedEngine(self.engine, self._lock) if self.engine is not None else None
-
-    def _build_model(self, pcfg: ParallelConfig):
-        """One device: the LlamaModel; N ranks: rank 0's TensorParallelModel (starts the others)."""
-        if pcfg.tensor_parallel_size == 1:
-            return LlamaModel(self.loaded, self.ops)
-        from stagewise.parallel.driver import serve_torchrun_worker, tensor_parallel_model
-        from stagewise.parallel.launch import torchrun_rank
-
-        if self.engine_config.cuda_graphs:
-            raise StagewiseError(
-                "cuda_graphs does not run under tensor parallelism; turn one of them off"
-            )
-        rank = torchrun_rank()
-        if rank:  # torchrun, a rank other than 0: serve rank 0's steps, then end this process
-            serve_torchrun_worker(self.loaded, self.ops, pcfg, rank)
-            raise SystemExit(0)
-        return tensor_parallel_model(
-            self.loaded, self.ops, pcfg
-        )  # shared with other LLMs of the same model
 
     def shutdown(self) -> None:
         """End the tensor-parallel workers (a no-op on one device); also on a `with` block's exit.
@@ -224,28 +206,6 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-    def _paged_engine(self) -> PagedRunner:
-        check_engine_memory(self.loaded, self.engine_config, self.max_model_len)
-        spec = self.speculative_config
-        proposer = make_proposer(spec, self) if spec is not None else None
-        try:
-            return PagedRunner(
-                self.model,
-                self.tokenizer.stop_ids,
-                self.max_model_len,
-                self.engine_config,
-                proposer=proposer,
-                num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
-            )
-        except (
-            RuntimeError,
-            MemoryError,
-        ) as exc:  # the KV pool or block table does not fit in memory
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StagewiseError(
-                f"cannot allocate the paged KV cache ({first}); lower num_kv_blocks / max_num_seqs"
-            ) from None
 
     @property
     def weightless(self) -> bool:
@@ -286,6 +246,11 @@ class LLM:
         check_text(prompt)
         if not isinstance(params, SamplingParams):
             raise StagewiseError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.logprobs is not None and params.logprobs > self.config.vocab_size:
+            raise StagewiseError(
+                f"logprobs={params.logprobs} is more than the vocabulary "
+                f"({self.config.vocab_size} tokens)"
+            )
         text, ids = encode_prompt(
             self.ops, self.tokenizer, prompt, chat, self.special_tokens, self.max_model_len
         )
@@ -332,10 +297,37 @@ class LLM:
         per_prompt = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise StagewiseError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams")
-        arrival = (
-            time.perf_counter()
-        )  # all prompts of one call arrive together, before any tokenization
-        return [self.make_request(p, sp, chat, arrival) for p, sp in zip(prompts, per_prompt)]
+        # all prompts of one call arrive together, before any tokenization
+        arrival = time.perf_counter()
+        firsts = [self.make_request(p, sp, chat, arrival) for p, sp in zip(prompts, per_prompt)]
+        # parallel sampling: every prompt's first sample, then the others (each waits for its
+        # first sample's prompt, whose blocks it shares; engine/scheduler.py)
+        return firsts + [s for first in firsts for s in self._more_samples(first)]
+
+    def _more_samples(self, first: Request) -> list[Request]:
+        """Samples 1 .. n-1 of `first`'s prompt (SamplingParams.n): the same prompt, each with its
+        own random stream (seeded: sample_seed(seed, i), else an engine-picked seed each)."""
+        out = []
+        for i in range(1, first.params.n):
+            params = first.params
+            if params.seed is not None:
+                params = replace(params, seed=sample_seed(params.seed, i))
+            seed = (
+                params.seed if params.seed is not None else random.SystemRandom().randrange(2**63)
+            )
+            sample = Request(
+                request_id=f"req-{next(self._ids)}",
+                prompt=first.prompt,
+                prompt_token_ids=list(first.prompt_token_ids),
+                params=params,
+                seed=seed,
+                arrival_time=first.arrival_time,
+                text_stream=TextStream(decode=first.text_stream.decode, stop=params.stop),
+                sample_index=i,
+                fork_of=first,
+            )
+            out.append(sample)
+        return out
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -376,7 +368,7 @@ class LLM:
             runner = KVRunner(
                 self.model, eos, pad, self.max_model_len, self.engine_config.max_num_seqs
             )
-        index = {r.request_id: i for i, r in enumerate(requests)}
+        index = prompt_indices(requests)
         steps = runner.run(requests)
         try:
             while True:
@@ -426,6 +418,10 @@ class LLM:
             "device": str(self.loaded.device),
             "tensor_parallel_size": self.tensor_parallel_size,
             "speculative": _describe_spec(self.speculative_config),
+            "random_weights": self.loaded.random_weights,  # seeded noise: shapes and times are real
+            "batch_invariant": self.ops.batch_invariant,  # False: the torch tier's variant paths
+            # the paged engine's prefix cache: "hash", "radix" or "none" (None: another mode)
+            "prefix_cache": self.engine.block_manager.prefix_cache if self.engine else None,
         }
 
     def generate(
@@ -446,7 +442,7 @@ class LLM:
                     raise RequestFailed(f"prompt {event.index}: {event.error}")
         finally:
             events.close()  # at once, not when the traceback lets go: its requests leave now
-        return [RequestOutput.of(r) for r in requests]
+        return RequestOutput.per_prompt(requests)
 
     # ---- stepping by hand (paged mode) ------------------------------------------------------
 
@@ -469,7 +465,7 @@ class LLM:
             raise StagewiseError(f"chat must be True or False, got {chat!r}")
         req = self.make_request(prompt, params if params is not None else SamplingParams(), chat)
         engine.check_fits(req)
-        self._shared.add(req)
+        self._shared.add([req, *self._more_samples(req)])
         return req.request_id
 
     def step(self) -> list[TokenEvent]:

@@ -16,7 +16,8 @@ from stagewise.engine.request import Request, RequestStatus
 from stagewise.engine.run_stats import RunStats
 from stagewise.engine.sampler import sample_next_tokens
 from stagewise.engine.tracing import begin_step, end_step, request_info
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 
 

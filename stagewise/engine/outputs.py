@@ -12,8 +12,9 @@ Metrics follow the seeds' definitions (chapter 4):
 """
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from stagewise.engine.logprobs import Logprobs
 from stagewise.engine.request import Request
 from stagewise.errors import StagewiseError
 
@@ -98,9 +99,30 @@ class RequestOutput:
     token_ids: list[int]  # generated token ids (including a final EOS, if any)
     finish_reason: str  # "stop" (EOS or stop string) or "length" (max_tokens / max_model_len)
     metrics: RequestMetrics  # timings of this request
+    # SamplingParams(logprobs=k): per output token the top k and the drawn token's log-probability,
+    # float32 as computed (engine/logprobs.py); None when not asked
+    logprobs: Logprobs | None = None
+    # SamplingParams(n=...): the prompt's n samples, sample i at index i (the fields above are
+    # sample 0's); every RequestOutput that `generate` returns has n of them
+    samples: tuple["RequestOutput", ...] = ()
+
+    @staticmethod
+    def per_prompt(requests: list[Request]) -> list["RequestOutput"]:
+        """One output per prompt, in the prompts' order, each with its samples."""
+        samples: dict[int, list[Request]] = {}
+        firsts = [r for r in requests if r.fork_of is None]
+        for r in requests:
+            samples.setdefault(id(r.fork_of or r), []).append(r)
+        out = []
+        for first in firsts:
+            group = sorted(samples[id(first)], key=lambda r: r.sample_index)
+            each = tuple(RequestOutput.of(r) for r in group)
+            out.append(replace(each[0], samples=each))
+        return out
 
     @staticmethod
     def of(req: Request) -> "RequestOutput":
+        k = req.params.logprobs
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
@@ -109,6 +131,7 @@ class RequestOutput:
             token_ids=list(req.output_token_ids),
             finish_reason=req.finish_reason.value if req.finish_reason else "length",
             metrics=RequestMetrics.of(req),
+            logprobs=None if k is None else Logprobs.of(req.logprobs, k),
         )
 
 
@@ -123,6 +146,7 @@ class TokenEvent:
     finished: bool  # True on the request's last token (and on its error event)
     finish_reason: str | None  # set when finished: "stop", "length", "abort" or "error"
     error: str | None = None  # with finish_reason "error": one line saying what failed
+    sample: int = 0  # which of its prompt's n samples (SamplingParams.n) the token belongs to
 
     @staticmethod
     def of(
@@ -132,10 +156,11 @@ class TokenEvent:
 
         `final=False`: a token before the last of several settled in one step (speculative
         decoding); it cannot be the request's end, whatever the request's state is now."""
+        i = req.sample_index
         if not final:
-            return TokenEvent(req.request_id, index, token, delta, False, None, None)
+            return TokenEvent(req.request_id, index, token, delta, False, None, None, i)
         reason = req.finish_reason.value if req.finish_reason else None
-        return TokenEvent(req.request_id, index, token, delta, req.finished, reason, req.error)
+        return TokenEvent(req.request_id, index, token, delta, req.finished, reason, req.error, i)
 
 
 def run_summary(requests: list[Request], stats) -> dict:
@@ -158,6 +183,8 @@ def run_summary(requests: list[Request], stats) -> dict:
         "kv_blocks_peak": max(stats.blocks_in_use, default=None),
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": round(stats.prefix_hit_rate, 3),
+        # K/V reused instead of computed: prefix-cache hits and prompts shared by parallel samples
+        "reused_tokens": stats.prefix_hit_tokens + getattr(stats, "forked_tokens", 0),
         "ttft_ms": round(1000 * statistics.fmean(m.ttft for m in metrics), 2) if metrics else None,
         "tbt_ms": round(1000 * mean_tbt, 2) if tbt else None,
         "tps": round(1 / mean_tbt, 2) if mean_tbt else None,  # 1 / TBT

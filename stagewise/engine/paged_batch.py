@@ -37,9 +37,8 @@ def build_batch(
             start : start + n
         ]
         positions += range(start, start + n)
-        slots += [
-            blocks[p // bs] * bs + p % bs for p in range(start, start + n)
-        ]  # slot of each new token
+        # slot of each new token
+        slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + n)]
         rows.append(cache.write_row(req.request_id, blocks))
         q_lens.append(n)
         seq_lens.append(start + n)
@@ -64,7 +63,8 @@ def build_batch(
         slot_mapping=slots,
         cu_seqlens_q=batch.cu_seqlens_q,
     )
-    kv = PagedKVStep(cache=cache, metadata=metadata)
+    copies = tuple((src, dst) for dst, src in block_manager.copies.items())  # copy-on-write
+    kv = PagedKVStep(cache=cache, metadata=metadata, block_copies=copies)
     return batch, kv
 
 
@@ -93,8 +93,9 @@ def trace_step(
         if s.num_spec_tokens:  # speculative: the last token and k guesses, all to the LM head
             phase = "verify"
             extra["draft_token_ids"] = list(r.spec_token_ids)
-        if s.num_cached_tokens:
-            extra["prefix_cache_hit_tokens"] = s.num_cached_tokens
+        if s.num_cached_tokens:  # K/V reused when admitted: the prefix cache's, or a fork's
+            extra["reused_tokens"] = s.num_cached_tokens
+            extra["reused_from"] = s.reused_from  # "hash", "radix" or "fork"
         infos.append(request_info(r, s.num_new_tokens, phase, **extra))
     scheduler = {
         "waiting": [r.request_id for r in scheduler.waiting],
@@ -106,6 +107,8 @@ def trace_step(
         "blocks_freed_by_preemption": moves[1],
         "blocks_freed_by_finished_last_step": moves[2],
     }
+    if block_manager.copies:  # copy-on-write: shared blocks copied before this step writes them
+        scheduler["block_copies"] = [[src, dst] for dst, src in block_manager.copies.items()]
     begin_step(
         index,
         "paged",

@@ -175,9 +175,8 @@ def encode_prompt(
         else [(prompt, False)]
     )
     check_fits("".join(piece for piece, _ in segments), tokenizer, max_tokens)
-    ids = (
-        [tokenizer.bos_id] if tokenizer.add_bos and not chat else []
-    )  # a chat template writes its own bos
+    # a chat template writes its own bos
+    ids = [tokenizer.bos_id] if tokenizer.add_bos and not chat else []
     for text, is_control in text_runs(segments, tokenizer.special_tokens):
         check_count(ids, max_tokens)
         if is_control:  # one of the template's own markers

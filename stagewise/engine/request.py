@@ -46,19 +46,25 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)  # when it was submitted
     first_scheduled_time: float | None = None  # when a step first ran any of its tokens
     token_times: list[float] = field(default_factory=list)  # when each output token was produced
-    seen: torch.Tensor | None = (
-        None  # [vocab] bool: prompt + output tokens (repetition penalty set)
-    )
+    # [vocab] bool: prompt + output tokens (repetition penalty set)
+    seen: torch.Tensor | None = None
     # speculative decoding (engine/speculative/): this step's guesses, unverified, scheduled after
     # the last token; their K/V are computed this step and rewound if rejected
     spec_token_ids: list[int] = field(default_factory=list)
-    spec_probs: torch.Tensor | None = (
-        None  # [len(spec_token_ids), vocab] draft q rows; None = point mass
-    )
+    # [len(spec_token_ids), vocab] draft q rows; None = point mass
+    spec_probs: torch.Tensor | None = None
     last_num_accepted: int = 0  # drafts kept in the latest verify step
     num_spec_steps: int = 0  # verify steps that checked at least one draft
     num_draft_tokens: int = 0  # drafts verified in all
     num_accepted_tokens: int = 0  # of those, drafts accepted
+    # SamplingParams.logprobs: one StepLogprobs per output token, and those of this step's rows
+    # not yet appended (the sampler fills them; append_token takes them in order)
+    logprobs: list = field(default_factory=list)
+    pending_logprobs: list = field(default_factory=list)
+    # parallel sampling (SamplingParams.n > 1): which of the prompt's n samples this is, and for
+    # samples 1 .. n-1 the first sample, whose prompt blocks they share once it has computed them
+    sample_index: int = 0
+    fork_of: "Request | None" = field(default=None, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -91,14 +97,15 @@ class Request:
     def append_token(self, token_id: int, stop_ids: frozenset[int], max_model_len: int) -> str:
         """Record a sampled token; decide whether the request is finished; return new text."""
         now = time.perf_counter()
+        if self.pending_logprobs:  # the log-probabilities of the row that chose this token
+            self.logprobs.append(self.pending_logprobs.pop(0))
         self.output_token_ids.append(token_id)
         self.token_times.append(now)
         if self.seen is not None:
             self.seen[token_id] = True
         params = self.params
-        is_eos = (
-            token_id in stop_ids and not params.ignore_eos
-        )  # eos, or another end-of-sequence id
+        # eos, or another end-of-sequence id
+        is_eos = token_id in stop_ids and not params.ignore_eos
         if is_eos:
             self.finish_reason = FinishReason.STOP
             return self.text_stream.finish()  # the EOS token itself adds no text
@@ -111,3 +118,12 @@ class Request:
         elif done_by_length:
             self.finish_reason = FinishReason.LENGTH
         return delta
+
+
+def prompt_indices(requests: list[Request]) -> dict[str, int]:
+    """request id -> the position of its prompt among the call's prompts.
+
+    The requests of one call are its prompts' first samples, in order, then the other samples of
+    parallel sampling (each `fork_of` its first sample)."""
+    firsts = {id(r): i for i, r in enumerate(r for r in requests if r.fork_of is None)}
+    return {r.request_id: firsts.get(id(r.fork_of or r), 0) for r in requests}

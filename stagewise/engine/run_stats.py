@@ -10,11 +10,11 @@ class RunStats:
     padding_tokens: int = 0  # rows that were padding or belonged to finished requests (wasted work)
     kv_cache_bytes: int = 0  # KV cache allocated for the run
     preemptions: int = 0  # requests sent back to waiting because blocks ran out (paged)
-    blocks_in_use: list[int] = field(
-        default_factory=list
-    )  # KV blocks held during each step (paged)
+    # KV blocks held during each step (paged)
+    blocks_in_use: list[int] = field(default_factory=list)
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (paged)
     prefix_hit_tokens: int = 0  # of those, tokens whose K/V were reused (paged)
+    forked_tokens: int = 0  # prompt tokens parallel samples shared with their first sample (paged)
     spec_verify_steps: int = 0  # speculative decoding: (request, step) pairs that checked guesses
     spec_draft_tokens: int = 0  # guesses verified
     spec_accepted_tokens: int = 0  # of those, guesses the target kept

@@ -39,42 +39,41 @@ cut first (down to none: a plain decode step). Only verified tokens name
 blocks in the prefix cache: blocks are named up to `num_tokens` here, and the
 runner names the accepted guesses' blocks after verification.
 
-A graphed greedy decode step may be scheduled one step ahead
-(`schedule_ahead`): before the current step's sampled tokens are read, the
-same requests get their next decode token, the one not read yet. Only when
-nothing else could change that step: no waiting request, no guesses, no
-request ending by length at the token being read (max_tokens and
-max_model_len are known on the host), and free blocks for every slot. A stop
-the host cannot foresee (an end-of-sequence id, a stop string) ends the
-request when its token is read; its token from the step ahead is dropped.
-
 When a step fails for some request, the engine runs each request of that step
 by itself (`schedule_alone`) to find which one it was; `fail()` then removes
 that request with finish reason "error".
+
+Reuse when a request is admitted: a waiting request is looked up in the prefix
+cache (`BlockManager.match_prefix`, hash or radix) and starts past the tokens
+it found. A parallel sample (`Request.fork_of`, SamplingParams.n > 1) waits
+instead for its first sample's prompt to be computed, then shares those
+blocks (`share_prefix`) and computes only the prompt's last token, whose
+logits it samples from with its own random stream. Requests that leave
+(finished or preempted) hand what they computed to the prefix cache.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from stagewise.engine.request import FinishReason, Request, RequestStatus
-from stagewise.kv.block_manager import BlockManager
+from stagewise.kv.block_manager import NO_HIT, BlockManager, PrefixHit
 
 
 @dataclass
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed for it this step
-    num_cached_tokens: int  # tokens taken from the prefix cache when it was admitted this step
+    num_cached_tokens: int  # tokens reused when it was admitted this step (prefix cache or fork)
     samples: bool  # True when this step reaches its last token, so a token is sampled
     num_spec_tokens: int = 0  # of num_new_tokens, unverified guesses after its last token
+    reused_from: str | None = None  # with num_cached_tokens: "hash", "radix" or "fork"
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(
-        default_factory=list
-    )  # requests sent back to waiting this step
+    # requests sent back to waiting this step
+    preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)  # waiting requests that started running
 
     @property
@@ -93,9 +92,8 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs  # constraint 1
         self.max_num_batched_tokens = max_num_batched_tokens  # constraint 2
-        self.prefill_beside_decodes = (
-            prefill_beside_decodes  # constraint 2, in steps with decodes (None: no cap)
-        )
+        # constraint 2, in steps with decodes (None: no cap)
+        self.prefill_beside_decodes = prefill_beside_decodes
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -114,9 +112,8 @@ class Scheduler:
         bm = self.block_manager
         decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
         cap = self.prefill_beside_decodes
-        prefill_left = (
-            min(budget, cap) if decoding and cap is not None else budget
-        )  # prompt tokens this step
+        # prompt tokens this step
+        prefill_left = min(budget, cap) if decoding and cap is not None else budget
 
         # 1) running requests, FCFS; preempt from the back when blocks run out
         i = 0
@@ -127,9 +124,8 @@ class Scheduler:
                 n = min(remaining + len(req.spec_token_ids), budget)
             else:
                 n = min(remaining, budget, prefill_left)
-            if (
-                n == 0
-            ):  # a prefill chunk, and this step's prompt tokens are spent: it continues next step
+            # a prefill chunk, and this step's prompt tokens are spent: it continues next step
+            if n == 0:
                 i += 1
                 continue
             while not bm.allocate(req.request_id, req.num_computed_tokens, n):
@@ -143,7 +139,7 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:  # req preempted itself: nothing else fits
                 break
-            self._scheduled(out, req, n, cached=0)
+            self._scheduled(out, req, n)
             budget -= n
             prefill_left -= n if remaining > 1 else 0
             i += 1
@@ -153,19 +149,17 @@ class Scheduler:
             if min(budget, prefill_left) == 0:
                 break
             req = self.waiting[0]
-            hits = bm.find_cached_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
-            cached = len(hits) * bm.block_size
-            n = min(req.num_tokens - req.num_computed_tokens - cached, budget, prefill_left)
-            if not bm.allocate(req.request_id, req.num_computed_tokens, n, cached_prefix=hits):
+            hit = self._lookup(req)
+            if hit is None:
+                break  # a parallel sample waits for its first sample's prompt (FCFS: all wait)
+            n = min(req.num_tokens - req.num_computed_tokens - hit.num_tokens, budget, prefill_left)
+            if not bm.allocate(req.request_id, req.num_computed_tokens, n, cached_prefix=hit):
                 break  # FCFS: the head waits for blocks, and so does everyone behind it
             self.waiting.popleft()
-            if bm.enable_prefix_caching and req.num_computed_tokens == 0:
-                bm.record_lookup(req.num_tokens, cached)
-            req.num_computed_tokens += cached
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.admitted.append(req)
-            self._scheduled(out, req, n, cached)
+            if req.num_computed_tokens == 0:
+                bm.record_lookup(req.num_tokens, hit)
+            self._admit(out, req, hit)
+            self._scheduled(out, req, n, hit)
             budget -= n
             prefill_left -= n
         return out
@@ -177,74 +171,53 @@ class Scheduler:
         out = SchedulerOutput()
         bm = self.block_manager
         req.spec_token_ids, req.spec_probs = [], None  # isolating a failure: no guesses
-        if req in self.waiting:
-            hits = bm.find_cached_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
-            cached = len(hits) * bm.block_size
-        else:
-            hits, cached = [], 0
-        n = min(req.num_tokens - req.num_computed_tokens - cached, self.max_num_batched_tokens)
-        while not bm.allocate(req.request_id, req.num_computed_tokens, n, cached_prefix=hits):
+        waiting = req in self.waiting
+        hit = NO_HIT
+        if waiting and req.num_computed_tokens == 0:
+            hit = bm.match_prefix(req.all_token_ids)
+        n = min(
+            req.num_tokens - req.num_computed_tokens - hit.num_tokens, self.max_num_batched_tokens
+        )
+        while not bm.allocate(req.request_id, req.num_computed_tokens, n, cached_prefix=hit):
             victim = next(r for r in reversed(self.running) if r is not req)  # req fits alone
             self.running.remove(victim)
             self._preempt(victim)
             out.preempted.append(victim)
-        if req in self.waiting:
+        if waiting:
             self.waiting.remove(req)
-            req.num_computed_tokens += cached
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.admitted.append(req)
-        self._scheduled(out, req, n, cached)
+            self._admit(out, req, hit)
+        self._scheduled(out, req, n, hit)
         return out
 
-    def schedule_ahead(self, prev: SchedulerOutput, max_model_len: int) -> SchedulerOutput | None:
-        """The next decode step of `prev`'s requests, scheduled before `prev`'s tokens are read;
-        None when `schedule()` after reading them could schedule anything else.
-
-        Each request's new token sits at position `num_tokens` (its token from `prev`, still on
-        the device). Its block is allocated now; its name in the prefix cache waits for the token
-        (`name_ahead`)."""
-        reqs = [s.request for s in prev.scheduled]
-        if self.waiting or reqs != self.running or len(reqs) > self.max_num_batched_tokens:
-            return None  # an arrival or a preempted request would join: the batch changes
-        if any(s.num_new_tokens != 1 or not s.samples or s.num_spec_tokens for s in prev.scheduled):
-            return None
-        for req in reqs:  # the token being read ends it by length: nothing runs after it
-            if len(req.output_token_ids) + 1 >= req.params.max_tokens:
+    def _lookup(self, req: Request) -> PrefixHit | None:
+        """What a waiting request can reuse: its first sample's prompt (a parallel sample whose
+        first sample runs; None while that prompt is still being computed), or the prefix cache."""
+        if req.num_computed_tokens:
+            return NO_HIT
+        first = req.fork_of
+        if first is not None and first.status == RequestStatus.RUNNING and not req.output_token_ids:
+            if first.num_computed_tokens < first.num_prompt_tokens:
                 return None
-            if req.num_tokens + 1 >= max_model_len:
-                return None
-        bm = self.block_manager
-        need = sum(
-            bm.blocks_needed(r.num_tokens + 1) - len(bm.block_ids(r.request_id)) for r in reqs
-        )
-        if need > bm.num_free_blocks:
-            return None  # schedule() would preempt: let it, after the read
-        bm.begin_step()
-        out = SchedulerOutput()
-        for req in reqs:
-            if not bm.allocate(req.request_id, req.num_tokens, 1):
-                raise RuntimeError(f"{req.request_id}: a counted free block was missing")
-            out.scheduled.append(ScheduledRequest(req, 1, 0, True))
-        return out
+            return self.block_manager.share_prefix(first.request_id, req.num_prompt_tokens - 1)
+        return self.block_manager.match_prefix(req.all_token_ids)
 
-    def name_ahead(self, ahead: SchedulerOutput) -> None:
-        """After the tokens behind are appended: name the blocks the step ahead fills."""
-        for s in ahead.scheduled:
-            req = s.request
-            if not req.finished:
-                self.block_manager.register_full_blocks(
-                    req.request_id, req.all_token_ids, req.num_tokens
-                )
+    def _admit(self, out: SchedulerOutput, req: Request, hit: PrefixHit) -> None:
+        req.num_computed_tokens += hit.num_tokens
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        out.admitted.append(req)
 
-    def _scheduled(self, out: SchedulerOutput, req: Request, n: int, cached: int) -> None:
+    def _scheduled(
+        self, out: SchedulerOutput, req: Request, n: int, hit: PrefixHit = NO_HIT
+    ) -> None:
         end = req.num_computed_tokens + n
         samples = end >= req.num_tokens
         num_spec = end - req.num_tokens if samples else 0  # guesses that fit the budget
         del req.spec_token_ids[num_spec:]  # the budget or the blocks may cut the guesses short
         if req.spec_probs is not None:
             req.spec_probs = req.spec_probs[:num_spec]
-        out.scheduled.append(ScheduledRequest(req, n, cached, samples, num_spec))
+        reused = hit.origin if hit.num_tokens else None
+        out.scheduled.append(ScheduledRequest(req, n, hit.num_tokens, samples, num_spec, reused))
         # K/V of these tokens are written during this step, before any attention reads them,
         # so full blocks can be named now and shared by requests scheduled later in this step.
         # Guesses are not named: only once verified (the runner registers them after the step).
@@ -252,8 +225,17 @@ class Scheduler:
             req.request_id, req.all_token_ids, min(end, req.num_tokens)
         )
 
-    def _preempt(self, req: Request) -> None:
-        self.block_manager.free(req.request_id)
+    def _release(self, req: Request) -> None:
+        """Free a leaving request's blocks; the prefix cache keeps what it computed (K/V of
+        every token but the last: a token's K/V are computed when the next one is sampled)."""
+        valid = min(req.num_computed_tokens, req.num_tokens - 1)
+        self.block_manager.free(req.request_id, req.all_token_ids, valid)
+
+    def _preempt(self, req: Request, keep: bool = True) -> None:
+        if keep:
+            self._release(req)
+        else:  # after a failed step: its hits and copies may never have been written
+            self.block_manager.free(req.request_id)
         req.spec_token_ids, req.spec_probs = [], None  # guesses go with the cache
         req.num_computed_tokens = 0  # recompute: prompt + outputs so far run again on resume
         req.status = RequestStatus.WAITING
@@ -281,10 +263,10 @@ class Scheduler:
         victims = list(self.running)
         for req in reversed(victims):  # appendleft in reverse keeps their FCFS order at the front
             self.running.remove(req)
-            self._preempt(req)
+            self._preempt(req, keep=False)
         return victims
 
     def finish(self, req: Request) -> None:
         req.status = RequestStatus.FINISHED
         self.running.remove(req)
-        self.block_manager.free(req.request_id)
+        self._release(req)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from stagewise.engine.interrupts import deferred_interrupts
 from stagewise.engine.outputs import TokenEvent
 from stagewise.engine.paged_runner import PagedRunner
-from stagewise.engine.request import Request
+from stagewise.engine.request import Request, prompt_indices
 
 HAND = "add_request"  # owner key of the requests added by hand
 
@@ -62,8 +62,9 @@ class SharedEngine:
                 with deferred_interrupts():
                     inbox = self._inbox[key] = deque()
                     self._stream_requests[key] = requests
-                    for i, req in enumerate(requests):
-                        self._owner[req.request_id] = (key, i, req)
+                    index = prompt_indices(requests)  # parallel samples: their prompt's index
+                    for req in requests:
+                        self._owner[req.request_id] = (key, index[req.request_id], req)
                         runner.add(req)
             remaining = len(requests)
             while remaining:
@@ -117,10 +118,12 @@ class SharedEngine:
 
     # ---- stepping by hand ----
 
-    def add(self, req: Request) -> None:
+    def add(self, requests: list[Request]) -> None:
+        """Queue a hand-added request: the n samples of one prompt (one event index)."""
         with self.lock, deferred_interrupts():
-            self.runner.add(req)
-            self._owner[req.request_id] = (HAND, self._num_hand, req)
+            for req in requests:
+                self.runner.add(req)
+                self._owner[req.request_id] = (HAND, self._num_hand, req)
             self._num_hand += 1
 
     def step(self) -> list[TokenEvent]:

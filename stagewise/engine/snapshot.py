@@ -17,11 +17,12 @@ under the key "view", so the same page can replay a run step by step.
       "finished": [{request_id, finish_reason}],      requests that left in this step
       "kv": {num_blocks, block_size, num_used, num_free,
              shared: [block id, ...],                 held by two or more requests (a shared prefix)
-             cached: [block id, ...] | null},         free, but still named in the prefix cache
+             cached: [block id, ...] | null,          no request holds it, the prefix cache keeps it
+             prefix_cache: "hash" | "radix" | "none"},  the prefix cache in use
       "budget": {max_num_batched_tokens, prefill_beside_decodes,
                  prefill_tokens, decode_tokens, num_scheduled_requests},
       "latency": [{request_id, ttft_ms} or {request_id, tbt_ms}],   tokens produced in this step
-      "counters": {preemptions, prefix_queried_tokens, prefix_hit_tokens}
+      "counters": {preemptions, prefix_queried_tokens, prefix_hit_tokens, forked_tokens}
     }
 
 The queues are the scheduler's, in order: `waiting` holds requests that have
@@ -29,12 +30,16 @@ never run, `preempted` the waiting requests that ran before and were sent
 back (preemption by recompute: their blocks were freed, their tokens will be
 computed again) — in the scheduler both sit in one FCFS queue, preempted ones
 at its front. A block's owners are the requests whose block-table row lists
-it; a prefix-cache hit makes two rows list the same block (its reference
-count is above 1).
+it; a prefix-cache hit, or parallel samples sharing their prompt, make two
+rows list the same block. "cached" blocks are held by no request: the hashed
+cache's are free blocks that keep their name, the radix cache's are blocks its
+tree holds (they count in num_used).
 
 It runs every step, so it only walks what the engine holds (requests in the
 queues, block ids in block-table rows), never the whole block pool.
 """
+
+from collections import Counter
 
 from stagewise.engine.request import Request
 
@@ -67,12 +72,32 @@ def _request_entry(req: Request, blocks: list[int]) -> dict:
     }
 
 
-def engine_snapshot(runner, *, step_index: int, step_stats: dict | None, now: float) -> dict:
+def _latency_item(s) -> dict | None:
+    """The TTFT or TBT of the token a scheduled request sampled in the step, if it sampled one."""
+    req, times = s.request, s.request.token_times
+    if not (s.samples and times):
+        return None
+    if len(times) == 1:
+        return {"request_id": req.request_id, "ttft_ms": (times[0] - req.arrival_time) * 1e3}
+    return {"request_id": req.request_id, "tbt_ms": (times[-1] - times[-2]) * 1e3}
+
+
+def step_latency(runner) -> list[dict]:
+    """Only the "latency" entry of the latest step's snapshot (cheap: the step's requests only)."""
+    last = getattr(runner, "last_step", None)
+    items = (_latency_item(s) for s in (last.scheduled if last is not None else ()))
+    return [item for item in items if item is not None]
+
+
+def engine_snapshot(
+    runner, *, step_index: int, step_stats: dict | None, now: float, idle: bool = False
+) -> dict:
     """The state of a `PagedRunner` after its latest step (see the module docstring).
 
     `step_stats`: extra numbers about the step the caller measured (e.g. its wall time);
     they are copied into the snapshot's "budget" entry. `now`: the time to stamp it with,
-    in the caller's clock (seconds).
+    in the caller's clock (seconds). `idle`: no step ran since the latest one, only requests
+    left (a server's aborted requests): the snapshot schedules nothing.
     """
     sched = runner.scheduler
     bm = runner.block_manager
@@ -86,7 +111,7 @@ def engine_snapshot(runner, *, step_index: int, step_stats: dict | None, now: fl
         running.append(req.request_id)
         requests[req.request_id] = _request_entry(req, bm.block_ids(req.request_id))
 
-    last = getattr(runner, "last_step", None)  # the SchedulerOutput of the settled step
+    last = None if idle else getattr(runner, "last_step", None)  # the settled step
     prefill = decode = 0
     finished, latency = [], []
     for s in last.scheduled if last is not None else ():
@@ -103,23 +128,13 @@ def engine_snapshot(runner, *, step_index: int, step_stats: dict | None, now: fl
             decode += s.num_new_tokens
         else:
             prefill += s.num_new_tokens
-        times = req.token_times
-        if s.samples and times:
-            if len(times) == 1:
-                latency.append(
-                    {"request_id": req.request_id, "ttft_ms": (times[0] - req.arrival_time) * 1e3}
-                )
-            else:
-                latency.append(
-                    {"request_id": req.request_id, "tbt_ms": (times[-1] - times[-2]) * 1e3}
-                )
+        item = _latency_item(s)
+        if item is not None:
+            latency.append(item)
 
-    shared = sorted(
-        b for blocks in bm.req_blocks.values() for b in blocks if bm.blocks[b].ref_count > 1
-    )
-    cached = None  # free blocks still named in the prefix cache (None: too many to list)
-    if len(bm.cached) <= MAX_CACHED_LISTED:
-        cached = sorted(bid for bid in bm.cached.values() if bm.blocks[bid].ref_count == 0)
+    rows = Counter(b for blocks in bm.req_blocks.values() for b in blocks)
+    shared = [b for b, n in rows.items() if n > 1]
+    cached = bm.prefixes.cached_blocks(MAX_CACHED_LISTED)  # None: too many to list
     budget = {
         "max_num_batched_tokens": sched.max_num_batched_tokens,
         "prefill_beside_decodes": sched.prefill_beside_decodes,
@@ -141,8 +156,9 @@ def engine_snapshot(runner, *, step_index: int, step_stats: dict | None, now: fl
             "block_size": bm.block_size,
             "num_used": bm.num_used_blocks,
             "num_free": bm.num_free_blocks,
-            "shared": sorted(set(shared)),
+            "shared": sorted(shared),
             "cached": cached,
+            "prefix_cache": bm.prefix_cache,
         },
         "budget": budget,
         "latency": latency,
@@ -150,5 +166,6 @@ def engine_snapshot(runner, *, step_index: int, step_stats: dict | None, now: fl
             "preemptions": sched.num_preemptions,
             "prefix_queried_tokens": stats.queried_tokens,
             "prefix_hit_tokens": stats.hit_tokens,
+            "forked_tokens": stats.forked_tokens,
         },
     }

@@ -54,12 +54,25 @@ class TextStream:
     def _settle(self, final: bool) -> str:
         end = len(self.text)
         if not final and self.stop:
-            # Hold back a tail that is a prefix of some stop string: it may still become one.
-            longest = max(len(s) for s in self.stop)
-            for k in range(min(longest - 1, end - self.emitted), 0, -1):
-                if any(s.startswith(self.text[end - k :]) for s in self.stop):
-                    end -= k
-                    break
+            end -= self._held_back(end)  # a tail that may still become a stop string
         delta = self.text[self.emitted : end]
         self.emitted = max(self.emitted, end)
         return delta
+
+    def _held_back(self, end: int) -> int:
+        """Characters at the end of text[emitted:end] that are a prefix of some stop string.
+
+        For each stop string, only the places where its first character occurs in the last
+        len(stop) - 1 characters are tried (str.find, in C), the leftmost first: the cost per
+        token is about the total length of the stop strings, not that times their count.
+        """
+        held = 0
+        for s in self.stop:
+            window = min(len(s) - 1, end - self.emitted)
+            i = self.text.find(s[0], end - window, end) if window > held else -1
+            while i != -1 and end - i > held:
+                if s.startswith(self.text[i:end]):
+                    held = end - i
+                    break
+                i = self.text.find(s[0], i + 1, end)
+        return held

@@ -15,16 +15,34 @@ the notebook. `notebooks/solutions/` holds solved versions, and
 answers, which must fail).
 """
 
-from stagewise.exercises import engine_checks, kernel_checks, quant_checks, spec_checks, stage_checks, systems_checks
+from stagewise.exercises import (
+    block_checks,
+    capstone_checks,
+    engine_checks,
+    invariance_checks,
+    kernel_checks,
+    my_parts,
+    quant_checks,
+    radix_checks,
+    schedule_checks,
+    spec_checks,
+    stage_checks,
+    systems_checks,
+)
 from stagewise.exercises.core import CheckResult, run_check
 
 CHECKS = {
     **stage_checks.CHECKS,
     **engine_checks.CHECKS,
     **systems_checks.CHECKS,
+    **block_checks.CHECKS,
+    **radix_checks.CHECKS,
+    **schedule_checks.CHECKS,
     **kernel_checks.CHECKS,
     **quant_checks.CHECKS,
     **spec_checks.CHECKS,
+    **capstone_checks.CHECKS,
+    **invariance_checks.CHECKS,
 }  # "NN.name" -> check function
 
 
@@ -35,12 +53,22 @@ def result(name: str, student_fn) -> CheckResult:
     return run_check(name, CHECKS[name], student_fn)
 
 
-def check(name: str, student_fn) -> None:
+def check(name: str, student_fn, save: bool = False) -> None:
     """Run the check `name` on `student_fn` and print its one-line verdict (`result` returns it instead).
 
-    It returns None, so a notebook cell ending in `check(...)` shows the verdict and nothing else.
+    save=True: when it passes, keep the answer in my_parts.py beside the notebook, for the
+    capstone (notebook 16; stagewise/exercises/my_parts.py). It returns None, so a notebook cell
+    ending in `check(...)` shows the verdict and nothing else.
     """
-    print(result(name, student_fn).line())
+    verdict = result(name, student_fn)
+    print(verdict.line())
+    if save and verdict.passed:
+        try:
+            where = my_parts.save(name, student_fn)
+        except (OSError, TypeError) as err:  # a source Python cannot read back: say so, never stop the notebook
+            print(f"  not kept for the capstone: {type(err).__name__}: {err}")
+        else:
+            print(f"  kept in {where.name} for the capstone (notebook 16)")
 
 
 __all__ = ["CHECKS", "CheckResult", "check", "result"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Mismatch(AssertionError):
@@ -72,6 +73,25 @@ class _OpRecorder(TorchFunctionMode):
 def call_recording_ops(fn, *args, **kwargs):
     """(answer, names of the torch ops it used): for checks about how a result is computed, not only what."""
     with _OpRecorder() as recorder:
+        got = call(fn, *args, **kwargs)
+    return got, recorder.names
+
+
+class _KernelRecorder(TorchDispatchMode):
+    """Records every ATen operator that runs under it, however it was reached (F.silu, nn.SiLU, torch.ops)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__.rstrip("_"))  # silu_ (in place) counts as silu
+        return func(*args, **(kwargs or {}))
+
+
+def call_recording_kernels(fn, *args, **kwargs):
+    """(answer, names of the ATen operators it ran): below torch's Python API, where no alias hides a call."""
+    with _KernelRecorder() as recorder:
         got = call(fn, *args, **kwargs)
     return got, recorder.names
 

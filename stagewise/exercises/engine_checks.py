@@ -37,7 +37,7 @@ def tiny_model():
 
 def run_tiny(mode: str, prompt_lens: list[int], output_lens: list[int], seats: int = 4):
     """Generate on the tiny model with exact prompt and output lengths; returns the run's stats."""
-    from stagewise.bench.workloads import single_prompt
+    from stagewise.bench.harness.workloads import single_prompt
     from stagewise.engine.llm import LLM
     from stagewise.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ import torch
 
 from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
-from stagewise.exercises.core import Mismatch, call, close, equal
+from stagewise.exercises.core import Mismatch, call, call_recording_kernels, close, equal
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.sampling_params import SamplingParams
 from stagewise.stages import STAGES
@@ -302,10 +302,13 @@ def check_online_softmax(fn) -> str:
 
 
 def check_silu_and_mul(fn) -> str:
-    """my_silu_and_mul(gate_up [T, 2*inter]) -> silu(gate) * up [T, inter]."""
+    """my_silu_and_mul(gate_up [T, 2*inter]) -> silu(gate) * up [T, inter], silu written out (no F.silu)."""
     gate_up = torch.randn(7, 2 * TINY.intermediate_size, generator=_gen(9)) * 4
-    close(call(fn, gate_up.clone()), silu_and_mul_naive(gate_up), "silu(gate) * up", atol=1e-5)
-    return "7 rows equal stages.ffn.silu_and_mul_naive"
+    got, ops = call_recording_kernels(fn, gate_up.clone())
+    close(got, silu_and_mul_naive(gate_up), "silu(gate) * up", atol=1e-5)
+    if "silu" in ops:  # F.silu, nn.SiLU, torch.ops.aten.silu, the stage's own function: one operator underneath
+        raise Mismatch("the values are right but PyTorch's silu computed them: write silu(g) = g * sigmoid(g) out")
+    return "7 rows equal stages.ffn.silu_and_mul_naive, with silu written out"
 
 
 def check_ffn(fn) -> str:

@@ -7,7 +7,6 @@ switched on before any `@triton.jit` function is defined.
 
 from stagewise.runtime import configure_triton
 
-TRITON_MODE = (
-    configure_triton()
-)  # "cuda", "interpreter" or "compile" (ahead-of-time only: the compile gate)
+# "cuda", "interpreter" or "compile" (ahead-of-time only: the compile gate)
+TRITON_MODE = configure_triton()
 INTERPRETER = TRITON_MODE == "interpreter"

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_dim,
     check_dtype,
@@ -43,7 +44,6 @@ from stagewise.kernels.row_tiles import (
 )
 from stagewise.kernels.targets import checked_target
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BLOCK = 2048  # columns per program
 MIN_BLOCK = 256  # narrowest column block chosen to divide `inter` exactly
 # elements of one tensor's [BLOCK_T, BLOCK_C] tile: 8 KB in bf16 (interpreter; GPU: around it)

@@ -28,6 +28,21 @@ only in where a key lives: a row of k/v, or a slot through the block table.
 
 Offsets: element offsets (row * stride) are 32-bit unless a tensor spans 2^31 elements or more
 (`needs_int64_offsets`); 32-bit integer math is cheaper and leaves registers for the tiles.
+
+Batch invariance (`batch_invariant=True` in both launchers, the stages' default): a row's output
+must be the same bits whether it is a decode row, one of a prefill's or chunk's rows, in paged or
+contiguous K/V, alone or among others. Three things would change them, and each is fixed:
+
+- the tile: BLOCK_N sets the order of the key loop, and on a GPU BLOCK_M and the warps set how a
+  row's sums spread over threads and which tensor-core instruction runs. Both kernels take one
+  tile (`invariant_tile`) for every query length, decode and prefill alike;
+- the split of a decode's keys over programs, chosen by occupancy (split_k.py): every row's keys
+  are reduced in fixed chunks of KEY_CHUNK keys, each from an empty state, merged in order
+  (`attend_chunks`, `merge_states`). A program may walk all the chunks or only one (split-K):
+  the merges are the same, so the choice is the GPU's to make and changes no bit;
+- the masks: a tile's rows see different keys, so a key tile runs masked for some rows and whole
+  for others, and past a row's last key a tile is all masked for it. Masking keeps a visible
+  score's value, and a fully masked tile or chunk leaves the state's bits unchanged.
 """
 
 import math
@@ -37,6 +52,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_dim,
     check_dtype,
@@ -46,7 +62,6 @@ from stagewise.kernels.checks import (
 )
 from stagewise.kernels.targets import Target, fma_dots
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 # the running max's start: finite, so a row with no visible key never computes -inf - -inf
 M_INIT_VALUE = -1.0e30
@@ -138,12 +153,15 @@ def key_range(
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # keys per tile
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
+    KEY_CHUNK: tl.constexpr,  # > 0 (batch-invariant): split s takes keys [s, s + 1) * KEY_CHUNK
 ):
     """The keys this program visits: (lo, mid, hi), multiples of BLOCK_N from lo.
 
     Query i sees keys j <= i + k_len - q_len (causal, aligned bottom-right). The tile's rows span
     queries f0 // G to its last row's; so keys [lo, mid) are seen by every row (no mask work at
-    all), [mid, hi) is the diagonal band (masked), and keys past hi are never loaded.
+    all), [mid, hi) is the diagonal band (masked), and keys past hi are never loaded. Split-K
+    shares [0, hi) out among NUM_SPLITS programs, or (KEY_CHUNK > 0) gives split s the s-th chunk
+    of KEY_CHUNK keys: a fixed size, whatever the number of splits.
     """
     shift = k_len - q_len
     last_query = (tl.minimum(f0 + BLOCK_M, q_len * GROUP) - 1) // GROUP  # the tile's last query
@@ -152,7 +170,10 @@ def key_range(
     full = (full // BLOCK_N) * BLOCK_N  # whole tiles only
     lo = hi * 0
     if NUM_SPLITS > 1:  # this program's share of [0, hi), in whole tiles
-        per_split = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        if KEY_CHUNK > 0:
+            per_split = KEY_CHUNK
+        else:
+            per_split = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = tl.minimum(split * per_split, hi)
         hi = tl.minimum(lo + per_split, hi)
     mid = tl.maximum(lo, tl.minimum(full, hi))
@@ -257,6 +278,83 @@ def attend_tile(
 
 
 @triton.jit
+def merge_states(acc_a, m_a, l_a, acc_b, m_b, l_b):
+    """The online-softmax state of keys A then keys B, from the state of each alone:
+
+        m = max(m_a, m_b)   l = l_a 2^(m_a - m) + l_b 2^(m_b - m)   acc likewise, per row.
+
+    acc [BLOCK_M, HEAD_DIM], m and l [BLOCK_M], fp32. Written with explicit fused multiply-adds so
+    every kernel that merges (attend_chunks, split_k.py's reduce) rounds alike. An empty state (m
+    = M_INIT, l = 0, acc = 0) on either side leaves the other's bits unchanged: its weight is
+    exp2(M_INIT - m) = 0, the other's exp2(0) = 1.
+    """
+    m = tl.maximum(m_a, m_b)
+    w_a = tl.math.exp2(m_a - m)  # [BLOCK_M]
+    w_b = tl.math.exp2(m_b - m)
+    l_i = tl.fma(l_a, w_a, l_b * w_b)
+    acc = tl.fma(acc_a, w_a[:, None], acc_b * w_b[:, None])  # [BLOCK_M, HEAD_DIM]
+    return acc, m, l_i
+
+
+@triton.jit
+def attend_chunks(
+    q,  # [BLOCK_M, HEAD_DIM] the query tile
+    query,  # [BLOCK_M] each row's query within the sequence
+    row_ok,  # [BLOCK_M] bool: the row exists
+    k_base,  # [1, HEAD_DIM] pointers: key row (or slot) 0 of this KV head
+    v_base,  # [1, HEAD_DIM] pointers: value row (or slot) 0 of this KV head
+    stride_k_row,  # elements between consecutive key rows (or cache slots)
+    stride_v_row,  # elements between consecutive value rows (or cache slots)
+    key_start,  # contiguous K/V: the sequence's first key row (unused when PAGED)
+    block_table_row_ptr,  # paged K/V: [max_blocks] int32 the sequence's blocks (read when PAGED)
+    k_len,  # the sequence's keys
+    shift,  # k_len - q_len: query i sees keys j <= i + shift
+    lo,  # first key to visit (a multiple of KEY_CHUNK)
+    mid,  # keys [lo, mid) are seen whole by every row
+    hi,  # end of the keys to visit
+    qk_scale,  # softmax scale * log2(e)
+    BLOCK_M: tl.constexpr,  # rows per tile
+    HEAD_DIM: tl.constexpr,  # d
+    BLOCK_N: tl.constexpr,  # keys per tile
+    KEY_CHUNK: tl.constexpr,  # keys per chunk: a multiple of BLOCK_N
+    BLOCK_SIZE: tl.constexpr,  # paged: tokens per cache block
+    PAGED: tl.constexpr,  # K/V through the block table
+    FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load
+    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for fp32 tiles (precision.py)
+    INT64_OFFSETS: tl.constexpr,  # row * stride may pass 2^31: 64-bit offsets
+):
+    """The keys [lo, hi) in fixed chunks of KEY_CHUNK: each chunk's online softmax from an empty
+    state, the chunks merged in order (`merge_states`) -> (acc, m, l).
+
+    This is the batch-invariant reduction: a row's result depends on its own keys only, never on
+    the other rows of its tile (which keys run masked, where the tile's last key lies) nor on
+    whether a chunk ran here or in a split program of its own (split_k.py merges those partials
+    with the same `merge_states`, in the same order).
+    """
+    acc_t = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # the chunks merged so far
+    m_t = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for c0 in range(lo, hi, KEY_CHUNK):
+        c1 = tl.minimum(c0 + KEY_CHUNK, hi)
+        whole = tl.maximum(c0, tl.minimum(mid, c1))  # [c0, whole): every row sees these keys
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # this chunk's state, from empty
+        m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc, m_i, l_i = attend_keys(
+            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_row, stride_v_row,
+            key_start, block_table_row_ptr, k_len, shift, c0, whole, qk_scale,
+            BLOCK_N, BLOCK_SIZE, PAGED, False, FP32_DOTS, INPUT_PRECISION, INT64_OFFSETS,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys(
+            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_row, stride_v_row,
+            key_start, block_table_row_ptr, k_len, shift, whole, c1, qk_scale,
+            BLOCK_N, BLOCK_SIZE, PAGED, True, FP32_DOTS, INPUT_PRECISION, INT64_OFFSETS,
+        )  # fmt: skip
+        acc_t, m_t, l_t = merge_states(acc_t, m_t, l_t, acc, m_i, l_i)
+    return acc_t, m_t, l_t
+
+
+@triton.jit
 def store_rows(
     out_ptr,  # [T, H, d] output (NUM_SPLITS == 1) or [T, H, NUM_SPLITS, d] fp32 partial acc
     m_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running max (split-K only)
@@ -349,6 +447,38 @@ def qk_scale_log2(scale: float) -> float:
     return float(scale) * LOG2E
 
 
+# Batch-invariant attention: every row's keys in chunks of this many (a multiple of every BLOCK_N
+# below); a decode split-K gives each program one chunk. 256 keys = 4 tiles of 64 between merges.
+KEY_CHUNK = 256
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the one tile of both kernels for every query length.
+# Tensor cores: the first that fits (`tile_fits` with the chunks' merged state: a second [BLOCK_M,
+# d] fp32 accumulator). 8 warps for 64 rows: with 4, Llama-3-8B's d 128 spills 200-600 B/thread on
+# sm_80/89/90 (the compile gate); with 8, none.
+INVARIANT_TILES = [(64, 64, 8, 2), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2), (16, 16, 4, 2)]
+# FMA dots: fp32 from sm_80 (clean at d 64 and 128 on sm_80/89/90), and sm_75's fp16 (the smallest)
+INVARIANT_FMA_TILE, SM75_INVARIANT_TILE = (32, 16, 8, 2), (16, 16, 4, 2)
+INTERPRETER_INVARIANT_TILE = (64, 32, 4, 1)  # few programs: the interpreter pays per operation
+
+
+def invariant_tile(head_dim: int, dtype, target: Target) -> tuple[dict, int, int]:
+    """({"BLOCK_M", "BLOCK_N", "KEY_CHUNK"}, num_warps, num_stages): the tile and key chunk flash
+    and paged attention both use, batch-invariant, for every query length on this target."""
+    if target.interpreter:
+        block_m, block_n, warps, stages = INTERPRETER_INVARIANT_TILE
+    elif target.capability < 80:
+        block_m, block_n, warps, stages = SM75_INVARIANT_TILE
+    elif fma_dots(dtype, target):
+        block_m, block_n, warps, stages = INVARIANT_FMA_TILE
+    else:
+        fits = [t for t in INVARIANT_TILES if tile_fits(*t, head_dim, dtype, target, True)]
+        block_m, block_n, warps, stages = (fits or INVARIANT_TILES[-1:])[0]
+    if KEY_CHUNK % block_n:
+        raise KernelInputError(
+            f"attention: KEY_CHUNK {KEY_CHUNK} is not a multiple of BLOCK_N {block_n}"
+        )
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "KEY_CHUNK": KEY_CHUNK}, warps, stages
+
+
 INT32_LIMIT = 2**31
 MAX_TILE_ROWS = 256  # rows a masked tile may run past its tensor's end (BLOCK_M or BLOCK_N)
 
@@ -375,8 +505,12 @@ def tile_fits(
     head_dim: int,
     dtype,
     target: Target,
+    merged_state: bool = False,
 ):
     """Whether an attention tile fits a GPU: its shared memory, and registers without spilling.
+
+    merged_state: the batch-invariant key loop (`attend_chunks`) also holds the merged chunks'
+    [BLOCK_M, d] fp32 accumulator (tensor-core tiles only; FMA tiles are chosen apart).
 
     Shared memory (bytes): num_stages - 1 pairs of K and V tiles [BLOCK_N, d] in flight, the Q tile
     [BLOCK_M, d], the P tile [BLOCK_M, BLOCK_N] staged for the second dot, the row statistics; the
@@ -409,6 +543,7 @@ def tile_fits(
     else:
         kv_in_registers = 0 if kv_tiles_in_shared_memory(target) else kv
         words = block_m * head_dim * (4 + size) + block_m * block_n * (4 + size) + kv_in_registers
+        words += block_m * head_dim * 4 if merged_state else 0
         registers_ok = words // (4 * threads) <= 160
     return shared <= target.shared_memory and registers_ok
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stagewise.kernels.attention_common import attend_tile
+from stagewise.kernels.attention_common import M_INIT, attend_tile, merge_states
 from stagewise.kernels.targets import Target, fma_dots
 
 HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
@@ -93,6 +93,35 @@ def attend_keys_tma(
             acc, m_i, l_i, q, k, v, visible, qk_scale, MASKED, INPUT_PRECISION
         )
     return acc, m_i, l_i
+
+
+@triton.jit
+def attend_chunks_tma(
+    q, query, row_ok, k_desc, v_desc, k_len, shift, lo, mid, hi, qk_scale,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEY_CHUNK: tl.constexpr, FP32_DOTS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`attention_common.attend_chunks` with descriptor loads: the keys [lo, hi) in chunks of
+    KEY_CHUNK, each from an empty state, merged in order -> (acc, m, l). Same keys, same sums."""
+    acc_t = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_t = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
+    l_t = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for c0 in range(lo, hi, KEY_CHUNK):
+        c1 = tl.minimum(c0 + KEY_CHUNK, hi)
+        whole = tl.maximum(c0, tl.minimum(mid, c1))  # [c0, whole): every row sees these keys
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc, m_i, l_i = attend_keys_tma(
+            acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, c0, whole, qk_scale,
+            BLOCK_N, False, FP32_DOTS, INPUT_PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys_tma(
+            acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, whole, c1, qk_scale,
+            BLOCK_N, True, FP32_DOTS, INPUT_PRECISION,
+        )  # fmt: skip
+        acc_t, m_t, l_t = merge_states(acc_t, m_t, l_t, acc, m_i, l_i)
+    return acc_t, m_t, l_t
 
 
 def descriptors_fit(*tensors: torch.Tensor) -> bool:

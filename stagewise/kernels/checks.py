@@ -9,6 +9,8 @@ import torch
 
 from stagewise.errors import StagewiseError
 
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the activations a kernel takes
+
 
 class KernelInputError(StagewiseError):
     """A tensor passed to a kernel launcher has the wrong shape, dtype, device or layout."""

@@ -17,7 +17,7 @@ The 4-bit nibble order is GGUF's (byte i of a group holds value i in its low
 nibble and value i + G/2 in its high one), so code k sits in byte
 (k // G) * G/2 + k % (G/2), shifted by 4 when k % G >= G/2.
 
-The K-quants kept by the loader (`stages/packed_weight.py`) run here too:
+The K-quants kept by the loader (`quant/packed_weight.py`) run here too:
 q4_k is q4_1's layout with float32 scales and minimums, q5_k 8-bit storage
 of codes 0..31 with a minimum, q6_k signed 8-bit codes in groups of
 16 (G is a launch constant; BLOCK_K stays a multiple of it).
@@ -27,6 +27,14 @@ Decode (M <= 16): one BLOCK_M = 16 tile of rows and split-K as in
 partials summed in a fixed order by its reduce kernel); prefill: tiles of M
 too and no split. BLOCK_K and G divide one another (groups of 64 or 128 span
 several steps), and each code reads the scale of its own group.
+
+Batch-invariant (`batch_invariant=True`, the stages' default): the decode
+config for every M, so each output element is the same chain of steps alone
+or among hundreds of rows (the reasons are the plain GEMM's:
+kernels/matmul_decode.py). Past one tile of rows a program walks every split
+of its tile and adds the partials in registers in the order 0, 1, ... (SERIAL),
+the additions the reduce kernel makes: the same bits, no [SPLIT_K, M, N]
+buffer.
 """
 
 from dataclasses import dataclass
@@ -37,56 +45,43 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import KernelInputError
-from stagewise.kernels.matmul_decode import _sum_partials, split_plan
+from stagewise.kernels.matmul_decode import DECODE_MAX_M, _sum_partials, split_plan
 from stagewise.kernels.plan_cache import plan_cache
 from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
 
-DECODE_MAX_M = 16  # M up to this runs the split-K decode launch (one 16-row tile)
 GROUP_SIZE = 32  # values per group (the packed format's G)
 
 
 @triton.jit
-def _dequant_matmul_kernel(
+def _dequant_range(
     a_ptr,  # [M, K] activations, any strides
     codes_ptr,  # [N, K/2] uint8 (BITS = 4) or [N, K] int8 (BITS = 8), rows contiguous
-    scales_ptr,  # [N, K/G] float16 or float32 (K-quants): d per group
-    mins_ptr,  # [N, K/G] like scales: m per group (HAS_MINS), else any pointer
-    out_ptr,  # c [M, N], or [SPLIT_K, M, N] fp32 partials when K is split
-    M,  # rows of a and c
-    N,  # output features
-    K,  # input features (a multiple of GROUP)
-    K_PER_SPLIT,  # depth of K each split walks, a multiple of BLOCK_K
+    scales_ptr,  # [N, K/G] d per group
+    mins_ptr,  # [N, K/G] m per group (read when HAS_MINS)
+    offs_m,  # [BLOCK_M] rows of the tile
+    rows_w,  # [BLOCK_N] int64 storage rows of codes / scales: the tile's output features
+    mask_m,  # [BLOCK_M]
+    mask_n,  # [BLOCK_N]
+    k_start,  # first position along K of this range
+    k_stop,  # end of this range
     stride_am,  # elements between rows of a
     stride_ak,  # elements between columns of a
     stride_codes,  # bytes between rows of codes
     stride_scales,  # elements between rows of scales and mins
-    stride_os,  # elements between consecutive splits' partials (0: out is c)
-    stride_om,  # elements between rows of out
-    stride_on,  # elements between columns of out
-    BITS: tl.constexpr,  # 4 or 8
-    OFFSET: tl.constexpr,  # subtracted from every code (q4_0: 8)
-    HAS_MINS: tl.constexpr,  # True: + m per group (q4_1)
-    GROUP: tl.constexpr,  # values per group
-    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
-    FP32_DOTS: tl.constexpr,  # dot in fp32 (fp32 activations, or bf16 in the interpreter)
-    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 tiles
+    BITS: tl.constexpr,
+    OFFSET: tl.constexpr,
+    HAS_MINS: tl.constexpr,
+    GROUP: tl.constexpr,
+    FP32_DOTS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # a multiple of GROUP
+    BLOCK_K: tl.constexpr,
 ):
-    tile_m = tl.program_id(0)  # which BLOCK_M rows of c
-    tile_n = tl.program_id(1)  # which BLOCK_N columns of c
-    split = tl.program_id(2)  # which range of K
-    k_start = split * K_PER_SPLIT
-    k_stop = tl.minimum(K, k_start + K_PER_SPLIT)
-
-    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    """a[tile, k_start:k_stop] @ w[k_start:k_stop, tile]: fp32 [BLOCK_M, BLOCK_N], the K steps
+    folded into one accumulator from 0, in order."""
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    rows_w = offs_n.to(tl.int64)  # storage rows of codes / scales: one per output feature
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
     for k0 in range(k_start, k_stop, BLOCK_K):
         ks = k0 + offs_k  # [BLOCK_K] positions along K
@@ -119,6 +114,71 @@ def _dequant_matmul_kernel(
         else:
             w = w.to(a.dtype)  # 16-bit tensor-core dot (W4A16): the expanded tile in a's dtype
         acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    return acc
+
+
+@triton.jit
+def _dequant_matmul_kernel(
+    a_ptr,  # [M, K] activations, any strides
+    codes_ptr,  # [N, K/2] uint8 (BITS = 4) or [N, K] int8 (BITS = 8), rows contiguous
+    scales_ptr,  # [N, K/G] float16 or float32 (K-quants): d per group
+    mins_ptr,  # [N, K/G] like scales: m per group (HAS_MINS), else any pointer
+    out_ptr,  # c [M, N], or [SPLIT_K, M, N] fp32 partials when K is split (and not SERIAL)
+    M,  # rows of a and c
+    N,  # output features
+    K,  # input features (a multiple of GROUP)
+    K_PER_SPLIT,  # depth of K each split walks, a multiple of BLOCK_K
+    NUM_SPLITS,  # ranges of K (read when SERIAL; otherwise the grid's third axis)
+    stride_am,  # elements between rows of a
+    stride_ak,  # elements between columns of a
+    stride_codes,  # bytes between rows of codes
+    stride_scales,  # elements between rows of scales and mins
+    stride_os,  # elements between consecutive splits' partials (0: out is c)
+    stride_om,  # elements between rows of out
+    stride_on,  # elements between columns of out
+    BITS: tl.constexpr,  # 4 or 8
+    OFFSET: tl.constexpr,  # subtracted from every code (q4_0: 8)
+    HAS_MINS: tl.constexpr,  # True: + m per group (q4_1)
+    GROUP: tl.constexpr,  # values per group
+    INTERPRETED: tl.constexpr,  # True under the CPU interpreter: bf16 stores rounded by hand
+    FP32_DOTS: tl.constexpr,  # dot in fp32 (fp32 activations, or bf16 in the interpreter)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot input precision for fp32 tiles
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # a multiple of GROUP
+    SERIAL: tl.constexpr,  # one program walks its tile's NUM_SPLITS ranges, adds them in order
+):
+    tile_m = tl.program_id(0)  # which BLOCK_M rows of c
+    tile_n = tl.program_id(1)  # which BLOCK_N columns of c
+    split = tl.program_id(2)  # which range of K (0 when SERIAL)
+
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows_w = offs_n.to(tl.int64)  # storage rows of codes / scales: one per output feature
+    if SERIAL:  # the splits' partials, added in the order 0, 1, ... as _split_k_sum_kernel does
+        acc = _dequant_range(
+            a_ptr, codes_ptr, scales_ptr, mins_ptr, offs_m, rows_w, mask_m, mask_n,
+            0, tl.minimum(K, K_PER_SPLIT), stride_am, stride_ak, stride_codes, stride_scales,
+            BITS, OFFSET, HAS_MINS, GROUP, FP32_DOTS, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        for s in range(1, NUM_SPLITS):
+            k_start = s * K_PER_SPLIT
+            acc += _dequant_range(
+                a_ptr, codes_ptr, scales_ptr, mins_ptr, offs_m, rows_w, mask_m, mask_n,
+                k_start, tl.minimum(K, k_start + K_PER_SPLIT), stride_am, stride_ak, stride_codes,
+                stride_scales, BITS, OFFSET, HAS_MINS, GROUP, FP32_DOTS, INPUT_PRECISION,
+                BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+    else:
+        k_start = split * K_PER_SPLIT
+        acc = _dequant_range(
+            a_ptr, codes_ptr, scales_ptr, mins_ptr, offs_m, rows_w, mask_m, mask_n,
+            k_start, tl.minimum(K, k_start + K_PER_SPLIT), stride_am, stride_ak, stride_codes,
+            stride_scales, BITS, OFFSET, HAS_MINS, GROUP, FP32_DOTS, INPUT_PRECISION,
+            BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
 
     if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         acc = round_to_bf16(acc)
@@ -161,11 +221,18 @@ PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 
 
 def dequant_config(
-    m: int, n: int, k: int, sms: int | None, element_size: int = 2, mins_8bit: bool = False
+    m: int,
+    n: int,
+    k: int,
+    sms: int | None,
+    element_size: int = 2,
+    mins_8bit: bool = False,
+    batch_invariant: bool = False,
 ) -> DequantConfig:
-    """The launch for this shape: decode (M <= 16) splits K to fill the GPU, prefill tiles M."""
+    """The launch for this shape: decode (M <= 16) splits K to fill the GPU, prefill tiles M;
+    batch-invariant, the decode config for every M (it depends on N, K and the format only)."""
     size = 4 if element_size >= 4 else 2
-    if m > DECODE_MAX_M:
+    if m > DECODE_MAX_M and not batch_invariant:
         return INTERPRETER_PREFILL if sms is None else GPU_PREFILL[size]
     if sms is None:
         return INTERPRETER_DECODE
@@ -187,8 +254,11 @@ def dequant_matmul(
     offset: int,
     group_size: int = GROUP_SIZE,
     config: DequantConfig | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
-    """a [M, K] float @ packed w [K, N] -> c [M, N] in a's dtype (see the module docstring)."""
+    """a [M, K] float @ packed w [K, N] -> c [M, N] in a's dtype (see the module docstring).
+
+    batch_invariant: the decode config for every M, so a row's bits do not depend on the others."""
     _check(a, codes, scales, mins, bits, group_size)
     m, k = a.shape
     n = codes.shape[0]
@@ -197,10 +267,13 @@ def dequant_matmul(
         return c
     policy = dot_policy(a.dtype)  # per call: it follows PyTorch's TF32 switch
     grid, k_per_split, options = dequant_launch(
-        m, n, k, a.dtype, a.device, bits, offset, mins is not None, group_size, config, policy
-    )
-    splits = grid[2]
-    out = c if splits == 1 else torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
+        m, n, k, a.dtype, a.device, bits, offset, mins is not None, group_size, config, policy,
+        batch_invariant,
+    )  # fmt: skip
+    splits, serial = k_per_split[1], options["SERIAL"]
+    k_per_split = k_per_split[0]
+    partials = splits > 1 and not serial
+    out = torch.empty((splits, m, n), device=a.device, dtype=torch.float32) if partials else c
     _dequant_matmul_kernel[grid](
         a_ptr=a,
         codes_ptr=codes,
@@ -211,16 +284,17 @@ def dequant_matmul(
         N=n,
         K=k,
         K_PER_SPLIT=k_per_split,
+        NUM_SPLITS=splits,
         stride_am=a.stride(0),
         stride_ak=a.stride(1),
         stride_codes=codes.stride(0),
         stride_scales=scales.stride(0),
-        stride_os=out.stride(0) if splits > 1 else 0,
+        stride_os=out.stride(0) if partials else 0,
         stride_om=out.stride(-2),
         stride_on=out.stride(-1),
         **options,
     )
-    if splits > 1:
+    if partials:
         _sum_partials(out, c)  # fixed order 0, 1, ...: the same bits every run
     return c
 
@@ -238,13 +312,20 @@ def dequant_launch(
     group_size: int,
     config: DequantConfig | None,
     policy: DotPolicy,
-) -> tuple[tuple, int, dict]:
-    """(grid, K_PER_SPLIT, launch kwargs) of one dequantize-GEMM, kept per shape, format and device.
+    batch_invariant: bool = False,
+) -> tuple[tuple, tuple[int, int], dict]:
+    """(grid, (K_PER_SPLIT, splits), launch kwargs) of one dequantize-GEMM, kept per shape, format
+    and device.
 
     The grid is (tiles of M, tiles of N, splits): a decode row at N = 960, K = 576 under the
-    interpreter's 16 x 32 x 32 tiles, split 2, is (1, 30, 2), each split walking 9 x 32 of K.
+    interpreter's 16 x 32 x 32 tiles, split 2, is (1, 30, 2), each split walking 9 x 32 of K. With
+    more than one tile of M and a split K, each program walks its tile's splits (SERIAL): the grid
+    is (tiles of M, tiles of N, 1) and no partials are written; the sums are the same.
     """
-    cfg = config or dequant_config(m, n, k, num_sms(device), dtype.itemsize, bits == 8 and has_mins)
+    mins_8bit = bits == 8 and has_mins
+    cfg = config or dequant_config(
+        m, n, k, num_sms(device), dtype.itemsize, mins_8bit, batch_invariant
+    )
     if cfg.block_k % group_size and group_size % cfg.block_k:  # a step holds whole groups,
         raise KernelInputError(  # or a group whole steps (every code finds its own scale)
             f"dequant_matmul: block_k {cfg.block_k} cuts groups of {group_size}"
@@ -264,7 +345,10 @@ def dequant_launch(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return (-(-m // cfg.block_m), -(-n // cfg.block_n), splits), k_per_split, options
+    tiles_m = -(-m // cfg.block_m)
+    options["SERIAL"] = serial = tiles_m > 1 and splits > 1
+    grid = (tiles_m, -(-n // cfg.block_n), 1 if serial else splits)
+    return grid, (k_per_split, splits), options
 
 
 def _check(a, codes, scales, mins, bits: int, group_size: int) -> None:

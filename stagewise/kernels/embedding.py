@@ -26,6 +26,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_contiguous,
     check_dim,
@@ -45,16 +46,13 @@ from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "embedding"
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ID_DTYPES = (torch.int32, torch.int64)
 MAX_BLOCK = 4096  # columns per program: a whole Llama-3-8B row
 MIN_BLOCK = 256  # narrowest column block when a short batch splits its rows
-TOKEN_TILE = (
-    8192  # elements of one [BLOCK_T, BLOCK_C] tile: 16 KB in bf16 (interpreter; GPU: around it)
-)
-MIN_PROGRAMS = (
-    128  # a short batch splits its rows until it has this many programs (about one per SM)
-)
+# elements of one [BLOCK_T, BLOCK_C] tile: 16 KB in bf16 (interpreter; GPU: around it)
+TOKEN_TILE = 8192
+# a short batch splits its rows until it has this many programs (about one per SM)
+MIN_PROGRAMS = 128
 
 
 @triton.jit(do_not_specialize=["num_tokens", "tokens_bucket"])  # one compiled variant for every T
@@ -71,12 +69,10 @@ def _embedding_kernel(
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
     token_ok = tokens < num_tokens
-    rows = tl.load(ids_ptr + tokens, mask=token_ok, other=0).to(
-        tl.int64
-    )  # [BLOCK_T] which table rows
-    mask = (
-        token_ok[:, None] & (cols < hidden)[None, :]
-    )  # [BLOCK_T, BLOCK_C]: ragged last tile, last columns
+    # [BLOCK_T] which table rows
+    rows = tl.load(ids_ptr + tokens, mask=token_ok, other=0).to(tl.int64)
+    # [BLOCK_T, BLOCK_C]: ragged last tile, last columns
+    mask = token_ok[:, None] & (cols < hidden)[None, :]
     src = weight_ptr + rows[:, None] * hidden + cols[None, :]  # int64: vocab * hidden may pass 2^31
     values = tl.load(src, mask=mask, other=0.0)  # [BLOCK_T, BLOCK_C], no arithmetic
     dst = out_ptr + tokens.to(tl.int64)[:, None] * hidden + cols[None, :]

@@ -40,10 +40,12 @@ import triton.language as tl
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.attention_common import (
     M_INIT,
+    attend_chunks,
     attend_keys,
     check_cu_seqlens_q,
     check_index,
     check_qkv,
+    invariant_tile,
     key_range,
     load_query_tile,
     needs_int64_offsets,
@@ -54,6 +56,7 @@ from stagewise.kernels.attention_common import (
 )
 from stagewise.kernels.attention_tma import (
     HAS_TENSOR_DESCRIPTORS,
+    attend_chunks_tma,
     attend_keys_tma,
     descriptor_workspace,
     descriptors_fit,
@@ -115,6 +118,7 @@ def _flash_attention_kernel(
     INT64_OFFSETS: tl.constexpr,  # a tensor spans >= 2^31 elements: 64-bit offsets
     NUM_SPLITS: tl.constexpr,  # programs sharing one tile's keys (1 = no split-K)
     TMA: tl.constexpr,  # K/V tiles through tensor descriptors (sm_90's TMA engine), not pointers
+    KEY_CHUNK: tl.constexpr,  # > 0: batch-invariant, keys in fixed chunks merged in order
 ):
     seq, kv_head, split, q_start, q_len, f0 = program_tile(cu_seqlens_q_ptr, BLOCK_M, NUM_SPLITS)
     if f0 >= q_len * GROUP:
@@ -128,7 +132,7 @@ def _flash_attention_kernel(
         q_ptr, q_start, q_len, f0, kv_head, stride_q_token, stride_q_head,
         GROUP, HEAD_DIM, BLOCK_M, FP32_DOTS, INT64_OFFSETS,
     )  # fmt: skip
-    lo, mid, hi = key_range(f0, q_len, k_len, split, GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS)
+    lo, mid, hi = key_range(f0, q_len, k_len, split, GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS, KEY_CHUNK)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # the online softmax's running state
     m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
@@ -143,30 +147,43 @@ def _flash_attention_kernel(
             v_ptr + kv_head * stride_v_head, k_start, tl.maximum(k_len, 1), stride_v_token,
             BLOCK_N, HEAD_DIM, INT64_OFFSETS,
         )  # fmt: skip
-        acc, m_i, l_i = attend_keys_tma(  # keys every row of the tile sees whole
-            acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, lo, mid, qk_scale,
-            BLOCK_N, MASKED=False, FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
-        )  # fmt: skip
-        acc, m_i, l_i = attend_keys_tma(  # the diagonal band
-            acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, mid, hi, qk_scale,
-            BLOCK_N, MASKED=True, FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
-        )  # fmt: skip
+        if KEY_CHUNK > 0:  # batch-invariant: fixed chunks of keys, merged in order
+            acc, m_i, l_i = attend_chunks_tma(
+                q, query, row_ok, k_desc, v_desc, k_len, shift, lo, mid, hi, qk_scale,
+                BLOCK_M, HEAD_DIM, BLOCK_N, KEY_CHUNK, FP32_DOTS, INPUT_PRECISION,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = attend_keys_tma(  # keys every row of the tile sees whole
+                acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, lo, mid, qk_scale,
+                BLOCK_N, MASKED=False, FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+            )  # fmt: skip
+            acc, m_i, l_i = attend_keys_tma(  # the diagonal band
+                acc, m_i, l_i, q, query, row_ok, k_desc, v_desc, k_len, shift, mid, hi, qk_scale,
+                BLOCK_N, MASKED=True, FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION,
+            )  # fmt: skip
     else:
         dims = tl.arange(0, HEAD_DIM)[None, :]  # [1, HEAD_DIM]
         k_base = k_ptr + kv_head * stride_k_head + dims  # key row 0 of this KV head
         v_base = v_ptr + kv_head * stride_v_head + dims
-        acc, m_i, l_i = attend_keys(  # keys every row of the tile sees whole: no mask work at all
-            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
-            k_start, cu_seqlens_k_ptr, k_len, shift, lo, mid, qk_scale,
-            BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=False,
-            FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
-        )  # fmt: skip
-        acc, m_i, l_i = attend_keys(  # the diagonal band: causal and length masks
-            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
-            k_start, cu_seqlens_k_ptr, k_len, shift, mid, hi, qk_scale,
-            BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=True,
-            FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
-        )  # fmt: skip
+        if KEY_CHUNK > 0:  # batch-invariant: fixed chunks of keys, merged in order
+            acc, m_i, l_i = attend_chunks(
+                q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token, k_start,
+                cu_seqlens_k_ptr, k_len, shift, lo, mid, hi, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N,
+                KEY_CHUNK, 1, False, FP32_DOTS, INPUT_PRECISION, INT64_OFFSETS,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = attend_keys(  # keys every row of the tile sees whole: no mask work
+                acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
+                k_start, cu_seqlens_k_ptr, k_len, shift, lo, mid, qk_scale,
+                BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=False,
+                FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
+            )  # fmt: skip
+            acc, m_i, l_i = attend_keys(  # the diagonal band: causal and length masks
+                acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_k_token, stride_v_token,
+                k_start, cu_seqlens_k_ptr, k_len, shift, mid, hi, qk_scale,
+                BLOCK_N, BLOCK_SIZE=1, PAGED=False, MASKED=True,
+                FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
+            )  # fmt: skip
     store_rows(
         out_ptr, m_part_ptr, l_part_ptr, acc, m_i, l_i, q_rows, head, row_ok, split,
         stride_o_token, stride_o_head, stride_o_split, stride_ml_token, stride_ml_head,
@@ -185,6 +202,7 @@ def flash_attention(
     num_splits: int | None = None,
     max_q_len: int | None = None,
     tensor_descriptors: bool | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d], cu_seqlens_q/k [B+1] int32, seqused_k [B] int32 or None
     -> out [Tq, H, d].
@@ -196,6 +214,13 @@ def flash_attention(
     `tensor_descriptors` chooses how K/V tiles are loaded: None lets the plan decide (descriptors
     on sm_90 with 16-bit dots, pointers elsewhere), True asks for descriptors (on sm_90 or in the
     interpreter), False for pointers.
+
+    `batch_invariant`: the tile paged attention uses, for every query length, and every row's keys
+    in fixed chunks of KEY_CHUNK merged in order (attention_common.py): a row's bits are the same
+    alone, batched, decoded or prefilled, and the same as paged attention's on the same keys. It
+    runs unsplit (`num_splits` None or 1): with no host read there is no bound on a sequence's keys
+    to give each split program one chunk, and every program walking its chunks gives the bits a
+    split would.
 
     `max_q_len` (the longest sequence's query rows, a host int from the scheduler) sizes the grid.
     The launcher never reads cu_seqlens or seqused_k on the host: that would wait for every kernel
@@ -220,11 +245,19 @@ def flash_attention(
     group = num_heads // num_kv_heads
     rows = max_q_len * group  # (query, group head) rows of the longest sequence
     policy = dot_policy(q.dtype)
-    plan = flash_attention_launch_plan(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q))
-    fixed = INTERPRETER or rows <= DECODE_ROWS  # the interpreter's tile, or the decode tile
+    plan = flash_attention_launch_plan(
+        max_q_len, group, head_dim, q.dtype, checked_target(NAME, q), batch_invariant
+    )
+    # the interpreter's tile, the decode tile, or the batch-invariant one
+    fixed = INTERPRETER or rows <= DECODE_ROWS or batch_invariant
+    if batch_invariant and num_splits not in (None, 1):
+        raise KernelInputError(
+            f"{NAME}: batch-invariant attention runs unsplit; num_splits must be None or 1, "
+            f"got {num_splits}"
+        )
     if fixed:
         blocks = plan.launch_options()
-        if num_splits is None:  # a few long sequences leave SMs idle: split their keys
+        if num_splits is None and not batch_invariant:  # a few long sequences: split their keys
             programs = cdiv(rows, blocks["BLOCK_M"]) * num_seqs * num_kv_heads
             num_splits = choose_num_splits(programs, k.shape[0] // num_seqs, num_sms(q.device))
     else:  # autotune picks BLOCK_M / BLOCK_N; a prefill grid is large enough unsplit
@@ -354,18 +387,36 @@ TILES_FP32 = [(64, 32, 8, 2), (32, 32, 8, 2), (32, 16, 4, 2), (16, 32, 4, 2), (1
 
 @plan_cache
 def flash_attention_launch_plan(
-    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+    max_q_len: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    target: Target,
+    batch_invariant: bool = False,
 ) -> LaunchPlan:
     """`flash_attention_plan`, kept per key for the launcher (the compile gate calls the uncached
     one: its tests change the tile rules and must see the change)."""
-    return flash_attention_plan(max_q_len, group, head_dim, dtype, target)
+    return flash_attention_plan(max_q_len, group, head_dim, dtype, target, batch_invariant)
 
 
 def flash_attention_plan(
-    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+    max_q_len: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    target: Target,
+    batch_invariant: bool = False,
 ) -> LaunchPlan:
-    """Tiles: the interpreter's, the decode tile (one GQA group, fixed), or the tuner's that fit."""
-    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "TMA": False}
+    """Tiles: the interpreter's, the decode tile (one GQA group, fixed), or the tuner's that fit;
+    batch-invariant, paged attention's one tile for every query length (`invariant_tile`)."""
+    # KEY_CHUNK 0: one online softmax over all the keys (> 0: batch-invariant chunks)
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "TMA": False, "KEY_CHUNK": 0}
+    if batch_invariant:  # K/V through descriptors where prefill would (the same values either way)
+        meta, warps, stages = invariant_tile(head_dim, dtype, target)
+        constexprs["KEY_CHUNK"] = meta.pop("KEY_CHUNK")
+        constexprs["TMA"] = uses_tensor_descriptors(dtype, target)
+        config = triton.Config(meta, num_warps=warps, num_stages=stages)
+        return LaunchPlan(NAME, constexprs, (config,))
     if target.interpreter:
         config = triton.Config(INTERPRETER_BLOCKS, num_warps=4, num_stages=1)
         return LaunchPlan(NAME, constexprs, (config,))

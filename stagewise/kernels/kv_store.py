@@ -26,6 +26,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_contiguous,
     check_dim,
@@ -46,7 +47,6 @@ from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "kv_store"
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SLOT_DTYPES = (torch.int32, torch.int64)
 # elements of one token's [BLOCK_HEADS, BLOCK_D] tile: beyond it, heads split over programs
 MAX_TILE = 4096
@@ -96,12 +96,10 @@ def _kv_store_kernel(
     slots = tl.load(slot_mapping_ptr + tokens, mask=token_ok, other=-1).to(tl.int64)  # [BLOCK_T]
 
     keep = mask & (slots >= 0)[:, None, None]  # -1: padding, not stored
-    within = (
-        heads[None, :, None] * HEAD_DIM + dims[None, None, :]
-    )  # [1, BLOCK_HEADS, BLOCK_D]: offset inside a slot
-    dst = (
-        slots[:, None, None] * (num_kv_heads * HEAD_DIM) + within
-    )  # [BLOCK_T, BLOCK_HEADS, BLOCK_D]
+    # [1, BLOCK_HEADS, BLOCK_D]: offset inside a slot
+    within = heads[None, :, None] * HEAD_DIM + dims[None, None, :]
+    # [BLOCK_T, BLOCK_HEADS, BLOCK_D]
+    dst = slots[:, None, None] * (num_kv_heads * HEAD_DIM) + within
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=keep)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=keep)
 

@@ -18,6 +18,9 @@ M rows only: the GEMM is memory bound, and `matmul` hands it to the split-K
 kernel of kernels/matmul_decode.py. Prefill reuses each weight M times: compute
 bound, large square-ish tiles. The interpreter (no driver, no autotune) uses
 one config per shape class (`gemm_config`); a GPU autotunes prefill tiles.
+That choice by M changes a row's bits (another kernel, another sum order), so
+with `batch_invariant=True` every M goes to the split-K kernel and these tiles
+are not used (why that kernel: kernels/matmul_decode.py).
 
 Precision (precision.py): 16-bit tiles take tensor-core dots with fp32
 accumulation, fp32 tiles TF32 exactly when torch.matmul may; in the interpreter
@@ -32,7 +35,13 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
-from stagewise.kernels.checks import KernelInputError, check_dim, check_dtype, check_same_device
+from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
+    KernelInputError,
+    check_dim,
+    check_dtype,
+    check_same_device,
+)
 from stagewise.kernels.matmul_decode import DECODE_MAX_M, matmul_decode
 from stagewise.kernels.plan_cache import cdiv, launch_tuned, next_power_of_2, plan_cache
 from stagewise.kernels.precision import dot_policy, round_to_bf16
@@ -46,7 +55,6 @@ from stagewise.kernels.targets import (
 )
 from stagewise.runtime import debug_checks
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -98,9 +106,8 @@ def _matmul_kernel(
     mask_n = offs_n < N
 
     if GATHER:
-        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(
-            tl.int64
-        )  # [BLOCK_M] rows of a
+        # [BLOCK_M] rows of a
+        rows_a = tl.load(row_index_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     else:
         rows_a = offs_m.to(tl.int64)  # int64: row * stride may pass 2**31 on large inputs
     cols_b = offs_n.to(tl.int64)
@@ -115,9 +122,8 @@ def _matmul_kernel(
         if FP32_DOTS:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(
-            a, b, acc, input_precision=INPUT_PRECISION
-        )  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
+        # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
@@ -134,6 +140,7 @@ def matmul(
     row_index: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: "GemmConfig | None" = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """c = a @ b, or a[row_index] @ b; fp32 accumulation; returns a new contiguous [M, N] tensor.
 
@@ -143,6 +150,9 @@ def matmul(
     only with debug checks on (`stagewise.runtime.debug_checks`).
     out_dtype: the output dtype (default: a's). config: a fixed tile config (default: per shape
     class under the interpreter, autotuned per shape class on a GPU).
+    batch_invariant: one configuration for every M (the split-K kernel of matmul_decode.py), so a
+    row's bits do not depend on the other rows; False: decode and prefill shapes each take their
+    fastest kernel, and a row's bits change where M crosses 16.
     """
     _check_inputs(a, b, row_index, out_dtype)
     m = a.shape[0] if row_index is None else row_index.shape[0]
@@ -153,12 +163,10 @@ def matmul(
     if k == 0:
         return c.zero_()
     policy = dot_policy(a.dtype)
-    target = checked_target(
-        "matmul", a
-    )  # the pre-Ampere policy (targets.py), for the decode path too
-    if (
-        config is None and m <= DECODE_MAX_M
-    ):  # decode: split-K over the weights (kernels/matmul_decode.py)
+    # the pre-Ampere policy (targets.py), for the decode path too
+    target = checked_target("matmul", a)
+    if config is None and (batch_invariant or m <= DECODE_MAX_M):
+        # decode, or every M batch-invariant: split-K over the weights (kernels/matmul_decode.py)
         return matmul_decode(a, b, c, row_index=row_index, policy=policy)
     args = dict(
         a_ptr=a,
@@ -228,9 +236,8 @@ def _check_inputs(
     check_same_device("matmul", a=a, b=b, row_index=row_index)
     check_dim("matmul", "row_index", row_index, 1)
     check_dtype("matmul", "row_index", row_index, INDEX_DTYPES)
-    if (
-        debug_checks() and row_index.numel()
-    ):  # a value check reads row_index on the host: a sync, on request only
+    # a value check reads row_index on the host: a sync, on request only
+    if debug_checks() and row_index.numel():
         lo, hi = torch.stack(list(torch.aminmax(row_index))).tolist()
         if lo < 0 or hi >= a.shape[0]:
             raise KernelInputError(

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_contiguous,
     check_dim,
@@ -66,13 +67,13 @@ from stagewise.kernels.matmul_decode import (
     smem_budget,
     split_k_sum,
     split_outputs,
+    store_split_tile,
 )
 from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
 from stagewise.kernels.targets import checked_target
 
 NAME = "norm_matmul"
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -170,8 +171,7 @@ def _norm_matmul_kernel(
                     mask=k_ok[:, None] & mask_n[None, :], other=0.0)  # fmt: skip
         if HAS_RESIDUAL:
             if tile_n == 0:  # the new residual stream: only the first tile of N writes it
-                tl.store(residual_out_ptr + rows[:, None] * K + ks[None, :], s.to(dtype),
-                         mask=mask)  # fmt: skip
+                tl.store(residual_out_ptr + rows[:, None] * K + ks[None, :], s.to(dtype), mask=mask)
         g = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
         normed = _as_dtype(s * rstd[:, None], dtype, INTERPRETED)  # rounded before the weight
         a = _as_dtype(normed * g[None, :], dtype, INTERPRETED)  # rmsnorm's output, [M, BLOCK_K]
@@ -182,26 +182,10 @@ def _norm_matmul_kernel(
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     # 3. Store, and (split) the ordered sum of the partials by the tile's last split.
-    if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
-        acc = round_to_bf16(acc)
-    tile_mask = mask_m[:, None] & mask_n[None, :]
-    out_tile = offs_m[:, None] * stride_om + cols_b[None, :] * stride_on
-    tl.store(out_ptr + split.to(tl.int64) * stride_os + out_tile, acc.to(out_ptr.dtype.element_ty),
-             mask=tile_mask)  # fmt: skip
-    if FUSED_SUM:
-        num_splits = tl.num_programs(1)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + tile_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            total = tl.load(out_ptr + out_tile, mask=tile_mask, other=0.0, cache_modifier=".cg")
-            for s_i in range(1, num_splits):
-                total += tl.load(out_ptr + s_i * stride_os + out_tile, mask=tile_mask, other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
-            if INTERPRETED and c_ptr.dtype.element_ty == tl.bfloat16:
-                total = round_to_bf16(total)
-            c_tile = offs_m[:, None] * stride_cm + cols_b[None, :] * stride_cn
-            tl.store(c_ptr + c_tile, total.to(c_ptr.dtype.element_ty), mask=tile_mask)
-            tl.atomic_xchg(counter_ptr + tile_n, 0)
+    store_split_tile(
+        acc, out_ptr, c_ptr, counter_ptr, tile_n, split, offs_m, cols_b, mask_m, mask_n,
+        stride_os, stride_om, stride_on, stride_cm, stride_cn, INTERPRETED, FUSED_SUM,
+    )  # fmt: skip
 
 
 def fits_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, w) -> bool:

@@ -20,7 +20,10 @@ tile, sequence, KV head x split), the rows (query, group head) pairs, so in
 decode the G query heads sharing a KV head are one tile and K/V are read once
 per group. A decode step of a few long sequences splits each sequence's keys
 over NUM_SPLITS programs whose partials `split_k_reduce` merges (split_k.py).
-Dots follow precision.py, as in flash_attention.py.
+Dots follow precision.py, as in flash_attention.py. Batch-invariant
+(`batch_invariant=True`), one tile for every call and every row's keys in fixed
+chunks merged in order (attention_common.py): the split of a decode step gives
+each program one chunk, a fixed *size* of keys, never a share of them.
 """
 
 import torch
@@ -29,10 +32,12 @@ import triton.language as tl
 
 from stagewise.kernels.attention_common import (
     M_INIT,
+    attend_chunks,
     attend_keys,
     check_cu_seqlens_q,
     check_index,
     check_qkv,
+    invariant_tile,
     key_range,
     load_query_tile,
     needs_int64_offsets,
@@ -52,6 +57,7 @@ from stagewise.kernels.plan_cache import cdiv, plan_cache
 from stagewise.kernels.precision import dot_policy
 from stagewise.kernels.split_k import (
     choose_num_splits,
+    chunk_splits,
     num_sms,
     partial_buffers,
     split_k_reduce,
@@ -93,6 +99,7 @@ def _paged_attention_kernel(
     FP32_DOTS: tl.constexpr,  # convert tiles to fp32 after the load (fp32; bf16 in the interpreter)
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision of fp32 tiles: "ieee" or "tf32"
     INT64_OFFSETS: tl.constexpr,  # a tensor spans >= 2^31 elements: 64-bit offsets
+    KEY_CHUNK: tl.constexpr,  # > 0: batch-invariant, keys in fixed chunks merged in order
 ):
     seq, kv_head, split, q_start, q_len, f0 = program_tile(cu_seqlens_q_ptr, BLOCK_M, NUM_SPLITS)
     if f0 >= q_len * GROUP:
@@ -102,7 +109,9 @@ def _paged_attention_kernel(
         q_ptr, q_start, q_len, f0, kv_head, stride_q_token, stride_q_head,
         GROUP, HEAD_DIM, BLOCK_M, FP32_DOTS, INT64_OFFSETS,
     )  # fmt: skip
-    lo, mid, hi = key_range(f0, q_len, seq_len, split, GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS)
+    lo, mid, hi = key_range(
+        f0, q_len, seq_len, split, GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS, KEY_CHUNK
+    )
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # the online softmax's running state
     m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
@@ -114,18 +123,25 @@ def _paged_attention_kernel(
         seq = seq.to(tl.int64)
     bt_row = block_table_ptr + seq * stride_bt_row  # the sequence's block ids
     shift = seq_len - q_len  # query i sees positions n <= i + shift
-    acc, m_i, l_i = attend_keys(  # keys every row sees, all inside the sequence: no masks
-        acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_slot, stride_slot,
-        0, bt_row, seq_len, shift, lo, mid, qk_scale,
-        BLOCK_N, BLOCK_SIZE=BLOCK_SIZE, PAGED=True, MASKED=False,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
-    )  # fmt: skip
-    acc, m_i, l_i = attend_keys(  # the causal diagonal and the sequence's last, partial tile
-        acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_slot, stride_slot,
-        0, bt_row, seq_len, shift, mid, hi, qk_scale,
-        BLOCK_N, BLOCK_SIZE=BLOCK_SIZE, PAGED=True, MASKED=True,
-        FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
-    )  # fmt: skip
+    if KEY_CHUNK > 0:  # batch-invariant: fixed chunks of keys, merged in order
+        acc, m_i, l_i = attend_chunks(
+            q, query, row_ok, k_base, v_base, stride_slot, stride_slot, 0, bt_row, seq_len, shift,
+            lo, mid, hi, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, KEY_CHUNK, BLOCK_SIZE, True,
+            FP32_DOTS, INPUT_PRECISION, INT64_OFFSETS,
+        )  # fmt: skip
+    else:  # one online softmax over the keys: the whole tiles, then the masked band
+        acc, m_i, l_i = attend_keys(  # keys every row sees, all inside the sequence: no masks
+            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_slot, stride_slot,
+            0, bt_row, seq_len, shift, lo, mid, qk_scale,
+            BLOCK_N, BLOCK_SIZE=BLOCK_SIZE, PAGED=True, MASKED=False,
+            FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys(  # the causal diagonal and the sequence's last, partial tile
+            acc, m_i, l_i, q, query, row_ok, k_base, v_base, stride_slot, stride_slot,
+            0, bt_row, seq_len, shift, mid, hi, qk_scale,
+            BLOCK_N, BLOCK_SIZE=BLOCK_SIZE, PAGED=True, MASKED=True,
+            FP32_DOTS=FP32_DOTS, INPUT_PRECISION=INPUT_PRECISION, INT64_OFFSETS=INT64_OFFSETS,
+        )  # fmt: skip
     store_rows(
         out_ptr, m_part_ptr, l_part_ptr, acc, m_i, l_i, q_rows, head, row_ok, split,
         stride_o_token, stride_o_head, stride_o_split, stride_ml_token, stride_ml_head,
@@ -144,11 +160,16 @@ def paged_attention(
     num_splits: int | None = None,
     max_q_len: int | None = None,
     max_seq_len: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """q [T, H, d], caches [num_blocks, block_size, Hkv, d], block_table [B, max_blocks] int32,
     seq_lens [B] int32, cu_seqlens_q [B+1] int32 -> [T, H, d].
 
     `num_splits` forces split-K (1 = off); None lets `choose_num_splits` decide.
+    `batch_invariant`: one tile for every query length and every row's keys in fixed chunks of
+    KEY_CHUNK merged in order (attention_common.py), so a row's bits are the same alone, batched,
+    decoded or prefilled; split-K then gives each program one chunk (`chunk_splits`), and
+    `num_splits` is 1 or at least the number of chunks.
     `max_q_len` (longest query rows) sizes the grid and picks the tile; `max_seq_len` (longest
     sequence, for the split-K choice) defaults to the block table's capacity. Both are host ints
     from the scheduler: the launcher never reads cu_seqlens_q or seq_lens on the host, since that
@@ -177,12 +198,16 @@ def paged_attention(
         return out
     group = num_heads // num_kv_heads
     policy = dot_policy(q.dtype)
-    blocks = paged_attention_options(max_q_len, group, head_dim, q.dtype, checked_target(NAME, q))
+    blocks = paged_attention_options(
+        max_q_len, group, head_dim, q.dtype, checked_target(NAME, q), batch_invariant
+    )
     num_q_blocks = cdiv(max_q_len * group, blocks["BLOCK_M"])
-    if num_splits is None:
-        num_splits = choose_num_splits(
-            num_q_blocks * num_seqs * num_kv_heads, max_seq_len, num_sms(q.device)
-        )
+    programs = num_q_blocks * num_seqs * num_kv_heads
+    if batch_invariant:
+        chunk = blocks["KEY_CHUNK"]
+        num_splits = chunk_splits(programs, max_seq_len, num_sms(q.device), chunk, num_splits)
+    elif num_splits is None:
+        num_splits = choose_num_splits(programs, max_seq_len, num_sms(q.device))
     if num_splits < 1:
         raise KernelInputError(f"{NAME}: num_splits must be >= 1, got {num_splits}")
 
@@ -290,33 +315,48 @@ PREFILL_TILES = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (16, 32, 4, 2),
 
 @plan_cache
 def paged_attention_options(
-    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+    max_q_len: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    target: Target,
+    batch_invariant: bool = False,
 ) -> dict:
     """`paged_attention_plan`'s launch kwargs, kept per (query rows, GQA group, d, dtype, target).
 
     The split count is not in it: it follows max_seq_len, which grows every decode step.
     """
-    return paged_attention_plan(max_q_len, group, head_dim, dtype, target).launch_options()
+    plan = paged_attention_plan(max_q_len, group, head_dim, dtype, target, batch_invariant)
+    return plan.launch_options()
 
 
 def paged_attention_plan(
-    max_q_len: int, group: int, head_dim: int, dtype: torch.dtype, target: Target
+    max_q_len: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    target: Target,
+    batch_invariant: bool = False,
 ) -> LaunchPlan:
     """Tile shape and launch options: a decode tile is one GQA group, a prefill chunk taller tiles.
 
     On a GPU the tile is the first of DECODE_TILES / PREFILL_TILES that fits the target's shared
     memory and registers (`tile_fits`): fp32 and head_dim 128+ take smaller tiles, and an RTX 4090
-    (99 KB) smaller ones than an H100 (227 KB).
+    (99 KB) smaller ones than an H100 (227 KB). Batch-invariant: one tile for every query length,
+    flash attention's too (`invariant_tile`), and KEY_CHUNK > 0.
     """
     rows = max(16, triton.next_power_of_2(max_q_len * group))
-    constexprs = {"GROUP": group, "HEAD_DIM": head_dim}  # + FP32_DOTS, INPUT_PRECISION at launch
+    # + FP32_DOTS, INPUT_PRECISION at launch; KEY_CHUNK 0: one online softmax over all the keys
+    constexprs = {"GROUP": group, "HEAD_DIM": head_dim, "KEY_CHUNK": 0}
 
-    if target.interpreter:  # cost is per op, not per FLOP: few tiles
+    if batch_invariant:
+        meta, warps, stages = invariant_tile(head_dim, dtype, target)
+        constexprs["KEY_CHUNK"] = meta.pop("KEY_CHUNK")
+    elif target.interpreter:  # cost is per op, not per FLOP: few tiles
         meta, warps, stages = {"BLOCK_M": min(rows, 64), "BLOCK_N": 32}, 4, 1
     else:
-        tiles = (
-            DECODE_TILES if rows <= 16 else PREFILL_TILES
-        )  # decode: one group per program, K/V stream through
+        # decode: one group per program, K/V stream through
+        tiles = DECODE_TILES if rows <= 16 else PREFILL_TILES
         fitting = [t for t in tiles if tile_fits(*t, head_dim, dtype, target)]
         block_m, block_n, warps, stages = (fitting or tiles[-1:])[0]
         meta = {"BLOCK_M": block_m, "BLOCK_N": block_n}

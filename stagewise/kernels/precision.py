@@ -33,18 +33,16 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 
-DEFAULT_16BIT_PRECISION = (
-    "tf32"  # Triton's default input_precision; it changes nothing for 16-bit operands
-)
+# Triton's default input_precision; it changes nothing for 16-bit operands
+DEFAULT_16BIT_PRECISION = "tf32"
 
 
 @dataclass(frozen=True)
 class DotPolicy:
     # the dots take fp32 tiles: fp32 inputs, or bf16 tiles upcast after the load (interpreter)
     fp32_dots: bool
-    input_precision: (
-        str  # tl.dot's input_precision: "ieee" or "tf32" for fp32 tiles (16-bit tiles ignore it)
-    )
+    # tl.dot's input_precision: "ieee" or "tf32" for fp32 tiles (16-bit tiles ignore it)
+    input_precision: str
 
 
 def tf32_allowed() -> bool:

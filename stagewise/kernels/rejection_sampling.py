@@ -217,9 +217,8 @@ def rejection_sample(
     # an empty tensor has no storage to point at: give the kernel a one-element stand-in
     draft = draft_token_ids if num_draft else torch.zeros(1, dtype=torch.int64, device=device)
     uni = uniform if num_draft else torch.zeros(1, dtype=torch.float32, device=device)
-    q = (
-        draft_probs if draft_probs is not None and num_draft else target_probs
-    )  # unread without HAS_Q
+    # unread without HAS_Q
+    q = draft_probs if draft_probs is not None and num_draft else target_probs
     _rejection_sample_kernel[(num_seqs,)](
         draft_ptr=draft,
         cu_ptr=cu_num_draft_tokens,

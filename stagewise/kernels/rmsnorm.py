@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_contiguous,
     check_dim,
@@ -39,7 +40,6 @@ from stagewise.kernels.plan_cache import plan_cache
 from stagewise.kernels.targets import LaunchPlan, checked_target, fixed_plan
 
 NAME = "rmsnorm"
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HIDDEN = 32768  # one row must fit in one program's registers
 
 
@@ -60,9 +60,8 @@ def _rmsnorm_kernel(
     row = tl.program_id(0).to(tl.int64)  # int64: T * hidden may exceed 2^31
     cols = tl.arange(0, BLOCK_SIZE)  # [BLOCK_SIZE]
     mask = cols < hidden
-    x = tl.load(
-        x_ptr + row * x_row_stride + cols, mask=mask, other=0.0
-    )  # [BLOCK_SIZE], input dtype
+    # [BLOCK_SIZE], input dtype
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
         # Add in fp32 and round once to the input dtype: exactly what `x + residual` does
@@ -72,13 +71,11 @@ def _rmsnorm_kernel(
     xf = x.to(tl.float32)  # accumulate in fp32 whatever the input dtype (masked lanes are 0)
     mean_square = tl.sum(xf * xf, axis=0) / hidden  # scalar
     rstd = tl.rsqrt(mean_square + eps)
-    normed = (xf * rstd).to(
-        x_ptr.dtype.element_ty
-    )  # cast to the input dtype before the weight, like HF
+    # cast to the input dtype before the weight, like HF
+    normed = (xf * rstd).to(x_ptr.dtype.element_ty)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    out = w.to(tl.float32) * normed.to(
-        tl.float32
-    )  # exact in fp32 for 16-bit inputs: one rounding at the store
+    # exact in fp32 for 16-bit inputs: one rounding at the store
+    out = w.to(tl.float32) * normed.to(tl.float32)
     tl.store(out_ptr + row * hidden + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -112,9 +109,8 @@ def rmsnorm(
     else:
         check_same_device(NAME, x=x, weight=weight)
 
-    out_dtype = torch.promote_types(
-        weight.dtype, x.dtype
-    )  # what `weight * normed` gives in PyTorch
+    # what `weight * normed` gives in PyTorch
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
     out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
     residual_out = (
         x if residual is None else torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)

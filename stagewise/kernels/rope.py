@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_contiguous,
     check_dim,
@@ -42,7 +43,6 @@ from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "rope"
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 POSITION_DTYPES = (torch.int32, torch.int64)
 # elements of one token's q half-tile [BLOCK_HQ, d/2]: beyond it, heads split over programs
 MAX_TILE = 2048
@@ -129,13 +129,11 @@ def _rope_kernel(
     )
     # 2. The angles: one cos/sin row per token, shared by all its heads of q and k.
     position = tl.load(positions_ptr + tokens, mask=token_ok, other=0).to(tl.int64)  # [BLOCK_T]
-    angle = (
-        cos_sin_ptr + position[:, None] * cos_sin_row_stride + offs[None, :]
-    )  # [BLOCK_T, BLOCK_HALF]
+    # [BLOCK_T, BLOCK_HALF]
+    angle = cos_sin_ptr + position[:, None] * cos_sin_row_stride + offs[None, :]
     angle_mask = token_ok[:, None] & (offs < HALF)[None, :]
-    cos = tl.load(angle, mask=angle_mask, other=0.0)[
-        :, None, :
-    ]  # [BLOCK_T, 1, BLOCK_HALF], float32
+    # [BLOCK_T, 1, BLOCK_HALF], float32
+    cos = tl.load(angle, mask=angle_mask, other=0.0)[:, None, :]
     sin = tl.load(angle + HALF, mask=angle_mask, other=0.0)[:, None, :]
     # 3. Rotate and store.
     _rotate_store(q_first, q_mask, q1, q2, cos, sin, HALF)
@@ -156,9 +154,8 @@ def rope_tiles(
     block_half = triton.next_power_of_2(half)
     block_hq = min(triton.next_power_of_2(num_heads), max(1, MAX_TILE // block_half))
     head_blocks = triton.cdiv(num_heads, block_hq)
-    block_hk = triton.next_power_of_2(
-        triton.cdiv(num_kv_heads, head_blocks)
-    )  # head_blocks * block_hk >= Hkv
+    # head_blocks * block_hk >= Hkv
+    block_hk = triton.next_power_of_2(triton.cdiv(num_kv_heads, head_blocks))
     per_token = (block_hq + block_hk) * block_half  # elements of one token's half-tiles of q and k
     block_t = tokens_per_program(num_tokens, per_token, TOKEN_TILE)
     heads = {"HALF": half, "BLOCK_HALF": block_half, "BLOCK_HQ": block_hq, "BLOCK_HK": block_hk}

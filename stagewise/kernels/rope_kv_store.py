@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_contiguous,
     check_dim,
@@ -39,7 +40,6 @@ from stagewise.kernels.targets import checked_target
 from stagewise.runtime import debug_checks
 
 NAME = "rope_kv_store"
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from stagewise.kernels import INTERPRETER
 from stagewise.kernels.checks import (
+    FLOAT_DTYPES,
     KernelInputError,
     check_dim,
     check_dtype,
@@ -63,12 +64,11 @@ from stagewise.kernels.matmul_decode import (
     gpu_candidates,
     smem_budget,
     split_outputs,
+    store_split_tile,
 )
 from stagewise.kernels.precision import DotPolicy, dot_policy, round_to_bf16
 from stagewise.kernels.split_k import num_sms
 from stagewise.kernels.targets import MIN_CAPABILITY, checked_target, launch_target
-
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -138,28 +138,11 @@ def _silu_down_kernel(
         gate_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * stride_bk
 
-    # from here on matmul_decode's _decode_kernel: store the partial (or c), the last split sums
-    if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
-        acc = round_to_bf16(acc)
-    tile_mask = mask_m[:, None] & mask_n[None, :]
-    out_tile = offs_m[:, None] * stride_om + cols_b[None, :] * stride_on  # [BLOCK_M, BLOCK_N]
-    tl.store(out_ptr + split.to(tl.int64) * stride_os + out_tile, acc.to(out_ptr.dtype.element_ty),
-             mask=tile_mask)  # fmt: skip
-    if FUSED_SUM:
-        num_splits = tl.num_programs(1)
-        tl.debug_barrier()  # every thread's share of the partial is stored before we count it
-        # acq_rel: our partial is visible before the count; the last one sees everyone's after it
-        arrived = tl.atomic_add(counter_ptr + tile_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:  # the last split of this tile: sum the partials in order
-            total = tl.load(out_ptr + out_tile, mask=tile_mask, other=0.0, cache_modifier=".cg")
-            for s in range(1, num_splits):  # .cg: from L2, where the other SMs' stores landed
-                total += tl.load(out_ptr + s * stride_os + out_tile, mask=tile_mask, other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
-            if INTERPRETED and c_ptr.dtype.element_ty == tl.bfloat16:
-                total = round_to_bf16(total)
-            c_tile = offs_m[:, None] * stride_cm + cols_b[None, :] * stride_cn
-            tl.store(c_ptr + c_tile, total.to(c_ptr.dtype.element_ty), mask=tile_mask)
-            tl.atomic_xchg(counter_ptr + tile_n, 0)  # ready for the next launch
+    # store the partial (or c); the tile's last split sums (matmul_decode's epilogue)
+    store_split_tile(
+        acc, out_ptr, c_ptr, counter_ptr, tile_n, split, offs_m, cols_b, mask_m, mask_n,
+        stride_os, stride_om, stride_on, stride_cm, stride_cn, INTERPRETED, FUSED_SUM,
+    )  # fmt: skip
 
 
 def fuses(gate_up: torch.Tensor, w_down) -> bool:

@@ -8,12 +8,16 @@ per range. Program s ends with the online-softmax state of its own keys,
 
     m_s (max score), l_s = sum exp(x - m_s), acc_s = sum exp(x - m_s) v     (base 2 in the kernels)
 
-and the states merge exactly, like two steps of the online softmax:
+and the states merge exactly, like steps of the online softmax, one split
+after another in the order 0, 1, ... (attention_common.merge_states):
 
-    M = max_s m_s,   w_s = exp(m_s - M),   out = sum_s w_s acc_s / sum_s w_s l_s
+    m = max(m, m_s),   l = l 2^(m_old - m) + l_s 2^(m_s - m),   acc likewise;   out = acc / l
 
-A split that saw no key has l_s = 0 and acc_s = 0 and drops out; a row with
-no key anywhere has sum_s w_s l_s = 0 and gets 0.
+A split that saw no key has l_s = 0 and acc_s = 0 and changes nothing; a row
+with no key anywhere keeps l = 0 and gets 0. The order is fixed, so the same
+partials always give the same bits, and batch-invariant attention merges the
+same way inside a program that walks every chunk itself: splitting or not is
+then a matter of speed only.
 """
 
 import functools
@@ -22,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stagewise.kernels.attention_common import M_INIT
+from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.plan_cache import plan_cache
 from stagewise.kernels.targets import LaunchPlan, fixed_plan
 
@@ -36,6 +42,7 @@ def _split_k_reduce_kernel(
     m_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running max (base-2 units)
     l_part_ptr,  # [T, H, NUM_SPLITS] fp32 partial running sum
     out_ptr,  # [T, H, d] output
+    NUM_SPLITS,  # partials per row, merged in the order 0, 1, ...
     stride_a_token,  # elements between consecutive tokens of acc_part
     stride_a_head,  # elements between consecutive heads of acc_part
     stride_a_split,  # elements between consecutive splits of acc_part
@@ -43,33 +50,27 @@ def _split_k_reduce_kernel(
     stride_ml_head,  # elements between consecutive heads of m_part / l_part
     stride_o_token,  # elements between consecutive output tokens
     stride_o_head,  # elements between consecutive output heads
-    NUM_SPLITS: tl.constexpr,  # partials per row
-    SPLITS_POW2: tl.constexpr,  # next power of two >= NUM_SPLITS (tile width)
     HEAD_DIM: tl.constexpr,  # d
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_POW2)  # [SPLITS_POW2]
-    split_ok = splits < NUM_SPLITS
     dims = tl.arange(0, HEAD_DIM)
-    ml = token * stride_ml_token + head * stride_ml_head + splits
-    m = tl.load(
-        m_part_ptr + ml, mask=split_ok, other=float("-inf")
-    )  # padding lanes get weight exp2(-inf) = 0
-    l_s = tl.load(l_part_ptr + ml, mask=split_ok, other=0.0)
-    a_ptrs = (
-        acc_part_ptr
-        + token * stride_a_token
-        + head * stride_a_head
-        + splits[:, None] * stride_a_split
-    )
-    acc = tl.load(
-        a_ptrs + dims[None, :], mask=split_ok[:, None], other=0.0
-    )  # [SPLITS_POW2, HEAD_DIM]
-    m_max = tl.max(m, axis=0)
-    w = tl.math.exp2(m - m_max)  # [SPLITS_POW2]: each split's sums rescaled to the common max
-    l_total = tl.sum(w * l_s, axis=0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_total > 0.0, l_total, 1.0)  # [HEAD_DIM]
+    a_row = acc_part_ptr + token * stride_a_token + head * stride_a_head + dims  # [HEAD_DIM]
+    ml_row = token * stride_ml_token + head * stride_ml_head
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)  # the merged state, from empty
+    m = tl.full([], M_INIT, dtype=tl.float32)
+    l_i = tl.zeros([], dtype=tl.float32)
+    for s in range(NUM_SPLITS):  # the operations of attention_common.merge_states, per row
+        m_s = tl.load(m_part_ptr + ml_row + s)
+        l_s = tl.load(l_part_ptr + ml_row + s)
+        acc_s = tl.load(a_row + s * stride_a_split)  # [HEAD_DIM]
+        m_new = tl.maximum(m, m_s)
+        w_a = tl.math.exp2(m - m_new)
+        w_b = tl.math.exp2(m_s - m_new)
+        l_i = tl.fma(l_i, w_a, l_s * w_b)
+        acc = tl.fma(acc, w_a, acc_s * w_b)
+        m = m_new
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw no key: acc == 0, l == 0 -> 0
     o_ptrs = out_ptr + token * stride_o_token + head * stride_o_head + dims
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
@@ -97,7 +98,8 @@ def split_k_reduce(
         stride_ml_head=m_part.stride(1),
         stride_o_token=out.stride(0),
         stride_o_head=out.stride(1),
-        **split_k_reduce_options(num_splits, head_dim),
+        NUM_SPLITS=num_splits,
+        **split_k_reduce_options(head_dim),
     )
 
 
@@ -144,20 +146,38 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sms: int | None) -> i
     return splits if splits >= 2 else 1
 
 
+MAX_CHUNK_SPLITS = 64  # batch-invariant: at most this many one-chunk programs, else one walks all
+
+
+def chunk_splits(
+    num_programs: int, max_seq_len: int, sms: int | None, key_chunk: int, asked: int | None
+) -> int:
+    """Batch-invariant split-K: 1 (each program walks all its chunks of `key_chunk` keys) or one
+    program per chunk, cdiv(max_seq_len, key_chunk). Both merge the same chunk states in the same
+    order (attention_common.attend_chunks), so occupancy may choose (`choose_num_splits`) without
+    changing a bit. `asked`: the caller's count, 1 or at least one program per chunk.
+    """
+    chunks = -(-max_seq_len // key_chunk)
+    if asked is None:
+        wanted = choose_num_splits(num_programs, max_seq_len, sms) > 1
+        return chunks if wanted and 1 < chunks <= MAX_CHUNK_SPLITS else 1
+    if asked != 1 and asked < chunks:
+        raise KernelInputError(
+            f"attention: batch-invariant split-K gives each program {key_chunk} keys; "
+            f"num_splits={asked} cannot cover {max_seq_len} keys (1 or >= {chunks})"
+        )
+    return asked
+
+
 @plan_cache
-def split_k_reduce_options(num_splits: int, head_dim: int) -> dict:
-    """`split_k_reduce_plan`'s launch kwargs, kept per (splits, d)."""
-    return split_k_reduce_plan(num_splits, head_dim).launch_options()
+def split_k_reduce_options(head_dim: int) -> dict:
+    """`split_k_reduce_plan`'s launch kwargs, kept per d."""
+    return split_k_reduce_plan(head_dim).launch_options()
 
 
-def split_k_reduce_plan(num_splits: int, head_dim: int) -> LaunchPlan:
-    """One program per (token, head) merges a [SPLITS_POW2, HEAD_DIM] fp32 tile.
+def split_k_reduce_plan(head_dim: int) -> LaunchPlan:
+    """One program per (token, head) merges its NUM_SPLITS partials, a [HEAD_DIM] fp32 row each.
 
     (The dtype checks are the attention launcher's.)
     """
-    constexprs = {
-        "NUM_SPLITS": num_splits,
-        "SPLITS_POW2": triton.next_power_of_2(num_splits),
-        "HEAD_DIM": head_dim,
-    }
-    return fixed_plan("split_k_reduce", constexprs, num_warps=4)
+    return fixed_plan("split_k_reduce", {"HEAD_DIM": head_dim}, num_warps=1)

@@ -63,9 +63,8 @@ SM75_FP16 = frozenset(
 @dataclass(frozen=True)
 class Target:
     interpreter: bool  # True: Triton's CPU interpreter (capability unused)
-    capability: int = (
-        0  # CUDA compute capability, 10 * major + minor (90 = H100); 0 under the interpreter
-    )
+    # CUDA compute capability, 10 * major + minor (90 = H100); 0 under the interpreter
+    capability: int = 0
     shared_memory: int = 0  # bytes of shared memory one block may use; 0 under the interpreter
 
     @property

@@ -1,6 +1,6 @@
 """The KV caches, and how one engine step stores and reads K/V through them.
 
-    access.py        `KVAccess`: what the forward pass calls, `attend(ops, layer, q, k, v, scale)`
+    access.py        `KVAccess`: what the forward pass calls, `rope_and_attend` (-> `attend`)
     none.py          `NoKVCache`: mode "naive" keeps no K/V, attention runs over the batch itself
     contiguous.py    mode "kv": one fixed-size region per request of a static batch
     paged.py         mode "paged": a pool of fixed-size blocks and the block table that maps into it

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stagewise.kv.access import KVAccess
 from stagewise.stages import attention, kv_store
 from stagewise.stages.attention_metadata import AttentionMetadata
 
@@ -39,7 +40,7 @@ class ContiguousKVCache:
 
 
 @dataclass
-class ContiguousKVStep:
+class ContiguousKVStep(KVAccess):
     """How one step's tokens store and read K/V in a `ContiguousKVCache`.
 
     `metadata` (built once per step by the runner) holds the contiguous layout: sequence b's keys

@@ -7,11 +7,12 @@ queries and keys are rows `cu_seqlens[b] : cu_seqlens[b+1]` of the same q, k, v
 
 import torch
 
+from stagewise.kv.access import KVAccess
 from stagewise.stages import attention
 from stagewise.stages.attention_metadata import AttentionMetadata
 
 
-class NoKVCache:
+class NoKVCache(KVAccess):
     """Naive recompute: the batch holds every token of every sequence; K/V are not kept."""
 
     def __init__(

@@ -19,10 +19,10 @@ import torch
 
 from stagewise.config import EngineConfig, ModelConfig
 from stagewise.errors import StagewiseError
+from stagewise.kv.access import KVAccess
 from stagewise.runtime import to_device
 from stagewise.stages import kv_store, paged_attention, rope
 from stagewise.stages.attention_metadata import AttentionMetadata
-from stagewise.stages.paged_attention_torch import plan_of
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -90,9 +90,8 @@ class PagedKVCache:
         self.kv = torch.empty(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.spare_slot = (
-            num_blocks * block_size if spare_block else None
-        )  # first slot of the spare block
+        # first slot of the spare block
+        self.spare_slot = num_blocks * block_size if spare_block else None
         self.max_blocks_per_req = -(-max_model_len // block_size)
         table_device = table_device or device  # the CPU for shape-only (meta) models
         self.block_table = torch.zeros(
@@ -136,7 +135,7 @@ class PagedKVCache:
 
 
 @dataclass
-class PagedKVStep:
+class PagedKVStep(KVAccess):
     """How one step's tokens store and read K/V in a `PagedKVCache`.
 
     `metadata` (built once per step by the runner) holds the paged layout: the block-table rows
@@ -146,10 +145,25 @@ class PagedKVStep:
 
     cache: PagedKVCache  # the engine's cache (None in a tensor-parallel step message)
     metadata: AttentionMetadata  # the step's lengths, block table and slots
+    # copy-on-write (kv/block_manager.py): (source, destination) blocks whose K/V are copied in
+    # each layer before the step stores any, so every copy reads its source as the step began
+    block_copies: tuple[tuple[int, int], ...] = ()
+
+    def copy_blocks(self, layer: int) -> None:
+        """This layer's copies: K and V of each source block into its destination block."""
+        if not self.block_copies:
+            return
+        src, dst = zip(*self.block_copies)
+        layer_kv = self.cache.kv[layer]  # [2, num_blocks, block_size, Hkv, d]
+        device = layer_kv.device
+        layer_kv[:, to_device(dst, torch.long, device)] = layer_kv[
+            :, to_device(src, torch.long, device)
+        ]
 
     def attend(
         self, ops, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
+        self.copy_blocks(layer)
         m = self.metadata
         # [2, num_blocks, block_size, Hkv, d] -> K and V, [num_blocks, block_size, Hkv, d] views
         k_cache, v_cache = self.cache.kv[layer].unbind(0)
@@ -165,7 +179,7 @@ class PagedKVStep:
         )
         return self._paged_attention(ops, layer, q, k_cache, v_cache, scale)
 
-    def attend_rotary(
+    def rope_and_attend(
         self,
         ops,
         layer: int,
@@ -176,14 +190,17 @@ class PagedKVStep:
         cos_sin_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        """`attend` for q, k not yet rotated: RoPE and the KV store run as one Triton kernel.
+        """RoPE, the KV store and attention; RoPE and the store as one Triton kernel when both
+        stages run the triton tier (`ops.fuses(rope, kv_store)`), else as `KVAccess` does.
 
-        Only when both stages run the triton tier (`ops.fuses(rope, kv_store)`): q is rotated in
-        place, rope(k) and v go to their slots, and k in the QKV buffer stays unrotated (attention
-        reads keys from the cache only). -> attention output [T, H, d].
+        Fused: q is rotated in place, rope(k) and v go to their slots, and k in the QKV buffer
+        stays unrotated (attention reads keys from the cache only). -> attention output [T, H, d].
         """
+        if not ops.fuses(rope, kv_store):
+            return super().rope_and_attend(ops, layer, positions, q, k, v, cos_sin_cache, scale)
         from stagewise.kernels.rope_kv_store import rope_kv_store  # lazily: picks the interpreter
 
+        self.copy_blocks(layer)
         m = self.metadata
         k_cache, v_cache = self.cache.kv[layer].unbind(0)  # [num_blocks, block_size, Hkv, d] each
         flat = (-1, *k_cache.shape[2:])  # [num_slots, Hkv, d]
@@ -209,16 +226,12 @@ class PagedKVStep:
 
     def _paged_attention(self, ops, layer, q, k_cache, v_cache, scale) -> torch.Tensor:
         """q [T, H, d] against this layer's cache blocks -> [T, H, d]."""
-        m = self.metadata
-        if m.decode_plan is None and ops.tier(paged_attention) == "torch":
-            # the torch tier's decode plan depends on the step only: once per step, all layers
-            m.decode_plan = plan_of(m, self.cache.block_size)
         return ops(
             paged_attention,
             layer=layer,
             q=q,
             k_cache=k_cache,
             v_cache=v_cache,
-            metadata=m,
+            metadata=self.metadata,
             scale=scale,
         )  # [T, H, d]

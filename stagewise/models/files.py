@@ -33,6 +33,27 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def files_of_model(name: str) -> list[Path]:
+    """The files `load_model(name)` would read (a preset's GGUF, a file, a folder's files); [] for
+    a preset without files or a name that is no path."""
+    from stagewise.config import PRESETS
+
+    if name == "smollm2-135m":
+        try:
+            return [smollm2_gguf_path()]
+        except StagewiseError:
+            return []
+    if name in PRESETS or name.startswith("random:"):  # made in memory, no file read
+        return []
+    path = Path(name).expanduser()
+    try:
+        if path.is_dir():
+            return [p for p in path.iterdir() if p.is_file()]
+        return [path] if path.is_file() else []
+    except OSError:
+        return []
+
+
 def model_file(folder: Path, name: str) -> Path:
     """`folder / name`, refused when it resolves outside the model folder.
 

@@ -11,7 +11,7 @@ every queued kernel — a host-bound step that no CUDA graph could capture).
 How attention reads K/V is the `kv` argument of the forward pass (`kv/access.py`):
 `NoKVCache` (recompute everything, K/V only of this batch, `kv/none.py`), the
 contiguous per-request cache (`kv/contiguous.py`) and the paged cache
-(`kv/paged.py`). `KVAccess` and `NoKVCache` are re-exported here for older imports.
+(`kv/paged.py`).
 """
 
 import itertools
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from stagewise.kv.access import KVAccess  # noqa: F401 - re-exported: its home is kv/
-from stagewise.kv.none import NoKVCache  # noqa: F401 - re-exported: its home is kv/
 from stagewise.runtime import to_device
 
 
@@ -28,15 +26,12 @@ from stagewise.runtime import to_device
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64: the tokens to run, all sequences concatenated
     positions: torch.Tensor  # [T] int64: each token's position within its own sequence
-    cu_seqlens_q: (
-        torch.Tensor
-    )  # [B+1] int32: sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
-    last_token_index: (
-        torch.Tensor
-    )  # [B] int64: the row whose logits predict each sequence's next token
-    cu_seqlens_q_host: list[
-        int
-    ]  # [B+1] the same offsets as host ints: kernels size grids without a device read
+    # [B+1] int32: sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    cu_seqlens_q: torch.Tensor
+    # [B] int64: the row whose logits predict each sequence's next token
+    last_token_index: torch.Tensor
+    # [B+1] the same offsets as host ints: kernels size grids without a device read
+    cu_seqlens_q_host: list[int]
     max_q_len: int  # the most rows any one sequence has this step (host int)
 
     @property

@@ -10,7 +10,7 @@ target dtype before reading the next one:
   as [in, out] (a transpose, no copy) and concatenate Q|K|V and gate|up; the
   memory layout per device is chosen in `weights.py`. Packed parts of different kinds
   (a Q4_K_M file's Q4_K W_q, W_k beside a Q6_K W_v) stay packed side by side
-  (`stages/packed_parts.py`).
+  (`quant/packed_parts.py`).
 - llama.cpp's converter permutes the rows of W_q and W_k so that its RoPE can
   rotate interleaved pairs (2i, 2i+1). We undo that permutation here, head by
   head, and keep Hugging Face's rotate-half RoPE (pairs (i, i + d/2)).
@@ -27,16 +27,12 @@ import torch
 from stagewise.config import ModelConfig, RopeScaling, is_number
 from stagewise.errors import StagewiseError
 from stagewise.models.files import unused_tensors
-from stagewise.models.quantized import (
-    check_quantization,
-    kept_kind,
-    notice_dequantized,
-    packed_from_blocks,
-)
+from stagewise.models.quantized import check_quantization, kept_kind, notice_dequantized
 from stagewise.models.weights import LayerWeights, LlamaWeights
-from stagewise.stages.dequantize import dequantize_rows
-from stagewise.stages.packed_parts import PackedParts
-from stagewise.stages.packed_weight import PackedWeight, cat_out_features, is_packed
+from stagewise.quant.dequantize import dequantize_rows
+from stagewise.quant.gguf_blocks import packed_from_blocks
+from stagewise.quant.packed_parts import PackedParts
+from stagewise.quant.packed_weight import PackedWeight, cat_out_features, is_packed
 
 
 def open_gguf(path: str | Path):
@@ -193,7 +189,8 @@ def load_gguf(
         t = tensors[name]
         dequantized_types.add(t.tensor_type.name)
         try:
-            array = dequantize(t.data, t.tensor_type)
+            with np.errstate(all="ignore"):  # a corrupt block's inf * 0: refused below, in one line
+                array = dequantize(t.data, t.tensor_type)
         except Exception as exc:
             raise StagewiseError(
                 f"{path}: cannot read tensor '{name}' ({type(exc).__name__}: {exc})"
@@ -202,19 +199,16 @@ def load_gguf(
             raise StagewiseError(
                 f"{path}: tensor '{name}' has shape {tuple(array.shape)}, expected {shape}"
             )
-        array = np.asarray(
-            array, dtype=np.float32
-        )  # float32, possibly a read-only view of the file
-        if not np.isfinite(
-            array
-        ).all():  # a corrupt file would otherwise generate garbage without a word
+        # float32, possibly a read-only view of the file
+        array = np.asarray(array, dtype=np.float32)
+        # a corrupt file would otherwise generate garbage without a word
+        if not np.isfinite(array).all():
             raise StagewiseError(f"{path}: tensor '{name}' holds NaN or infinite values")
         return array
 
     def cast(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True)).to(
-            dtype
-        )  # owned
+        # an owned copy (the array may be a read-only view of the file)
+        return torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True)).to(dtype)
 
     def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return cast(read(name, shape))

@@ -181,9 +181,8 @@ def load_hf_dir(
             )
         t = stored.to(dtype)
         del stored
-        if not torch.isfinite(
-            t
-        ).all():  # NaN in the file, or a value beyond `dtype`'s range (float16: 65504)
+        # NaN in the file, or a value beyond `dtype`'s range (float16: 65504)
+        if not torch.isfinite(t).all():
             raise StagewiseError(
                 f"{shard}: tensor '{name}' holds NaN or values infinite in {dtype}"
             )
@@ -217,9 +216,8 @@ def load_hf_dir(
     head = (
         embed if config.tie_word_embeddings else get("lm_head.weight", (config.vocab_size, hidden))
     )
-    if (
-        config.tie_word_embeddings and "lm_head.weight" in shards
-    ):  # many files store the tied copy as well
+    # many files store the tied copy as well
+    if config.tie_word_embeddings and "lm_head.weight" in shards:
         if not torch.equal(get("lm_head.weight", (config.vocab_size, hidden)), embed):
             raise StagewiseError(
                 f"{path}: config.json ties the LM head to the embedding (tie_word_embeddings), but "

@@ -26,20 +26,21 @@ o_proj and ffn end with an all-reduce, and the LM head's vocabulary slices
 are gathered. With one device `tp` is `SINGLE_DEVICE` and all three are the
 plain computation.
 
-On the triton tier two pairs of stages may run as one kernel each (`ops.fuses`):
-attn_norm inside qkv_proj's input load for decode batches (`norm_qkv`), and
-RoPE inside the paged cache's KV store (`PagedKVStep.attend_rotary`).
+On the triton tier two pairs of stages may run as one kernel each: attn_norm
+inside qkv_proj's input load for decode batches (`ops.norm_qkv`), and RoPE
+inside the paged cache's KV store (`kv.rope_and_attend`). The block calls the
+pair the same way whatever the tiers and the cache; `ops` and `kv` choose.
 """
 
 import torch
 
-from stagewise.kv.paged import PagedKVStep
-from stagewise.models.forward_batch import ForwardBatch, KVAccess
+from stagewise.kv.access import KVAccess
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.ops import StageOps
 from stagewise.models.parallel import SINGLE_DEVICE
 from stagewise.models.registry import LoadedModel
 from stagewise.models.weights import LayerWeights
-from stagewise.stages import ffn, kv_store, lm_head, o_proj, qkv_proj, rmsnorm, rope
+from stagewise.stages import ffn, lm_head, o_proj, rmsnorm
 from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
 
@@ -99,17 +100,11 @@ class LlamaModel:
         cfg, ops, tp = self.config, self.ops, self.tp
         num_tokens = h.shape[0]
         eps = cfg.rms_norm_eps
-        qkv, residual = self.norm_qkv(i, lw, h, residual)  # [T, hidden] -> [T, (H+2Hkv)*d]
+        # attn_norm (+ residual add), then qkv_proj: [T, hidden] -> [T, (H+2Hkv)*d]
+        qkv, residual = ops.norm_qkv(i, h, lw.attn_norm, eps, residual, w_qkv=lw.w_qkv)
         q, k, v = split_qkv(qkv, cfg)  # -> [T, H, d], [T, Hkv, d], [T, Hkv, d]
-        if isinstance(kv, PagedKVStep) and ops.fuses(rope, kv_store):
-            # one Triton kernel rotates q, k and stores rope(k), v in the paged cache
-            attn = kv.attend_rotary(ops, layer=i, positions=batch.positions, q=q, k=k, v=v,
-                                    cos_sin_cache=self.cos_sin_cache, scale=self.scale)  # fmt: skip
-        else:
-            q, k = ops(
-                rope, layer=i, positions=batch.positions, q=q, k=k, cos_sin_cache=self.cos_sin_cache
-            )
-            attn = kv.attend(ops, layer=i, q=q, k=k, v=v, scale=self.scale)  # -> [T, H, d]
+        # rope on q and k, then attention; the KV step stores k and v first (kv/)
+        attn = kv.rope_and_attend(ops, i, batch.positions, q, k, v, self.cos_sin_cache, self.scale)
         attn = attn.reshape(num_tokens, cfg.q_size)  # [T, H, d] -> [T, H*d]
         h = ops(o_proj, layer=i, x=attn, w_o=lw.w_o)  # [T, H*d] -> [T, hidden]
         h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial o_proj outputs
@@ -117,22 +112,3 @@ class LlamaModel:
         h = ops(ffn, layer=i, x=x, w_gate_up=lw.w_gate_up, w_down=lw.w_down)  # -> [T, hidden]
         h = tp.all_reduce(h, layer=i)  # TP: sum of the ranks' partial down outputs
         return h, residual
-
-    def norm_qkv(
-        self, i: int, lw: LayerWeights, h: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """attn_norm (+ residual add), then qkv_proj: h [T, hidden] -> (qkv, the residual stream).
-
-        With both stages on the triton tier, a decode batch (T <= 16) of plain weights runs one
-        kernel whose GEMM normalises its input rows as it loads them (kernels/norm_matmul.py).
-        """
-        ops, eps = self.ops, self.config.rms_norm_eps
-        if ops.fuses(rmsnorm, qkv_proj):
-            from stagewise.kernels.norm_matmul import fits_norm_matmul, norm_matmul  # lazily
-
-            if fits_norm_matmul(h, lw.attn_norm, lw.w_qkv):
-                return ops.fused((rmsnorm, qkv_proj), norm_matmul, layer=i, x=h,
-                                 norm_weight=lw.attn_norm, eps=eps, residual=residual,
-                                 w=lw.w_qkv)  # fmt: skip
-        x, residual = ops(rmsnorm, layer=i, x=h, weight=lw.attn_norm, eps=eps, residual=residual)
-        return ops(qkv_proj, layer=i, x=x, w_qkv=lw.w_qkv), residual  # [T, (H+2Hkv)*d]

@@ -83,9 +83,8 @@ def check_fits(
                 f"{name} needs {kept / GB:.1f} GB kept quantized; {free / GB:.1f} GB free on "
                 f"{where.type}"
             )
-        half = (
-            dtype if dtype != torch.float32 else torch.bfloat16
-        )  # the size asked for, or the smaller one
+        # the size asked for, or the smaller one
+        half = dtype if dtype != torch.float32 else torch.bfloat16
         sizes = (
             f"{weight_bytes(config, torch.float32) / GB:.1f} GB in float32, "
             f"{weight_bytes(config, half) / GB:.1f} GB in {str(half).removeprefix('torch.')}"

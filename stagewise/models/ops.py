@@ -7,18 +7,29 @@ run pick a tier per stage — `naive` (the textbook), `torch` (the fast PyTorch
 formulation where a stage has one, else naive) or `triton` — and lets the
 tracer see every stage's inputs and outputs and which tier ran.
 
-Where two neighbouring stages both run the triton tier, the model may call one
-kernel that does both (`fuses`, `fused`): RMSNorm inside qkv_proj's input load
-(kernels/norm_matmul.py), RoPE inside the paged KV store (kernels/rope_kv_store.py).
-The tracer records such a call once, as the later stage, with the scalar
-`fused` naming both. `StageOps(..., fuse=False)` (or `ops.fuse = False`) keeps
-every stage its own kernel, for comparison.
+Where two neighbouring stages both run the triton tier, one kernel may do both
+(`fuses`, `fused`): RMSNorm inside qkv_proj's input load (`norm_qkv`,
+kernels/norm_matmul.py), RoPE inside the paged KV store (`PagedKVStep.rope_and_attend`,
+kernels/rope_kv_store.py). The model calls `norm_qkv` and the KV step's
+`rope_and_attend` the same way whatever the tiers; they choose. The tracer records
+a fused call once, as the later stage, with the scalar `fused` naming both.
+`StageOps(..., fuse=False)` (or `ops.fuse = False`) keeps every stage its own
+kernel, for comparison.
+
+Batch invariance (the project's design notes): by default a request's numbers
+never depend on who else is in the batch. `StageOps(..., batch_invariant=False)` runs the tiers'
+batch-variant paths instead, where a stage has some (`Stage.torch_variant`:
+a prefill's attention in one product, GEMM forms chosen by the row count;
+`Stage.triton_variant`: decode and prefill GEMM kernels, split-K attention by
+occupancy, the decode-only fusions): faster, and the negative control of the
+invariance tests. The fused RMSNorm + QKV GEMM below is decode-only, so it runs
+only then.
 """
 
 from types import ModuleType
 
 from stagewise.errors import StagewiseError
-from stagewise.stages import STAGES
+from stagewise.stages import STAGES, qkv_proj, rmsnorm
 from stagewise.stages.base import TIERS, stage_of
 from stagewise.trace.hooks import active_tracer
 
@@ -27,8 +38,14 @@ BACKENDS = TIERS  # "naive", "torch", "triton"
 
 class StageOps:
     def __init__(
-        self, backend: str = "torch", overrides: dict[str, str] | None = None, fuse: bool = True
+        self,
+        backend: str = "torch",
+        overrides: dict[str, str] | None = None,
+        fuse: bool = True,
+        batch_invariant: bool = True,
     ):
+        if not isinstance(batch_invariant, bool):
+            raise StagewiseError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         overrides = dict(overrides or {})
         for name, choice in [("*", backend), *overrides.items()]:
             if choice not in BACKENDS:
@@ -40,6 +57,8 @@ class StageOps:
                 raise StagewiseError(f"unknown stage '{name}'; stages are {', '.join(STAGES)}")
         self.backend = backend  # the tier asked for every stage
         self.fuse = fuse  # allow one kernel for neighbouring triton stages (`fuses`)
+        # False: the tiers' batch-variant paths (`Stage.torch_variant`, `Stage.triton_variant`)
+        self.batch_invariant = batch_invariant
         self.overrides = overrides  # stage -> tier, where one stage was asked otherwise
         # stage -> the tier that runs ("torch" falls back to "naive" where a stage has none)
         self.backends = {
@@ -50,7 +69,11 @@ class StageOps:
             from stagewise.runtime import configure_triton
 
             configure_triton()
-        self._fns = {name: STAGES[name].tier(tier) for name, tier in self.backends.items()}
+        self._fns = {
+            name: STAGES[name].tier(tier, batch_invariant) for name, tier in self.backends.items()
+        }
+        # what a trace calls each: the tier, or what it is ("rust" for tokenize's "triton" tier)
+        self._labels = {name: STAGES[name].label(tier) for name, tier in self.backends.items()}
         # stage module -> its name: a forward pass makes ~8 stage calls per layer, and a dict
         # lookup is cheaper than `stage_of`'s checks (modules live as long as the process)
         self._names: dict[ModuleType, str] = {}
@@ -66,7 +89,7 @@ class StageOps:
         tracer = active_tracer()
         if tracer is None:
             return fn(**kwargs)
-        return tracer.record_stage(name, layer, self.backends[name], fn, kwargs)
+        return tracer.record_stage(name, layer, self._labels[name], fn, kwargs)
 
     def fuses(self, *stages) -> bool:
         """True when fusion is on and every one of `stages` runs the triton tier."""
@@ -85,6 +108,23 @@ class StageOps:
         result = tracer.record_stage(names[-1], layer, "triton", fn, kwargs)
         tracer.current_step_records()[-1].scalars["fused"] = "+".join(names)
         return result
+
+    def norm_qkv(self, layer: int | None, x, weight, eps: float, residual, w_qkv):
+        """rmsnorm (+ residual add), then qkv_proj: x [T, hidden] -> qkv [T, (H+2Hkv)*d], residual.
+
+        With both stages on the triton tier, a decode batch (T <= 16) of plain weights runs one
+        kernel whose GEMM normalises its input rows as it loads them (kernels/norm_matmul.py) —
+        not batch-invariant: its sum of squares is another order than the rmsnorm kernel's, so
+        batch-invariant runs keep the two kernels for every T.
+        """
+        if self.fuses(rmsnorm, qkv_proj) and not self.batch_invariant:
+            from stagewise.kernels import norm_matmul as kernel  # lazily: picks the interpreter
+
+            if kernel.fits_norm_matmul(x, weight, w_qkv):
+                args = {"x": x, "norm_weight": weight, "eps": eps, "residual": residual, "w": w_qkv}
+                return self.fused((rmsnorm, qkv_proj), kernel.norm_matmul, layer=layer, **args)
+        x, residual = self(rmsnorm, layer=layer, x=x, weight=weight, eps=eps, residual=residual)
+        return self(qkv_proj, layer=layer, x=x, w_qkv=w_qkv), residual  # [T, (H+2Hkv)*d]
 
     def tier(self, stage) -> str:
         """The tier that runs `stage` (module, record or name): "naive", "torch" or "triton"."""

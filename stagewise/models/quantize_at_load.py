@@ -1,7 +1,7 @@
 """A float checkpoint quantized at load: `LLM(model_dir, quantization="int4" | "int8")`.
 
 Weight-only, round-to-nearest, group by group along each matrix's input axis
-(`stages/quantize.py` has the formulas, llama.cpp's reference quantizers):
+(`quant/quantize.py` has the formulas, llama.cpp's reference quantizers):
 
     scheme     projections (qkv, o, gate_up, down)   embedding / LM head
     int8       q8_0: w = d * q, q in -127..127        q8_0
@@ -25,8 +25,8 @@ import torch
 from stagewise.errors import StagewiseError
 from stagewise.models.quantized import parse_scheme
 from stagewise.models.weights import LayerWeights, LlamaWeights
-from stagewise.stages.packed_weight import PackedWeightError
-from stagewise.stages.quantize import quantize
+from stagewise.quant.packed_weight import PackedWeightError
+from stagewise.quant.quantize import quantize
 
 PROJECTION_KIND = {"int8": "q8_0", "int4": "q4_1"}  # scheme -> kind of the four projections
 TABLE_KIND = "q8_0"  # the embedding / LM head, in either scheme
@@ -43,9 +43,17 @@ def quantize_weights(weights: LlamaWeights, quantization: str, where: str) -> Ll
 
     def pack(w: torch.Tensor, kind: str, name: str):
         try:
-            return quantize(w, kind, group)  # [K, N] float -> packed [K, N]
+            packed = quantize(w, kind, group)  # [K, N] float -> packed [K, N]
         except PackedWeightError as exc:
             raise StagewiseError(f"{where}: {quantization}: {name}: {exc}") from None
+        for part, t in (("scales", packed.scales), ("minimums", packed.mins)):
+            if t is not None and not torch.isfinite(t).all():  # else NaN logits, without a word
+                raise StagewiseError(
+                    f"{where}: {quantization}: {name}: its float16 {part} hold NaN or infinite "
+                    f"values (weights up to {float(w.abs().max()):.3g}; float16 ends at 65504): "
+                    "load it with quantization='none'"
+                )
+        return packed
 
     kind = PROJECTION_KIND[scheme]
     layers = []

@@ -45,6 +45,7 @@ class LoadedModel:
     source: str  # where the weights came from, for messages and traces
     device: torch.device  # where the weights live
     dtype: torch.dtype  # dtype of the weights and activations
+    random_weights: bool = False  # seeded values ("tiny", "random:<preset>"): text is noise
 
 
 def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -57,9 +58,8 @@ def _load_random(name: str, device: torch.device, dtype: torch.dtype) -> LoadedM
     config = replace(PRESETS[preset], name=name, shape_only=False)
     weights = synthetic_weights(config, device, dtype, seed=0)
     tokenizer = Tokenizer.synthetic(config.vocab_size)
-    return LoadedModel(
-        config, weights, tokenizer, f"{preset} shapes, random weights (seed 0)", device, dtype
-    )
+    source = f"{preset} shapes, random weights (seed 0)"
+    return LoadedModel(config, weights, tokenizer, source, device, dtype, random_weights=True)
 
 
 def _load_files(
@@ -77,9 +77,8 @@ def _load_files(
     def from_gguf(path: Path):
         with load_phase(f"reading the GGUF metadata and tokenizer of {path.name}"):
             reader = open_gguf(path)  # parsed once, shared by the weights and the tokenizer
-            config = config_from_gguf(
-                reader, str(path)
-            )  # the architecture first: a clear error if not Llama
+            # the architecture first: a clear error if not Llama
+            config = config_from_gguf(reader, str(path))
             tokenizer = tokenizer_from_gguf_reader(reader, path.name)
             tokenizer = check_vocabularies(config, tokenizer, path)
         packed = [kept_kind(t.tensor_type.name, quantization) is not None for t in reader.tensors]
@@ -128,9 +127,8 @@ def check_vocabularies(config: ModelConfig, tokenizer: Tokenizer, path: Path) ->
     """Every token id must have an embedding row; a model may have more rows than tokens (padding,
     e.g. to a multiple of 64): the model can still pick such an id, which then decodes to no text,
     as in transformers."""
-    if (
-        tokenizer.vocab_size > config.vocab_size
-    ):  # else an id past the table fails inside the embedding
+    # else an id past the table fails inside the embedding
+    if tokenizer.vocab_size > config.vocab_size:
         raise StagewiseError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, more than the model's"
             f" {config.vocab_size} embedding rows"
@@ -206,4 +204,7 @@ def load_model(
     config, weights, tokenizer, source = _load_files(
         name, device, dtype, check_quantization(quantization)
     )
-    return LoadedModel(config, weights.to(device, dtype), tokenizer, source, device, dtype)
+    weights = weights.to(device, dtype)
+    return LoadedModel(
+        config, weights, tokenizer, source, device, dtype, random_weights=name == "tiny"
+    )

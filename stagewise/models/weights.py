@@ -11,7 +11,7 @@ Shape is not layout. Where the numbers sit in memory depends on the device
 - CPU: "out-major", each matrix stored [out, in] row-major (as in the model
   files) and seen through a transposed [in, out] view, because the CPU BLAS
   streams weights fastest in that orientation for decode-sized batches
-  (`stages/gemm.py` has the measurements). With tied embeddings the LM head
+  (`tuning/gemm_forms.py`; the measurements: benchmarks/README.md). With tied embeddings the LM head
   is simply the embedding table seen transposed: no second copy.
 - GPU: "in-major", each matrix contiguous [in, out] (and a separate LM head
   copy), the layout the Triton GEMM's tiles were written for.
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from stagewise.config import ModelConfig
-from stagewise.stages.packed_weight import PackedWeight, is_packed
+from stagewise.quant.packed_weight import PackedWeight, is_packed
 
 
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden]: RMSNorm before attention
-    # the four projections: tensors, or PackedWeight when kept quantized (stages/packed_weight.py)
+    # the four projections: tensors, or PackedWeight when kept quantized (quant/packed_weight.py)
     w_qkv: "torch.Tensor | PackedWeight"  # [hidden, (H + 2*Hkv) * d]: fused Q, K, V projection
     w_o: "torch.Tensor | PackedWeight"  # [H * d, hidden]: attention output projection
     ffn_norm: torch.Tensor  # [hidden]: RMSNorm before the FFN
@@ -62,9 +62,8 @@ class LlamaWeights:
             embed = self.embed.to(device)
             lm_head = embed if self.tied() else move(self.lm_head)  # one object when tied
         else:
-            embed = self.embed.to(
-                device=device, dtype=dtype
-            ).contiguous()  # [vocab, hidden]: rows are gathered
+            # [vocab, hidden]: rows are gathered
+            embed = self.embed.to(device=device, dtype=dtype).contiguous()
             lm_head = embed.t() if self.tied() and out_major else move(self.lm_head)
         return LlamaWeights(
             embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head
@@ -174,9 +173,8 @@ def random_weights(config: ModelConfig, seed: int = 0) -> LlamaWeights:
         torch.randn(config.vocab_size, config.hidden_size, generator=gen) / config.hidden_size**0.5
     )
     untied = torch.randn(embed.shape, generator=gen) / config.hidden_size**0.5
-    lm_head = (
-        embed if config.tie_word_embeddings else untied
-    ).t()  # [hidden, vocab] view (tied: shares memory)
+    # [hidden, vocab] view (tied: shares memory)
+    lm_head = (embed if config.tie_word_embeddings else untied).t()
     final_norm = init("final_norm", (config.hidden_size,))
     return LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 

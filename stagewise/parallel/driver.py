@@ -38,13 +38,13 @@ import torch.distributed as dist
 
 from stagewise.config import ModelConfig, ParallelConfig
 from stagewise.errors import StagewiseError
+from stagewise.models.prepare import calibrate_for
 from stagewise.models.registry import LoadedModel
 from stagewise.parallel import launch
 from stagewise.parallel.group import TensorParallelGroup
 from stagewise.parallel.messages import Shutdown, TraceRequest, step_message
 from stagewise.parallel.shard import check_tp_size, local_config, shard_plan, shard_weights
 from stagewise.parallel.worker import build_model
-from stagewise.stages import gemm_torch
 from stagewise.trace.hooks import active_tracer
 
 
@@ -73,7 +73,7 @@ _RUNNING: dict[tuple, "TensorParallelModel"] = {}
 def tensor_parallel_model(loaded: LoadedModel, ops, pcfg: ParallelConfig) -> "TensorParallelModel":
     """A running TensorParallelModel for these weights, N and backends (started, or shared), one user more."""
     launch.exit_if_reimported()  # a worker re-running an unguarded script: leave before starting ranks again
-    key = (id(loaded.weights), pcfg, tuple(sorted(ops.backends.items())))
+    key = (id(loaded.weights), pcfg, tuple(sorted(ops.backends.items())), ops.batch_invariant)
     model = _RUNNING.get(key)
     if model is None or model._closed is not None:
         model = TensorParallelModel(loaded, ops, pcfg)
@@ -95,7 +95,7 @@ class TensorParallelModel:
         plans = [shard_plan(full, r, n) for r in range(n)]
         self.config = local_config(full, plans[0])  # rank 0's sizes: what the runners build caches for
         self.pcfg = pcfg
-        gemm_torch.calibrate_for(loaded.weights, ops.backends)  # once per process, whole model; workers inherit it
+        calibrate_for(loaded.weights, ops.backends)  # once per process, whole model; workers inherit it
         self._closed: str | None = None  # why no further step can run (None: running)
         self.users = 0  # LLMs sharing these ranks (tensor_parallel_model); the last one's shutdown ends them
         self._source = loaded.weights  # held, so its id (the sharing key) cannot be reused by other weights
@@ -105,7 +105,9 @@ class TensorParallelModel:
             control = launch.join_as_rank0(self.ranks, pcfg, self.backend)
             self.group = TensorParallelGroup(plans[0], self.backend, control)
             shard = shard_weights(loaded.weights, full, plans[0], loaded.device, loaded.dtype)
-            self.local = build_model(full, plans[0], shard, loaded.device, loaded.dtype, ops.backends, self.group)
+            self.local = build_model(
+                full, plans[0], shard, loaded.device, loaded.dtype, ops.backends, self.group, ops.batch_invariant
+            )
         except BaseException:
             self.ranks.stop()
             raise
@@ -139,6 +141,18 @@ class TensorParallelModel:
             raise
         self.ranks.in_step = False
         return logits
+
+    def failure(self) -> str | None:
+        """Why no step can run any more (a rank failed or exited, or the ranks were shut down), or
+        None. A worker that died between steps is seen here before a step trips over it (a
+        server's /health)."""
+        if self._closed is not None:
+            return self._closed
+        dead = {rank: proc.exitcode for rank, proc in self.ranks.processes.items() if not proc.is_alive()}
+        if dead:
+            rank, code = next(iter(dead.items()))
+            return f"tensor-parallel rank {rank} exited with code {code}; create a new LLM"
+        return None
 
     def _fail(self, exc: BaseException) -> None:
         """Shut every rank down and say which rank failed and why (KeyboardInterrupt stays itself)."""
@@ -227,5 +241,8 @@ def serve_torchrun_worker(loaded: LoadedModel, ops, pcfg: ParallelConfig, rank: 
     control = launch.join_torchrun(rank, pcfg, backend)
     group = TensorParallelGroup(plan, backend, control)
     shard = shard_weights(loaded.weights, loaded.config, plan, loaded.device, loaded.dtype)
-    serve(build_model(loaded.config, plan, shard, loaded.device, loaded.dtype, ops.backends, group), group)
+    local = build_model(
+        loaded.config, plan, shard, loaded.device, loaded.dtype, ops.backends, group, ops.batch_invariant
+    )
+    serve(local, group)
     dist.destroy_process_group()

@@ -48,7 +48,7 @@ from stagewise.config import ParallelConfig
 from stagewise.errors import StagewiseError
 from stagewise.parallel.shard import shard_weights
 from stagewise.parallel.worker import WorkerArgs, join_group, worker_main
-from stagewise.stages import gemm
+from stagewise.tuning import gemm_forms
 
 HOST = "127.0.0.1"  # the spawned ranks all live on this machine
 JOIN_S = 10.0  # how long an orderly shutdown waits for a worker before killing it
@@ -60,10 +60,21 @@ MAIN_GUARD_HINT = (
 )
 
 
+def env_int(name: str, default: int | None = None) -> int:
+    """A count a launcher put in the environment (RANK, WORLD_SIZE, ...), or a one-line error."""
+    text = os.environ.get(name)
+    if text is None and default is not None:
+        return default
+    if text is None or not (text.strip().isascii() and text.strip().isdigit()):
+        raise StagewiseError(f"{name} must be a whole number >= 0 (torchrun sets it), got {text!r}")
+    return int(text)
+
+
 def torchrun_rank() -> int | None:
     """This process's rank when torchrun (or any env:// launcher) started it, else None."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        return int(os.environ["RANK"])
+        env_int("WORLD_SIZE")
+        return env_int("RANK")
     return None
 
 
@@ -159,7 +170,8 @@ def start(loaded, ops, pcfg: ParallelConfig, backend: str, plans) -> Ranks:
                 dict(ops.backends),
                 writer,
                 os.getpid(),
-                gemm.CPU_FORMS,
+                gemm_forms.CPU_FORMS,
+                ops.batch_invariant,
             )
             proc = ctx.Process(target=worker_main, args=(args,), name=f"{WORKER_NAME}{plan.rank}", daemon=True)
             with _sigint_blocked():  # the worker is born deaf to Ctrl-C, before its imports begin
@@ -259,9 +271,9 @@ def join_as_rank0(ranks: Ranks, pcfg: ParallelConfig, backend: str):
 
 
 def join_torchrun(rank: int, pcfg: ParallelConfig, backend: str):
-    world = int(os.environ["WORLD_SIZE"])
+    world = env_int("WORLD_SIZE")
     if world != pcfg.tensor_parallel_size:
         raise StagewiseError(f"torchrun started {world} processes but tensor_parallel_size={pcfg.tensor_parallel_size}")
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(env_int("LOCAL_RANK", rank))
     return join_group(rank, pcfg, backend)

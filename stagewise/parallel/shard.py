@@ -30,7 +30,7 @@ import torch
 from stagewise.config import ModelConfig
 from stagewise.errors import StagewiseError
 from stagewise.models.weights import LayerWeights, LlamaWeights
-from stagewise.stages.packed_weight import (
+from stagewise.quant.packed_weight import (
     PackedWeight,
     PackedWeightError,
     cat_out_features,

@@ -35,13 +35,14 @@ from stagewise.config import ModelConfig, ParallelConfig
 from stagewise.kv.contiguous import ContiguousKVCache
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
+from stagewise.models.prepare import calibrate_for
 from stagewise.models.registry import LoadedModel
 from stagewise.models.weights import LlamaWeights
 from stagewise.parallel.group import TensorParallelGroup
 from stagewise.parallel.messages import Shutdown, StepMessage, build_cache, to_device, with_cache
 from stagewise.parallel.shard import ShardPlan, local_config
-from stagewise.stages import gemm
 from stagewise.trace.tracer import Tracer
+from stagewise.tuning import gemm_forms
 
 CONTROL_TIMEOUT = timedelta(days=7)  # workers wait for rank 0's next step for as long as the user is idle
 FAULT_ENV = "STAGEWISE_TP_FAULT"  # tests: "RANK:STEP:raise|exit|hang" makes that rank fail at that step
@@ -79,11 +80,13 @@ def gloo_on_loopback():
                 os.environ["GLOO_SOCKET_IFNAME"] = old
 
 
-def build_model(config: ModelConfig, plan: ShardPlan, shard: LlamaWeights, device, dtype, backends, group):
+def build_model(
+    config: ModelConfig, plan: ShardPlan, shard: LlamaWeights, device, dtype, backends, group, batch_invariant=True
+):
     """This rank's LlamaModel: its local sizes, its shards, its collectives."""
     loaded = LoadedModel(local_config(config, plan), shard, None, f"{config.name} rank {plan.rank}", device, dtype)
-    model = LlamaModel(loaded, StageOps("naive", overrides=backends), tp=group)
-    gemm.calibrate_for(shard, model.ops.backends)  # CPU torch tier, once per process: this BLAS's fastest form
+    model = LlamaModel(loaded, StageOps("naive", overrides=backends, batch_invariant=batch_invariant), tp=group)
+    calibrate_for(shard, model.ops.backends)  # CPU torch tier, once per process: this BLAS's fastest form
     return model
 
 
@@ -139,7 +142,8 @@ class WorkerArgs:
     backends: dict  # stage -> naive|triton, as on rank 0
     errors: object  # the write end of a pipe to rank 0: a failure's one-line reason
     parent_pid: int  # rank 0's process: the watchdog ends this worker when it is gone
-    cpu_forms: object  # rank 0's measured CPU GEMM forms (stages/gemm.py): same machine, same BLAS, no re-measure
+    cpu_forms: object  # rank 0's measured CPU GEMM forms (tuning/gemm_forms.py): same machine, same BLAS, no re-measure
+    batch_invariant: bool = True  # as on rank 0: False runs the torch tier's batch-variant paths
 
 
 def worker_main(args: WorkerArgs) -> None:
@@ -149,7 +153,9 @@ def worker_main(args: WorkerArgs) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.pcfg.tensor_parallel_size))
-    gemm.CPU_FORMS.chosen, gemm.CPU_FORMS.measured_ms = args.cpu_forms.chosen, args.cpu_forms.measured_ms
+    gemm_forms.CPU_FORMS.chosen, gemm_forms.CPU_FORMS.measured_ms = args.cpu_forms.chosen, args.cpu_forms.measured_ms
+    gemm_forms.CPU_FORMS.chosen_variant = args.cpu_forms.chosen_variant  # the unpadded forms' choice
+    gemm_forms.CPU_FORMS.agreeing = args.cpu_forms.agreeing  # the same BLAS: the same agreement
     try:
         device = torch.device(args.device)
         if device.type == "cuda":
@@ -165,7 +171,9 @@ def worker_main(args: WorkerArgs) -> None:
         store.set(f"ready/{args.rank}", "1")
         control = join_group(args.rank, args.pcfg, args.backend, store)
         group = TensorParallelGroup(args.plan, args.backend, control)
-        model = build_model(args.config, args.plan, shard, device, args.dtype, args.backends, group)
+        model = build_model(
+            args.config, args.plan, shard, device, args.dtype, args.backends, group, args.batch_invariant
+        )
         serve(model, group)
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - whatever it is, rank 0 must hear why, then this process ends

@@ -11,6 +11,9 @@ running batch at the next step. The pieces, one file each:
 - `handle`       one request in flight: its engine `Request` and that asyncio queue
 - `metrics`      the Prometheus counters, gauges and histograms of `GET /metrics`
 - `app`          the Starlette application: its routes and how a response streams
+- `guards`       what a request must be to be answered: its Host, a JSON body in time, the API key
 - `server`       binding the socket, running uvicorn, draining on Ctrl-C / SIGTERM
+- `limits`       what one request or client may cost the others (stop strings, view
+                 streams, timeouts) and which Host names are answered
 - `view`, `replay`  the live view of the scheduler and KV blocks (a browser page), and its replay
 """

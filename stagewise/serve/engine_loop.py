@@ -24,7 +24,10 @@ without bound while every client times out.
 
 A handler whose client disconnects calls `abort(handle)`: at the next step
 boundary the request leaves the scheduler and its KV blocks go back to the
-free list.
+free list. When that leaves nothing to run, the loop still settles the books
+before it sleeps: the gauges and the live view show the request gone (an
+"idle step": a snapshot of its own, nothing scheduled), not a running request
+holding blocks until some later request arrives.
 
 Two modes, the two halves of the batching comparison:
 
@@ -178,13 +181,18 @@ class EngineLoop:
             with self.llm._lock:  # the LLM's lock, held for each engine step (as its own calls do)
                 results, step_s = self._paged_step(runner, *work)
             if results is None:
+                new, aborts = work
+                if aborts or new:  # requests left (or came and went) and nothing is left to run
+                    self._after_step(runner, 0.0, idle=True)
+                    self.step_index += 1
                 continue
             self._deliver(results)
             self._after_step(runner, step_s)
             self.step_index += 1
 
     def _paged_step(self, runner, new: list[Handle], aborts: list[Handle]) -> tuple[list | None, float]:
-        """New requests join, aborted ones leave, one step; -> (its results, seconds), or None."""
+        """New requests join, aborted ones leave, one step; -> (its results, seconds), None when
+        there was nothing to run, [] when the step failed (every request in it ended)."""
         for h in new:
             if h.aborted:
                 self._finish(h, "abort", None)
@@ -205,7 +213,7 @@ class EngineLoop:
                 runner.abort(h.request)
                 self._finish(h, "error", f"the engine step failed ({type(exc).__name__}: {exc})")
             runner.repair()
-            return None, 0.0
+            return [], 0.0
         return results, time.perf_counter() - start
 
     def _run_static(self) -> None:
@@ -233,6 +241,8 @@ class EngineLoop:
                     if not h.done:
                         self._finish(h, "abort", None)
                 pending = [h for h in pending if not h.done]
+            if self.metrics is not None:  # the gauges settle before the thread sleeps
+                self.metrics.after_step(None, self.num_waiting(), len(self._live))
 
     def _run_batch(self, runner: KVRunner, batch: list[Handle]) -> None:
         for h in batch:
@@ -296,22 +306,33 @@ class EngineLoop:
             with self._cond:
                 self._num_waiting -= 1
 
-    def _after_step(self, runner, step_s: float) -> None:
+    def _after_step(self, runner, step_s: float, idle: bool = False) -> None:
+        """Books after a step (`idle`: after requests left with no step run): gauges, the view."""
         for h in self._live.values():  # scheduled this step, even with no token yet (a prefill chunk)
             if not h.started and h.request.first_scheduled_time is not None:
                 self._mark_started(h)
         if self.metrics is not None:
             self.metrics.after_step(runner, self.num_waiting(), len(self._live))
         if self.hub is not None and runner is not None:
-            self._publish(runner, step_s)
+            self._publish(runner, step_s, idle)
 
-    def _publish(self, runner, step_s: float) -> None:
-        from stagewise.engine.snapshot import engine_snapshot
+    def _publish(self, runner, step_s: float, idle: bool) -> None:
+        """A snapshot for the view: live at most view_publish_hz times a second, and always when
+        the engine goes idle (the page must not keep a stale step); every step for a recorder."""
+        from stagewise.engine.snapshot import engine_snapshot, step_latency
 
+        live = idle or not runner.has_unfinished() or self.hub.live_due()
+        if not live and not self.hub.wants_every_step():
+            self.hub.carry(step_latency(runner))  # not built (it walks every request and block row);
+            return  # its tokens' TTFT / TBT still reach the page's latency chart with the next one
         snapshot = engine_snapshot(
-            runner, step_index=self.step_index, step_stats={"step_ms": round(1e3 * step_s, 3)}, now=time.time()
+            runner,
+            step_index=self.step_index,
+            step_stats={"step_ms": round(1e3 * step_s, 3)},
+            now=time.time(),
+            idle=idle,
         )
-        self.hub.publish(snapshot)
+        self.hub.publish(snapshot, live=live)
 
     def _finish(self, h: Handle, reason: str | None, error: str | None, push: bool = True) -> None:
         """The request's last event (unless it was just pushed); it leaves the books."""

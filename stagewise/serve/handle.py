@@ -41,3 +41,21 @@ class Handle:
             self._loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is closed (server shutting down): nobody listens
             pass
+
+
+async def events_of(handles: list["Handle"]):
+    """(index in `handles`, event) from every handle's queue as they come, until each has finished:
+    the n samples of one request (choice i is sample i) read together."""
+    waiting = {asyncio.ensure_future(h.events.get()): i for i, h in enumerate(handles)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=waiting.get):  # several at once: in choice order
+                index = waiting.pop(task)
+                event = task.result()
+                if not event.finished:
+                    waiting[asyncio.ensure_future(handles[index].events.get())] = index
+                yield index, event
+    finally:
+        for task in waiting:
+            task.cancel()

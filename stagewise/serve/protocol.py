@@ -16,19 +16,30 @@ answers with OpenAI's error JSON:
 A model name other than the one served is answered 404 `model_not_found`, as
 OpenAI answers it; a request without "model" gets the served one.
 
-Fields that the API defines but this engine cannot honour (`n` > 1, `logprobs`,
-`echo`, presence / frequency penalties, `logit_bias`) are refused by name
-rather than silently ignored; fields nobody defined are ignored, as OpenAI does.
+`n` asks for n samples of the prompt, 1 <= n <= 16 (`SamplingParams.MAX_SAMPLES`): the answer
+holds n choices (index 0 .. n-1), a seeded request's sample i draws with seed + i, and the usage
+counts the prompt once and every sample's tokens. n x (prompt + max_tokens) must fit the KV cache.
+
+`logprobs` (and chat's `top_logprobs`) are answered from the engine's own records
+(serve/logprobs.py), per choice.
+
+Fields that the API defines but this engine cannot honour (`best_of` > 1,
+`echo`, presence / frequency penalties, `logit_bias`, `tools` / `tool_choice` /
+`functions`, `response_format`, `suffix`) are refused by name rather than
+silently ignored; fields nobody defined are ignored, as OpenAI does.
 Extra sampling fields that vLLM accepts are accepted too: `top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`.
 """
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 
 from stagewise.errors import StagewiseError
-from stagewise.sampling_params import SamplingParams
+from stagewise.sampling_params import MAX_SAMPLES, SamplingParams
+from stagewise.serve.limits import ServerLimits
+from stagewise.serve.logprobs import MAX_TOP_LOGPROBS
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 ROLES = ("system", "user", "assistant")  # chat roles a template knows
@@ -60,6 +71,28 @@ class ParsedRequest:
     model: str  # the model name the response reports
 
 
+# ---- reading the body ----
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads(raw: bytes):
+    """The body's JSON; anything that is not JSON as RFC 8259 writes it is refused (400): bad syntax
+    or UTF-8, NaN / Infinity, a number of more digits than Python converts, nesting too deep."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not valid UTF-8 JSON ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise APIError(400, "the request body is not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # NaN / Infinity, or an integer longer than int() takes (4300 digits)
+        raise APIError(400, f"the request body is not valid JSON ({str(exc).split(';')[0]})") from None
+
+
 # ---- checking fields ----
 
 
@@ -83,25 +116,56 @@ def _get(body: dict, name: str, kind: str, default=None):
         return int(value)  # JSON has one number type: 16.0 is 16
     if not ok:
         article = "an" if kind[0] in "aeiou" else "a"
-        raise APIError(400, f"'{name}' must be {article} {kind}, got {_shown(value)}", param=name)
+        raise APIError(400, f"'{name}' must be {article} {kind}, got {shown(value)}", param=name)
+    if kind == "str":
+        _text(value, name)
     return value
 
 
-def _shown(value) -> str:
-    text = repr(value)
+def shown(value) -> str:
+    """A value quoted in an error message: its repr (which escapes what cannot print), cut short."""
+    try:
+        text = repr(value)
+    except RecursionError:  # JSON nested just shallower than the parser's limit
+        return f"a deeply nested {type(value).__name__}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _text(value: str, where: str) -> str:
+    """A string that is Unicode text: JSON's \\ud800 escapes can make a lone surrogate, which no
+    tokenizer (nor UTF-8) can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise APIError(
+            400, f"'{where}' is not valid Unicode text (a lone surrogate {bad!r} at character {exc.start})", where
+        ) from None
+    return value
+
+
+UNSUPPORTED = {  # fields OpenAI defines that this server cannot honour: refused by name, never ignored
+    "tools": "tool calls are not supported by this server",
+    "tool_choice": "tool calls are not supported by this server",
+    "functions": "function calls are not supported by this server",
+    "function_call": "function calls are not supported by this server",
+    "response_format": "structured output (response_format) is not supported by this server",
+    "suffix": "'suffix' (text after the completion) is not supported by this server",
+}
+
+
 def _refuse_unsupported(body: dict) -> None:
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise APIError(400, f"only n=1 is supported, got n={_shown(n)}", param="n")
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) is not None:
+            raise APIError(400, why, param=name)
+    n = _get(body, "n", "int")  # a JSON integer: true is not 1
+    if n is not None and not 1 <= n <= MAX_SAMPLES:
+        raise APIError(400, f"n must be an integer in [1, {MAX_SAMPLES}], got n={shown(n)}", param="n")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
-        raise APIError(400, f"only best_of=1 is supported, got {_shown(best_of)}", param="best_of")
-    for name in ("logprobs", "top_logprobs", "echo"):
-        if body.get(name) not in (None, False, 0):
-            raise APIError(400, f"'{name}' is not supported by this server", param=name)
+        raise APIError(400, f"only best_of=1 is supported, got {shown(best_of)}", param="best_of")
+    if body.get("echo") not in (None, False):
+        raise APIError(400, "'echo' is not supported by this server", param="echo")
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise APIError(400, f"'{name}' is not supported (use repetition_penalty, as vLLM does)", param=name)
@@ -121,7 +185,7 @@ def _prompt(body: dict) -> str:
             "'prompt' must be a string (token-id prompts and batches of several prompts are not supported)",
             param="prompt",
         )
-    return prompt
+    return _text(prompt, "prompt")
 
 
 def _messages(body: dict) -> list[dict]:
@@ -137,7 +201,7 @@ def _messages(body: dict) -> list[dict]:
         if role == "developer":
             role = "system"  # OpenAI's newer name for the system role
         if role not in ROLES:
-            raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {_shown(role)}", param=where)
+            raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown(role)}", param=where)
         out.append({"role": role, "content": _content(m.get("content"), where)})
     return out
 
@@ -145,30 +209,68 @@ def _messages(body: dict) -> list[dict]:
 def _content(content, where: str) -> str:
     """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
     if isinstance(content, str):
+        _text(content, f"{where}.content")
         return content
     if isinstance(content, list):
         texts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise APIError(400, f"'{where}.content' may hold only text parts", param=where)
-            texts.append(part["text"])
+            texts.append(_text(part["text"], f"{where}.content"))
         return "".join(texts)
-    raise APIError(400, f"'{where}.content' must be a string, got {_shown(content)}", param=where)
+    raise APIError(400, f"'{where}.content' must be a string, got {shown(content)}", param=where)
 
 
-def _stop(body: dict) -> tuple[str, ...]:
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many top tokens to return per generated token, or None for no log-probabilities.
+
+    completions: "logprobs": k (0 = the drawn token's only); chat: "logprobs": true and
+    "top_logprobs": k (k only with logprobs, as OpenAI checks)."""
+    if chat:
+        on = _get(body, "logprobs", "bool", False)
+        top = _get(body, "top_logprobs", "int")
+        if top is not None and not on:
+            raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        name, k = "top_logprobs", (top or 0) if on else None
+    else:
+        value = body.get("logprobs")
+        name, k = "logprobs", None if value in (None, False) else _get(body, "logprobs", "int")
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"'{name}' must be an int in [0, {MAX_TOP_LOGPROBS}], got {shown(k)}", param=name)
+    return k
+
+
+def _stop(body: dict, limits: ServerLimits) -> tuple[str, ...]:
+    """Stop strings, at most `limits.max_stop_strings` of at most `limits.max_stop_length` characters:
+    the engine thread looks for each one after every token, so their total is every request's cost."""
     stop = body.get("stop")
     if stop is None:
         return ()
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise APIError(400, f"'stop' must be a string or a list of non-empty strings, got {_shown(stop)}", param="stop")
-    return tuple(stop)
+        raise APIError(400, f"'stop' must be a string or a list of non-empty strings, got {shown(stop)}", param="stop")
+    if len(stop) > limits.max_stop_strings:
+        raise APIError(
+            400,
+            f"'stop' holds {len(stop)} strings; this server takes at most {limits.max_stop_strings} "
+            "(--max-stop-strings)",
+            param="stop",
+        )
+    longest = max(stop, key=len, default="")
+    if len(longest) > limits.max_stop_length:
+        raise APIError(
+            400,
+            f"'stop' holds a string of {len(longest)} characters; this server takes at most "
+            f"{limits.max_stop_length} (--max-stop-length)",
+            param="stop",
+        )
+    return tuple(_text(s, "stop") for s in stop)
 
 
-def parse_request(body, *, chat: bool, model_name: str) -> ParsedRequest:
+def parse_request(body, *, chat: bool, model_name: str, limits: ServerLimits | None = None) -> ParsedRequest:
     """Check an OpenAI completion (or chat completion) request; -> what the engine needs."""
+    limits = limits or ServerLimits()
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     model = _get(body, "model", "str")
@@ -194,8 +296,10 @@ def parse_request(body, *, chat: bool, model_name: str) -> ParsedRequest:
         min_p=_get(body, "min_p", "number", 0.0),
         repetition_penalty=_get(body, "repetition_penalty", "number", 1.0),
         seed=_get(body, "seed", "int"),
-        stop=_stop(body),
+        stop=_stop(body, limits),
         ignore_eos=_get(body, "ignore_eos", "bool", False),
+        n=_get(body, "n", "int", 1),
+        logprobs=_logprobs(body, chat),
     )
     try:
         params = SamplingParams(**fields)
@@ -225,29 +329,43 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def completion_object(rid: str, model: str, chat: bool, text: str, finish_reason: str | None, counts: dict) -> dict:
-    """The whole answer of a non-streaming request."""
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-    else:
-        choice = {"index": 0, "text": text}
-    choice |= {"finish_reason": finish_reason, "logprobs": None}
+def completion_object(
+    rid: str, model: str, chat: bool, answers: list[tuple[str, str | None]], counts: dict, logprobs: list | None = None
+) -> dict:
+    """The whole answer of a non-streaming request: one choice per sample, (text, finish reason);
+    `logprobs`: per sample serve/logprobs.py's object, if asked."""
+    choices = []
+    for index, (text, finish_reason) in enumerate(answers):
+        if chat:
+            choice = {"index": index, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": index, "text": text}
+        lp = logprobs[index] if logprobs else None
+        choices.append(choice | {"finish_reason": finish_reason, "logprobs": lp})
     obj = "chat.completion" if chat else "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice], "usage": counts}
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices, "usage": counts}
 
 
 def chunk_object(
-    rid: str, model: str, chat: bool, text: str | None, finish_reason: str | None, first: bool = False
+    rid: str,
+    model: str,
+    chat: bool,
+    text: str | None,
+    finish_reason: str | None,
+    first: bool = False,
+    index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
-    """One server-sent event of a streaming answer: a text delta, and the finish reason at the end."""
+    """One server-sent event of a streaming answer: a text delta of choice `index` (sample), and
+    its finish reason at the end; `logprobs`: those of its tokens since its last chunk, if asked."""
     if chat:
         delta = {"role": "assistant", "content": text or ""} if first else {}
         if text and not first:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta}
+        choice = {"index": index, "delta": delta}
     else:
-        choice = {"index": 0, "text": text or ""}
-    choice |= {"finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text or ""}
+    choice |= {"finish_reason": finish_reason, "logprobs": logprobs}
     obj = "chat.completion.chunk" if chat else "text_completion"
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
 

@@ -8,18 +8,22 @@ unreadable file, text that is not JSON, a JSON that is not a stagewise trace,
 an older format version, or a trace without views (mode kv or naive have no
 blocks to show). `replay_app` serves the page in replay mode at `/` and the
 run at `/api/run`, stripped to what the page draws (the stage records of a
-trace can be megabytes and the page never reads them).
+trace can be megabytes and the page never reads them). As the live server,
+it answers only an IP literal or localhost in the Host header (the run holds
+the prompts' text: a page whose name was re-pointed here must not read it).
 """
 
 import json
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from stagewise.errors import StagewiseError
+from stagewise.serve.guards import HostCheck
 from stagewise.serve.view import page_html
 from stagewise.trace.export import SCHEMA_NAME, SCHEMA_VERSION
 
@@ -77,4 +81,5 @@ def replay_app(run: dict, name: str) -> Starlette:
     async def run_json(request: Request):
         return JSONResponse(run)
 
-    return Starlette(routes=[Route("/", index, methods=["GET"]), Route("/api/run", run_json, methods=["GET"])])
+    routes = [Route("/", index, methods=["GET"]), Route("/api/run", run_json, methods=["GET"])]
+    return Starlette(routes=routes, middleware=[Middleware(HostCheck, allowed=())])

@@ -1,50 +1,41 @@
-"""The torch tier of attention (contiguous layout): the reference's arithmetic, fewer calls.
+"""The torch tier of attention (contiguous layout): every row over fixed-size key chunks.
 
     q [Tq, H, d], k [Tk, Hkv, d], v [Tk, Hkv, d], metadata -> out [Tq, H, d]
 
-`attention.naive` spells every regrouping out with `einops.rearrange`, so a
-reader sees which axes move; each one is a Python parse and a few PyTorch
-calls, five per sequence per layer. This tier runs the same products on the
-same layouts, with the regroupings written as the views and permutes they
-stand for, so the numbers are the reference's bit for bit (a fused
-`scaled_dot_product_attention` would sum in another order: 1e-7 apart,
-enough to flip a greedy token where two logits nearly tie, which it did on
-one of `bench quant`'s prompts with the packed model).
+`attention.naive` multiplies each sequence's queries by all its keys in one
+product. The CPU BLAS picks its kernel by that product's shape, so a query
+row gets other bits as a decode row (1 query), as row 5 of a 64-row prefill
+chunk, or beside a longer prompt: 2-3e-7 apart, which with packed weights
+(bfloat16 activations) flips a greedy token where two logits nearly tie. A
+330-token prompt prefilled whole and in 64-row chunks differed on 155 rows.
 
-A decode row (one query row that sees every key) is the exception: it runs
-`chunked_decode.decode_rows`, attention over fixed-size chunks of keys, the
-same function the paged tier's decode uses. Its sums run in another order
-than the reference's (within float32 rounding of it, not bit for bit), and in
-exchange a row gets the same bits in `mode="kv"` and `mode="paged"`, alone or
-batched: with packed weights, whose bfloat16 activations turn a 1e-8
-difference into a flipped rounding and sometimes a flipped greedy token, that
-is what keeps the engine modes' tokens identical.
+This tier runs every sequence's rows, decode and prefill alike, through
+`chunked_attention.sequence_rows`: each row over the same fixed 64-key chunks,
+summed in chunk order, in products whose row count is padded to the BLAS's
+M >= 4 kernels. A row's bits are then the same whatever the call: decode or
+prefill, the chunking of its prompt, a speculative verify, `mode="kv"` or
+`mode="paged"` (whose tier calls the same function), alone or batched. They
+are within float32 rounding of the reference, not its bits (the reference's
+single product adds in another order).
 
-A prefill (several query rows) keeps the reference's bottom-right causal
-mask; rows that may see no key (the padding rows of static batching) are
-zeros, as there. One decode step of SmolLM2-135M in `mode="kv"` dispatches
-about 1000 fewer PyTorch calls with this tier, the KV store's and the
-norm's (2649 -> 1652, counted with a TorchDispatchMode).
+The cost (notebook 17 times both forms; `stagewise bench invariance` the
+engine): a prefill of 64-128 rows takes about 2x the reference's products
+(the per-chunk sums and parts are extra passes, and a decode row pads its G
+query heads to 4 rows); the gap narrows as the products grow. With
+`LLM(batch_invariant=False)` the prefill rows run `prefill` below instead:
+the reference's products on the same layouts, its bits, without einops'
+per-call parsing (64 rows over 128 keys 0.62 -> 0.44 ms against the
+reference) — faster, and the row's bits then depend on its call.
+
+One decode step of SmolLM2-135M in `mode="kv"` dispatches about 1000 fewer
+PyTorch calls with this tier than with the reference (the KV store's and the
+norm's; counted with a TorchDispatchMode).
 """
 
 import torch
-import torch.nn.functional as F
 
 from stagewise.stages.attention_metadata import AttentionMetadata
-from stagewise.stages.chunked_decode import decode_rows, padded_length
-
-
-def decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query row that sees all its keys: q [1, H, d], k/v [Lk, Hkv, d] -> [1, H, d] float32.
-
-    Over fixed-size chunks of keys (`chunked_decode`), as the paged tier decodes: the same bits.
-    """
-    len_k = k.shape[0]
-    pad = padded_length(len_k) - len_k  # keys to whole chunks; the padding is masked
-    kp = F.pad(k.float(), (0, 0, 0, 0, 0, pad)).unsqueeze(0)  # [1, S, Hkv, d]
-    vp = F.pad(v.float(), (0, 0, 0, 0, 0, pad)).unsqueeze(0)
-    real = (torch.arange(len_k + pad, device=k.device) < len_k).unsqueeze(0)  # [1, S]
-    return decode_rows(q.float(), kp, vp, real, scale)  # [1, H, d]
+from stagewise.stages.chunked_attention import sequence_rows
 
 
 def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -52,6 +43,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
     `attention.causal_attention_one_sequence` step for step, its einops regroupings written as
     the views and permutes they stand for: the same layouts into the same products, same bits.
+    The batch-variant path (`batch_invariant=False`): a row's bits depend on Lq and Lk.
     """
     len_q, num_heads, head_dim = q.shape
     len_k, num_kv_heads = k.shape[:2]
@@ -70,19 +62,25 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return out.reshape(len_q, num_heads, head_dim)  # [Lq, H, d]
 
 
-def attention_torch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    metadata: AttentionMetadata,
-    scale: float,
+def sequence_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, batch_invariant: bool = True
 ) -> torch.Tensor:
-    """Same arguments and result as `attention.naive`: each sequence in one fused call."""
+    """One sequence: q [Lq, H, d] (its last Lq positions), k/v [Lk, Hkv, d] -> [Lq, H, d] f32.
+
+    Every row over fixed key chunks; with `batch_invariant=False` a prefill (Lq > 1) runs the
+    reference's single product instead (faster, and its rows' bits depend on the call).
+    """
+    if batch_invariant or q.shape[0] == 1 and k.shape[0] >= 1:
+        return sequence_rows(q, k, v, scale)  # [Lq, H, d]
+    return prefill(q, k, v, scale)  # [Lq, H, d]
+
+
+def _attention(q, k, v, metadata: AttentionMetadata, scale: float, batch_invariant: bool):
     m = metadata
     cu_q, cu_k, lens = m.cu_seqlens_q_host, m.cu_seqlens_k_host, m.seq_lens_host
-    if m.num_seqs == 1 and cu_q[1] == 1 and lens[0] >= 1:  # one sequence, one decode row
-        kb = k[cu_k[0] : cu_k[0] + lens[0]]  # [Lk, Hkv, d], a view
-        return decode_row(q, kb, v[cu_k[0] : cu_k[0] + lens[0]], scale).to(q.dtype)
+    if m.num_seqs == 1 and cu_q[1] == q.shape[0]:  # one sequence: no copy into `out`
+        kb, vb = k[cu_k[0] : cu_k[0] + lens[0]], v[cu_k[0] : cu_k[0] + lens[0]]  # [Lk, Hkv, d]
+        return sequence_attention(q, kb, vb, scale, batch_invariant).to(q.dtype)
     out = torch.empty_like(q)
     for b in range(m.num_seqs):
         q_start, q_end, k_start = cu_q[b], cu_q[b + 1], cu_k[b]
@@ -90,8 +88,27 @@ def attention_torch(
             continue
         kb = k[k_start : k_start + lens[b]]  # [Lk, Hkv, d], a view
         vb = v[k_start : k_start + lens[b]]
-        if q_end - q_start == 1 and lens[b] >= 1:
-            out[q_start:q_end] = decode_row(q[q_start:q_end], kb, vb, scale)
-        else:
-            out[q_start:q_end] = prefill(q[q_start:q_end], kb, vb, scale)
+        out[q_start:q_end] = sequence_attention(q[q_start:q_end], kb, vb, scale, batch_invariant)
     return out
+
+
+def attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Same arguments and result as `attention.naive`: every row over fixed key chunks."""
+    return _attention(q, k, v, metadata, scale, batch_invariant=True)
+
+
+def attention_torch_variant(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """`batch_invariant=False`: decode rows over fixed key chunks, prefills in one product."""
+    return _attention(q, k, v, metadata, scale, batch_invariant=False)

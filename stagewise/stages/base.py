@@ -7,7 +7,7 @@
 All tiers take the same keyword arguments; `example_inputs` builds a set of
 them for a given model config and token count, so generic tests, the `stages`
 CLI, benchmarks and notebooks can run any stage without knowing it.
-`optimized` is the Triton tier under its older name.
+`optimized` is the Triton tier under its older name (an alias kept for one release).
 """
 
 from collections.abc import Callable
@@ -19,11 +19,8 @@ import torch
 from stagewise.config import ModelConfig
 
 ExampleInputs = Callable[[ModelConfig, int, torch.device, torch.dtype], dict]
-TIERS = (
-    "naive",
-    "torch",
-    "triton",
-)  # what `LLM(backend=...)`, the CLI's --backend and `Stage.tier` take
+# what `LLM(backend=...)`, the CLI's --backend and `Stage.tier` take
+TIERS = ("naive", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -35,23 +32,31 @@ class Stage:
     triton: Callable  # same signature as `naive`: the Triton kernel (tokenize: Rust `tokenizers`)
     triton_kind: str  # what `triton` is: "triton: ...", "rust tokenizers"
     example_inputs: ExampleInputs  # (config, num_tokens, device, dtype) -> kwargs for every tier
-    outputs: tuple[str, ...] = (
-        "out",
-    )  # names of the returned tensors, in order (() = returns nothing)
-    axes: dict[str, str] = field(
-        default_factory=dict
-    )  # tensor name -> axis names, "num_tokens hidden"
+    # names of the returned tensors, in order (() = returns nothing)
+    outputs: tuple[str, ...] = ("out",)
+    # tensor name -> axis names, "num_tokens hidden"
+    axes: dict[str, str] = field(default_factory=dict)
     torch: Callable | None = None  # same signature: the fast PyTorch tier, where a stage has one
     torch_kind: str = ""  # what `torch` changes, one line ("" when there is no torch tier)
+    # same signature: the torch tier's faster paths whose numbers depend on the batch (a prefill's
+    # attention in one product, GEMM forms chosen by the row count): what the torch tier runs with
+    # `batch_invariant=False`; None = the torch tier has no such paths
+    torch_variant: Callable | None = None
+    # same signature: the Triton tier's faster paths whose numbers depend on the batch (a kernel or
+    # a fusion chosen by the row count, split-K by occupancy): what it runs with
+    # `batch_invariant=False`; None = the Triton tier is batch-invariant either way
+    triton_variant: Callable | None = None
 
-    @property
-    def optimized(self) -> Callable:
-        """The Triton tier (its name before the torch tier existed)."""
-        return self.triton
+    # the Triton tier and its description under their older names: aliases for one release
+    optimized = property(lambda self: self.triton, doc="The Triton tier (use `triton`).")
+    optimized_kind = property(lambda self: self.triton_kind, doc="Use `triton_kind`.")
 
-    @property
-    def optimized_kind(self) -> str:
-        return self.triton_kind
+    def label(self, tier: str) -> str:
+        """What a trace calls a tier that runs: its name, or what a "triton" tier that is no Triton
+        kernel really is (tokenize's: "rust", the Rust `tokenizers` library)."""
+        if tier == "triton" and not self.triton_kind.startswith("triton"):
+            return self.triton_kind.split()[0]
+        return tier
 
     def tier_that_runs(self, tier: str) -> str:
         """The tier a request for `tier` runs: "torch" falls back to "naive" where there is none."""
@@ -63,9 +68,16 @@ class Stage:
             )
         return "naive" if tier == "torch" and self.torch is None else tier
 
-    def tier(self, tier: str) -> Callable:
-        """The callable of a tier, by name (`tier_that_runs` decides the fallback)."""
-        return getattr(self, self.tier_that_runs(tier))
+    def tier(self, tier: str, batch_invariant: bool = True) -> Callable:
+        """The callable of a tier, by name (`tier_that_runs` decides the fallback).
+
+        `batch_invariant=False`: the tier's batch-variant paths, where it has some."""
+        name = self.tier_that_runs(tier)
+        if not batch_invariant:
+            variant = {"torch": self.torch_variant, "triton": self.triton_variant}.get(name)
+            if variant is not None:
+                return variant
+        return getattr(self, name)
 
     def run(self, backend: str, **kwargs):
         """Call a tier by name: "naive", "torch" or "triton" ("optimized" = "triton")."""

@@ -7,12 +7,12 @@ qkv_proj, o_proj, ffn and lm_head call this stage when their weight is packed
 values, or a float checkpoint quantized at load), in the
 tier they run themselves; the embedding gathers its rows with `gather_rows`.
 
-naive: the textbook (`stages/dequantize.py`). Expand every group of 32 codes
+naive: the textbook (`quant/dequantize.py`). Expand every group of 32 codes
 back to numbers,
 
     w[n, 32 g + j] = d[n, g] * (q[n, g, j] - offset) + m[n, g]
 
-(`packed_weight.py` has the table), then multiply as usual. It reproduces
+(`quant/packed_weight.py` has the table), then multiply as usual. It reproduces
 llama.cpp's reference dequantization (`gguf.quants.dequantize`) bit for bit:
 the same float32 operations in the same order. It also makes the point of the
 faster tiers plain: this tier writes a whole float32 matrix, 4 bytes per
@@ -24,7 +24,7 @@ loads codes and scales, expands a tile in registers and multiplies it, so only
 the packed bytes leave memory.
 
 A fused weight whose parts have different formats (a Q4_K_M file's Q4_K W_q, W_k beside a Q6_K
-W_v) arrives as a `PackedParts` (`stages/packed_parts.py`): every tier multiplies part by part
+W_v) arrives as a `PackedParts` (`quant/packed_parts.py`): every tier multiplies part by part
 along the output axis, `x @ [W_1 | W_2] = [x @ W_1 | x @ W_2]`. The naive tier dequantizes
 every part and multiplies once by the whole float32 matrix, so its numbers are the float32
 model's bit for bit.
@@ -33,16 +33,16 @@ model's bit for bit.
 import torch
 
 from stagewise.config import ModelConfig
-from stagewise.stages import dequant_gemm_torch
-from stagewise.stages.base import Stage
-from stagewise.stages.dequantize import (  # noqa: F401  (the textbook formula, by rows)
+from stagewise.quant.dequantize import (  # noqa: F401  (the textbook formula, by rows)
     dequantize,
     dequantize_rows,
     gather_rows,
     unpack_codes,
 )
-from stagewise.stages.packed_parts import PackedParts
-from stagewise.stages.packed_weight import PackedWeight
+from stagewise.quant.packed_parts import PackedParts
+from stagewise.quant.packed_weight import PackedWeight
+from stagewise.stages import dequant_gemm_torch
+from stagewise.stages.base import Stage
 
 
 def dequantize_fused(w: PackedWeight) -> torch.Tensor:
@@ -64,28 +64,40 @@ def by_parts(gemm, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     return torch.cat([gemm(x, p) for p in w.parts], dim=1)  # [M, N_1] | [M, N_2] -> [M, N]
 
 
-def _triton(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+def _triton(x: torch.Tensor, w: PackedWeight, batch_invariant: bool = True) -> torch.Tensor:
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.dequant_matmul import dequant_matmul
 
     return dequant_matmul(
-        x, w.codes, w.scales, w.mins, bits=w.bits, offset=w.offset, group_size=w.group_size
-    )
+        x, w.codes, w.scales, w.mins, bits=w.bits, offset=w.offset, group_size=w.group_size,
+        batch_invariant=batch_invariant,
+    )  # fmt: skip
 
 
-def optimized(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """x [M, K], w packed [K, N] -> [M, N] through the fused Triton dequantize-GEMM."""
-    return by_parts(_triton, x, w)
+def triton(x: torch.Tensor, w: PackedWeight, batch_invariant: bool = True) -> torch.Tensor:
+    """x [M, K], w packed [K, N] -> [M, N] through the fused Triton dequantize-GEMM.
+
+    batch_invariant: one kernel configuration for every M (kernels/dequant_matmul.py)."""
+    return by_parts(lambda x, p: _triton(x, p, batch_invariant), x, w)
 
 
-def torch_tier(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """x [M, K], w packed [K, N] -> [M, N] by PyTorch's stock CPU kernels, part by part."""
-    return by_parts(dequant_gemm_torch.gemm, x, w)
+def triton_variant(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """`batch_invariant=False`: decode (M <= 16) and prefill each take their fastest tiles."""
+    return triton(x, w, batch_invariant=False)
+
+
+def torch_tier(x: torch.Tensor, w: PackedWeight, batch_invariant: bool = True) -> torch.Tensor:
+    """x [M, K], w packed [K, N] -> [M, N] by PyTorch's stock CPU kernels, part by part.
+
+    `batch_invariant=False`: a bfloat16 copy's rows as they are (their bits then depend on M)."""
+    if batch_invariant:
+        return by_parts(dequant_gemm_torch.gemm, x, w)
+    return by_parts(dequant_gemm_torch.gemm_variant, x, w)
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
     """x [T, hidden] and the qkv projection's weight quantized to q4_1 (round to nearest)."""
-    from stagewise.stages.quantize import quantize  # the quantizer is only for examples here
+    from stagewise.quant.quantize import quantize  # the quantizer is only for examples here
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(num_tokens, config.hidden_size, generator=gen)
@@ -98,7 +110,8 @@ STAGE = Stage(
     summary="x @ w with w kept as 4- or 8-bit group codes and float16 scales",
     shapes="[T, K] @ packed [K, N] -> [T, N]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
+    triton_variant=triton_variant,
     triton_kind="triton: codes and scales expanded in registers, tiled dot (split-K decode)",
     torch=torch_tier,
     torch_kind="torch: int4pack / bfloat16 stock CPU kernels, bfloat16 activations",

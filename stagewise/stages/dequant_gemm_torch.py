@@ -1,6 +1,19 @@
-"""The torch tier of the dequantize-GEMM: PyTorch's stock CPU kernels that read packed weights.
+"""The torch tier of the dequantize-GEMM: compiled CPU kernels that read packed weights.
 
     x [M, K] @ packed w [K, N] -> [M, N]
+
+Opt-in (STAGEWISE_CPU_KERNELS=1, where a C++ compiler is at hand; q4_0, q4_1, q8_0, q4_k,
+q5_k): the integer-dot GEMM of `cpu/int8_dot.py` — llama.cpp's arithmetic (activations to int8
+per block of 32, exact integer block sums, one float chain per output over the blocks), one
+kernel for every M, built once per machine (`cpu/build.py`). It reads the "rows8" form
+(`quant/rows8.py`), built here at load from the file's codes (which are then released). Every M
+gives a row the same bits; its speed
+against PyTorch's int4 kernel is in benchmarks/README.md (`python -m
+stagewise.bench.scripts.packed_gemm` measures it). Its rounding is another one: activations to 8
+bits per block instead of bfloat16, which moves greedy near-ties more often (`cpu/build.py`,
+`bench perplexity`): that is why it is opt-in.
+
+By default (and without a compiler, or for q6_k), PyTorch's stock kernels:
 
 4-bit (q4_0, q4_1): `torch.ops.aten._weight_int4pack_mm_for_cpu`, the kernel
 behind gpt-fast / torchao's int4 weight-only CPU path. It reads four-bit codes
@@ -26,15 +39,24 @@ A matrix [K, N] becomes one of [2K, N]: the K high nibbles with scale 16 d and
 zero 0, then the K low nibbles with scale d and zero 8 d; the activations are
 repeated, x' = [x | x] [M, 2K], and x' @ w' = x @ w. The split is exact; the
 rounding is the int4 kernel's (d to bfloat16). It holds 0.56 bytes per weight
-(a bfloat16 copy would hold 2) and reads them about twice as fast: on a 2-core
-AMD EPYC, the 49152 x 576 LM head at one decode row, one thread, shared
-machine (indicative): float32 `F.linear` 24 ms, bfloat16 `F.linear` 16.8 ms,
-the split int4 form 7.6 ms. (Re-rounding to int8 with one scale per row would
-be 9.7 ms and doubles the error: 0.37 vs 0.18-0.20 on logits of std 11.6.)
-Where N is not a multiple of 16 the int4 kernel cannot take the matrix and
-the values are expanded once to a bfloat16 copy for `F.linear` instead.
+(a bfloat16 copy would hold 2) and streamed them about twice as fast as
+bfloat16 `F.linear` where it was measured; re-rounding to int8 with one scale
+per row instead was slower and doubled the error (benchmarks/README.md, "CPU
+tier notes", has the numbers). Where N is not a multiple of 16 the int4
+kernel cannot take the matrix and the values are expanded once to a bfloat16
+copy for `F.linear` instead.
 
-K-quants (`packed_weight.py`): q4_k is q4_1's layout with float32 scales, so
+Batch invariance (the project's design notes): the int4 kernel computes each output as one
+float32 chain over K, so a row's bits are the same for every M (swept in
+tests/stages/test_batch_invariance_ops.py, M = 1..2048, the LM head's width
+too; a property of the pinned torch 2.13). oneDNN's bfloat16 `F.linear` is
+not: from K = 2048 (at N = 3000, say) one row takes another kernel than two.
+So a bfloat16 copy's rows are padded to a multiple of ROW_MULTIPLE (4), where
+every M gives the same bits, and so are those of the float32 product that
+serves a 4-bit weight the int4 kernel cannot take (N not a multiple of 16);
+`gemm_variant` (`batch_invariant=False`) runs them as they are.
+
+K-quants (`quant/packed_weight.py`): q4_k is q4_1's layout with float32 scales, so
 int4pack holds it (scale and zero rounded to bfloat16, as for q4_1); q5_k's
 codes 0..31 split into two nibbles like q8_0's, its minimum added to the low
 half's zero; q6_k's groups of 16 are below the int4 kernel's smallest group
@@ -42,12 +64,8 @@ half's zero; q6_k's groups of 16 are below the int4 kernel's smallest group
 the speed of bf16 `F.linear`, not of 4-bit reads).
 
 Why bfloat16 activations: with float32 activations both kernels take a slow
-path (measured ~10x slower). Measured on a 2-core AMD EPYC (shared, so
-indicative), one thread, SmolLM2-135M's 30 layers of projections (4 per layer,
-K x N from 576 x 192 to 1536 x 576), one decode row: float32 `F.linear` 112 ms
-per pass, int4pack with bfloat16 activations 33 ms (and with float32
-activations 411 ms); the 49152 x 576 tied LM head: float32 31-36 ms, bfloat16
-`F.linear` 14.6 ms, int8pack 14.0 ms, int4pack 5.1 ms.
+path, about ten times slower than with bfloat16 ones where it was measured
+(benchmarks/README.md, "CPU tier notes").
 
 The prepared forms live in `w.prepared` (built on the first call, or at load
 by `prepare`); off the CPU, this tier is the naive one. An int4pack form (the
@@ -63,15 +81,17 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from stagewise.stages import int4pack
-from stagewise.stages.dequantize import dequantize, dequantize_rows, unpack_codes
-from stagewise.stages.packed_weight import PackedWeight
+from stagewise.cpu import int8_dot
+from stagewise.quant import int4pack, rows8
+from stagewise.quant.dequantize import dequantize, dequantize_rows, unpack_codes
+from stagewise.quant.packed_weight import PackedWeight
+from stagewise.tuning.gemm_forms import ROW_MULTIPLE, padded_rows
 
 
 def _int4pack(w: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed codes in the CPU kernel's layout [N, K/2] uint8, scale_and_zero [K/G, N, 2] bf16)."""
     q = unpack_codes(w).flatten(1)  # [N, K/G, G] -> [N, K] int32 codes 0..15
-    packed = int4pack.pack(q)  # [N, K/2] uint8 in the kernel's order (int4pack.py)
+    packed = int4pack.pack(q)  # [N, K/2] uint8 in the kernel's order (quant/int4pack.py)
     d = w.scales.to(torch.float32)  # [N, K/G]
     zero = torch.zeros_like(d) if w.mins is None else w.mins.to(torch.float32) + 8 * d
     scale_zero = torch.stack([d, zero], dim=-1).transpose(0, 1)  # [N, K/G, 2] -> [K/G, N, 2]
@@ -99,16 +119,39 @@ def _bf16_rows(w: PackedWeight) -> torch.Tensor:
     return dequantize_rows(w).to(torch.bfloat16).contiguous()
 
 
+def _rows8(w: PackedWeight) -> tuple[torch.Tensor]:
+    """The integer-dot kernel's form: [ceil(N/8), K/32, chunk] uint8 (`quant/rows8.py`)."""
+    return (rows8.pack(w),)
+
+
 def supported(w: PackedWeight) -> bool:
-    """The CPU kernels' shapes: any for 8-bit (a bf16 copy where N % 16), N % 16 == 0 for 4-bit."""
-    return w.device.type == "cpu" and (w.bits == 8 or w.shape[1] % 16 == 0)
+    """The CPU kernels' shapes: any for the integer-dot kernel and for 8-bit (a bf16 copy where
+    N % 16), N % 16 == 0 for 4-bit in PyTorch's int4 kernel."""
+    return w.device.type == "cpu" and (w.bits == 8 or w.shape[1] % 16 == 0 or int8_dot.serves(w))
 
 
 def form_name(w: PackedWeight) -> str:
-    """Which form this tier uses for w: "int4pack", "q8_nibbles" (int4pack of 2K) or "bf16"."""
+    """Which form this tier uses for w: "rows8" (the integer-dot kernel), else "int4pack",
+    "q8_nibbles" (int4pack of 2K) or "bf16"."""
+    if int8_dot.serves(w):
+        return "rows8"
     if w.shape[1] % 16 or w.group_size not in (32, 64, 128, 256):
         return "bf16"  # the int4 kernel's groups are 32..256 values: q6_k's 16 are not
     return "int4pack" if w.bits == 4 else "q8_nibbles"
+
+
+def form_layout(w: PackedWeight) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The (shape, dtype) of each tensor of w's form, before it is built (a cached form is checked
+    against it): int4pack [N, K/2] uint8 + [K/G, N, 2] bf16; q8_nibbles the same over 2K;
+    bf16 [N, K]."""
+    k, n, g = w.shape[0], w.shape[1], w.group_size
+    name = form_name(w)
+    if name == "rows8":
+        return [((-(-n // rows8.ROWS), k // rows8.BLOCK, rows8.chunk_bytes(w)), torch.uint8)]
+    if name == "bf16":
+        return [((n, k), torch.bfloat16)]
+    k_codes = k if name == "int4pack" else 2 * k  # two nibbles per 8-bit code
+    return [((n, k_codes // 2), torch.uint8), ((k_codes // g, n, 2), torch.bfloat16)]
 
 
 def prepare(w: PackedWeight) -> PackedWeight:
@@ -116,7 +159,7 @@ def prepare(w: PackedWeight) -> PackedWeight:
     where the form holds them exactly (int4pack forms; a bf16 copy keeps them); returns w."""
     if not supported(w) or "torch" in w.prepared:
         return w
-    build = {"int4pack": _int4pack, "q8_nibbles": _q8_nibbles, "bf16": _bf16_rows}
+    build = {"rows8": _rows8, "int4pack": _int4pack, "q8_nibbles": _q8_nibbles, "bf16": _bf16_rows}
     w.prepared["torch"] = build[form_name(w)](w)
     w.release_codes()  # held once: `w.codes` is rebuilt from the form if another tier asks
     return w
@@ -137,11 +180,25 @@ def return_freed_memory() -> None:
         pass
 
 
-def gemm(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """x [M, K] @ packed w [K, N] -> [M, N] in x's dtype, by the stock CPU kernels."""
-    if x.device.type != "cpu" or not supported(w):
-        return x @ dequantize(w).to(x.dtype)  # the naive tier: dequantize, then x @ w
-    form = prepare(w).prepared["torch"]
+def takes_bfloat16(w: PackedWeight) -> bool:
+    """Whether this tier's kernel for w computes from bfloat16 activations (PyTorch's int4 and
+    bf16 kernels, not the integer-dot one), so a caller may keep activations in bfloat16."""
+    form = w.prepared.get("torch")
+    if form is not None:
+        return not (isinstance(form, tuple) and len(form) == 1)  # anything but rows8
+    return supported(w) and form_name(w) != "rows8"
+
+
+def gemm(x: torch.Tensor, w: PackedWeight, batch_invariant: bool = True) -> torch.Tensor:
+    """x [M, K] @ packed w [K, N] -> [M, N] in x's dtype, by the CPU kernels."""
+    form = w.prepared.get("torch")
+    if form is None and (x.device.type != "cpu" or not supported(w)):
+        rows = padded_rows(x, ROW_MULTIPLE) if batch_invariant else x  # [M', K]
+        return (rows @ dequantize(w).to(x.dtype))[: x.shape[0]]  # dequantize, then [M, N]
+    if form is None:
+        form = prepare(w).prepared["torch"]
+    if isinstance(form, tuple) and len(form) == 1:  # rows8: the integer-dot kernel, every M
+        return int8_dot.gemm_form(x, form[0], w.kind, w.shape[1]).to(x.dtype)  # [M, N]
     xb = x.to(torch.bfloat16)  # [M, K]: the kernels' fast path takes bfloat16 activations
     if isinstance(form, tuple):  # an int4pack form: 4-bit codes, or q8_0 split in two nibbles
         packed, scale_zero = form
@@ -149,6 +206,13 @@ def gemm(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
             xb = torch.cat([xb, xb], dim=1)  # [M, K] -> [M, 2K]: once per nibble half
         # [M, K'] @ int4 [K', N] -> [M, N] bf16, float32 accumulation inside
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, w.group_size, scale_zero)
+    elif batch_invariant:  # rows padded: oneDNN's many-row kernel for every M
+        out = F.linear(padded_rows(xb, ROW_MULTIPLE), form)[: x.shape[0]]  # [M, K] -> [M, N] bf16
     else:
         out = F.linear(xb, form)  # [M, K] @ [N, K]^T -> [M, N] bf16
     return out.to(x.dtype)
+
+
+def gemm_variant(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """`gemm` with `batch_invariant=False`: a bfloat16 copy's rows as they are."""
+    return gemm(x, w, batch_invariant=False)

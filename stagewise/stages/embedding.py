@@ -5,7 +5,7 @@
 The naive reference is one indexing expression, `weight[ids]`: a gather of
 `T` rows out of a `[vocab, hidden]` table. There is no arithmetic at all; the
 stage is pure memory traffic (T * hidden * bytes read and written), which is
-why the optimized version is a plain gather kernel that copies rows with wide,
+why the Triton tier is a plain gather kernel that copies rows with wide,
 coalesced loads.
 
 The Triton kernel (`kernels/embedding.py`) runs one program per (tile of
@@ -26,9 +26,9 @@ read, not the table: `PackedWeight.code_rows`).
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.quant.dequantize import gather_rows
+from stagewise.quant.packed_weight import is_packed
 from stagewise.stages.base import Stage
-from stagewise.stages.dequantize import gather_rows
-from stagewise.stages.packed_weight import is_packed
 
 
 def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -38,7 +38,7 @@ def naive(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return weight[ids]  # [vocab, hidden][T] -> [T, hidden]
 
 
-def optimized(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def triton(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Triton gather: one program per (tile of tokens, column block) copies its slice of rows."""
     # lazily: importing kernels picks GPU or interpreter
     from stagewise.kernels.embedding import embedding
@@ -60,7 +60,7 @@ STAGE = Stage(
     summary="look up one row of the embedding table per token id",
     shapes="[T] -> [T, hidden]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind="triton: row gather, one program per (tile of tokens, column block)",
     example_inputs=example_inputs,
     outputs=("hidden_states",),

@@ -47,7 +47,7 @@ def naive(
     v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
 
-def optimized(
+def triton(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
@@ -90,7 +90,7 @@ STAGE = Stage(
     summary="scatter the new tokens' K and V into their cache slots (slot -1 = skip)",
     shapes="k, v [T, Hkv, d] -> cache [num_slots, Hkv, d] (in place)",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind="triton: slot scatter, a tile of tokens per program",
     torch=kv_store_torch.kv_store,
     torch_kind="torch: the reference's two index_copy_ calls, casts only where dtypes differ",

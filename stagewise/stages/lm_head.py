@@ -27,9 +27,9 @@ and the selected rows leave memory.
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.quant.packed_weight import is_packed
 from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
-from stagewise.stages.packed_weight import is_packed
 
 
 def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor) -> torch.Tensor:
@@ -40,17 +40,29 @@ def naive(hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tens
     return last @ w_lm  # [num_seqs, hidden] @ [hidden, vocab] -> [num_seqs, vocab]
 
 
-def optimized(
-    hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor
+def triton(
+    hidden: torch.Tensor,
+    last_token_index: torch.Tensor,
+    w_lm: torch.Tensor,
+    batch_invariant: bool = True,
 ) -> torch.Tensor:
-    """hidden [T, hidden], last_token_index [B], w_lm [hidden, vocab] -> logits [B, vocab]."""
+    """hidden [T, hidden], last_token_index [B], w_lm [hidden, vocab] -> logits [B, vocab].
+
+    batch_invariant: one kernel configuration for every B (kernels/matmul_decode.py)."""
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.matmul import matmul
 
     if is_packed(w_lm):  # gather the few rows, then the fused dequantize-GEMM
-        return dequant_gemm.optimized(hidden[last_token_index], w_lm)
+        return dequant_gemm.triton(hidden[last_token_index], w_lm, batch_invariant)
     # hidden[last_token_index] @ w_lm: [B of T, hidden] @ [hidden, vocab] -> [B, vocab]
-    return matmul(hidden, w_lm, row_index=last_token_index)
+    return matmul(hidden, w_lm, row_index=last_token_index, batch_invariant=batch_invariant)
+
+
+def triton_variant(
+    hidden: torch.Tensor, last_token_index: torch.Tensor, w_lm: torch.Tensor
+) -> torch.Tensor:
+    """`batch_invariant=False`: B <= 16 and more rows each take their fastest GEMM."""
+    return triton(hidden, last_token_index, w_lm, batch_invariant=False)
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -74,9 +86,11 @@ STAGE = Stage(
     summary="gather each sequence's last token, then one GEMM against the vocab matrix",
     shapes="[T, hidden] -> [num_seqs, hidden] -> [num_seqs, vocab]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
+    triton_variant=triton_variant,
     triton_kind="triton: row-gather + tiled GEMM on weight^T",
     torch=gemm_torch.lm_head,
+    torch_variant=gemm_torch.lm_head_variant,
     torch_kind="torch: gather, then x @ w in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
     outputs=("logits",),

@@ -19,9 +19,9 @@ view of the attention output, read in place through its strides.
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.quant.packed_weight import is_packed
 from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
-from stagewise.stages.packed_weight import is_packed
 
 
 def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
@@ -31,14 +31,22 @@ def naive(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     return x @ w_o  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
 
 
-def optimized(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
-    """x [T, H*d], w_o [H*d, hidden] -> [T, hidden] through the Triton GEMM."""
+def triton(x: torch.Tensor, w_o: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+    """x [T, H*d], w_o [H*d, hidden] -> [T, hidden] through the Triton GEMM.
+
+    batch_invariant: one kernel configuration for every T (kernels/matmul_decode.py)."""
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.matmul import matmul
 
     if is_packed(w_o):
-        return dequant_gemm.optimized(x, w_o)
-    return matmul(x, w_o)  # [T, H*d] @ [H*d, hidden] -> [T, hidden]
+        return dequant_gemm.triton(x, w_o, batch_invariant)
+    # [T, H*d] @ [H*d, hidden] -> [T, hidden]
+    return matmul(x, w_o, batch_invariant=batch_invariant)
+
+
+def triton_variant(x: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
+    """`batch_invariant=False`: decode (T <= 16) and prefill shapes each take their fastest GEMM."""
+    return triton(x, w_o, batch_invariant=False)
 
 
 def example_inputs(config: ModelConfig, num_tokens: int, device, dtype) -> dict:
@@ -53,9 +61,11 @@ STAGE = Stage(
     summary="one GEMM from the concatenated head outputs back to hidden",
     shapes="[T, H * d] -> [T, hidden]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
+    triton_variant=triton_variant,
     triton_kind="triton: tiled GEMM, grouped ordering",
     torch=gemm_torch.o_proj,
+    torch_variant=gemm_torch.o_proj_variant,
     torch_kind="torch: x @ w in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
     outputs=("out",),

@@ -46,7 +46,10 @@ from stagewise.config import ModelConfig
 from stagewise.stages import attention
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.base import Stage
-from stagewise.stages.paged_attention_torch import paged_attention_torch
+from stagewise.stages.paged_attention_torch import (
+    paged_attention_torch,
+    paged_attention_torch_variant,
+)
 
 
 def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -85,17 +88,20 @@ def naive(
     return out
 
 
-def optimized(
+def triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
+    batch_invariant: bool = True,
 ) -> torch.Tensor:
     """Triton paged attention: K/V tiles read in place through the block table, online softmax.
 
     `max_q_len` and `max_seq_len` (host ints) size the grid and choose split-K; the kernel reads
-    the rest on the device (the torch tier's `decode_plan` is not used).
+    the rest on the device (the torch tier's `decode_plan` is not used). batch_invariant: one tile
+    for every query length, each row's keys in fixed chunks, a decode split one chunk per program
+    (kernels/attention_common.py).
     """
     # lazily: importing kernels picks GPU or interpreter
     from stagewise.kernels.paged_attention import paged_attention
@@ -111,7 +117,20 @@ def optimized(
         scale,
         max_q_len=m.max_q_len,
         max_seq_len=m.max_seq_len,
+        batch_invariant=batch_invariant,
     )  # -> [T, H, d]
+
+
+def triton_variant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """`batch_invariant=False`: decode and prefill tiles of their own, a decode's keys split over
+    as many programs as occupancy asks (split-K by count, on a GPU)."""
+    return triton(q, k_cache, v_cache, metadata, scale, batch_invariant=False)  # [T, H, d]
 
 
 def example_inputs(
@@ -151,8 +170,10 @@ STAGE = Stage(
     shapes="q [T, H, d], cache [num_blocks, block_size, Hkv, d] -> [T, H, d]",
     naive=naive,
     torch=paged_attention_torch,
-    torch_kind="torch: decoding sequences batched, one padded gather + one fused SDPA per group",
-    triton=optimized,
+    torch_kind="torch: every row over fixed 64-key chunks; decoding sequences batched per group",
+    torch_variant=paged_attention_torch_variant,
+    triton=triton,
+    triton_variant=triton_variant,
     triton_kind="triton: paged attention through block_table",
     example_inputs=example_inputs,
     outputs=("out",),

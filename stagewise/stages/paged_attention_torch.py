@@ -16,7 +16,7 @@ sequences share the ops:
    an unused block tail (IEEE arithmetic would keep a NaN there a NaN through
    the mask: NaN - inf, 0 * NaN);
 2. per layer: one `index_select` of K and one of V through `slots`, then
-   `chunked_decode.decode_rows`: attention over fixed-size chunks of keys,
+   `chunked_attention.decode_rows`: attention over fixed-size chunks of keys,
    so that a sequence's numbers are the same bits whoever shares its step
    (that module's docstring says why this matters with packed weights). The
    G query heads that share a KV head are the G query rows of one problem:
@@ -26,7 +26,7 @@ Long sequences make big padded copies that no longer stay in cache, so the
 decoding sequences are cut into groups of at most `GROUP_KEYS` padded keys.
 Measured on a 2-core Intel Xeon, float32, 2 threads, SmolLM2-135M's heads,
 lengths drawn from L/2..L, fastest of 7 alternating rounds
-(`python -m stagewise.bench.cpu_forms`; microseconds per layer; "loop" is
+(`python -m stagewise.bench.scripts.cpu_forms`; microseconds per layer; "loop" is
 the reference's one-by-one form):
 
     D \ L       64            256            1024
@@ -43,15 +43,16 @@ loop's cost there is a dozen ops per sequence); with long sequences both are
 bound by copying K/V. Run-to-run noise on a shared machine is +-30 % for the
 long rows: read the ordering, not the digits.
 
-Sequences with more than one query row this step (a prefill, a prefill chunk)
-run as in the reference: gather their blocks, then the textbook formula
-in the contiguous torch tier's spelling (`attention_torch.prefill`: the
-reference's products on the same layouts, the same bits, without einops'
-per-call parsing; 64 query rows over 128 keys 0.62 -> 0.44 ms, equal from
-~400 keys on, where the products dominate). The plan of step 1 depends only
-on the step's metadata, so the KV layer builds it once per step, at the first
-layer, into `AttentionMetadata.decode_plan` (`kv/paged.py`); a call without
-one builds its own.
+Sequences with more than one query row this step (a prefill, a prefill
+chunk, a speculative verify) gather their blocks, then run the contiguous
+torch tier's `sequence_attention`: every row over the same fixed 64-key
+chunks as a decode row (`chunked_attention.py`), so a row verified among
+k + 1, or computed inside a prefill chunk, has the bits it has decoded
+alone. With `batch_invariant=False` they run the reference's single product
+instead (`attention_torch.prefill`: faster, and the row's bits depend on the
+call). The plan of step 1 depends only on the step's metadata, so this tier
+builds it once per step, at the first layer, and keeps it in
+`AttentionMetadata.decode_plan` for the later layers.
 """
 
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ import torch.nn.functional as F
 
 from stagewise.stages import attention_torch
 from stagewise.stages.attention_metadata import AttentionMetadata
-from stagewise.stages.chunked_decode import decode_rows, padded_length
+from stagewise.stages.chunked_attention import decode_rows, padded_length
 
 GROUP_KEYS = 2048  # most padded keys (sequences x longest) in one batched call (docstring)
 
@@ -73,8 +74,8 @@ class DecodeGroup:
     rows: slice  # their query rows (consecutive)
     # [D, S] int64: the cache slot of each key; padding -> the sequence's first slot
     slots: torch.Tensor
-    # [D, S] bool: True = a real key (S = whole chunks of CHUNK_KEYS)
-    mask: torch.Tensor
+    # [D] int: the keys of each sequence (its real keys; S = whole chunks of CHUNK_KEYS)
+    lens: torch.Tensor
 
 
 def group_runs(decoding: list[int], seq_lens: list[int]) -> list[list[int]]:
@@ -112,10 +113,10 @@ def plan_decode(
         slots = (blocks.unsqueeze(-1) * block_size + offsets).flatten(1)[:, :longest]  # [D, L]
         slots = F.pad(slots, (0, padded - longest))  # [D, S]
         keys = torch.arange(padded, device=blocks.device)  # [S]
-        real = keys < seq_lens[first:last].to(blocks.device, torch.long).unsqueeze(1)  # [D, S]
+        key_counts = seq_lens[first:last].to(blocks.device, torch.long)  # [D]
+        real = keys < key_counts.unsqueeze(1)  # [D, S]
         slots = torch.where(real, slots, slots[:, :1])  # padding reads the sequence's first key
-        mask = real
-        plan.append(DecodeGroup(slice(cu_q[first], cu_q[last]), slots, mask))
+        plan.append(DecodeGroup(slice(cu_q[first], cu_q[last]), slots, key_counts))
     return plan
 
 
@@ -129,24 +130,52 @@ def attend_group(
     k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)  # [D * S, Hkv, d]: a copy
     v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, index)
     shape = (num_seqs, padded, num_kv_heads, head_dim)
-    return decode_rows(q, k.view(shape), v.view(shape), group.mask, scale)  # [D, H, d]
+    return decode_rows(q, k.view(shape), v.view(shape), group.lens, scale)  # [D, H, d]
 
 
 def one_sequence(
-    q: torch.Tensor, k_cache, v_cache, block_ids: torch.Tensor, seq_len: int, scale: float
+    q: torch.Tensor,
+    k_cache,
+    v_cache,
+    block_ids: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    batch_invariant: bool = True,
 ) -> torch.Tensor:
     """A prefill (chunk): q [Lq, H, d] over its first seq_len cached keys -> [Lq, H, d] float32."""
     num_blocks = -(-seq_len // k_cache.shape[1])  # ceil: the blocks that hold its tokens
     index = block_ids[:num_blocks].to(device=k_cache.device, dtype=torch.long)  # [n_blocks]
     k = k_cache.index_select(0, index).flatten(0, 1)[:seq_len]  # [seq_len, Hkv, d], a copy
     v = v_cache.index_select(0, index).flatten(0, 1)[:seq_len]
-    return attention_torch.prefill(q, k, v, scale)  # the reference's bits, fewer calls
+    return attention_torch.sequence_attention(q, k, v, scale, batch_invariant)  # [Lq, H, d]
 
 
 def plan_of(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
-    """Step 1 for one step's metadata (what the KV layer stores in `metadata.decode_plan`)."""
+    """Step 1 for one step's metadata (what the tier keeps in `metadata.decode_plan`)."""
     m = metadata
     return plan_decode(m.block_table, m.seq_lens, m.cu_seqlens_q_host, m.seq_lens_host, block_size)
+
+
+def _paged(q, k_cache, v_cache, metadata: AttentionMetadata, scale: float, batch_invariant: bool):
+    m = metadata
+    if m.decode_plan is None:  # the first layer of the step: every later layer reuses the plan
+        m.decode_plan = plan_of(m, k_cache.shape[1])
+    plan = m.decode_plan
+    if len(plan) == 1 and plan[0].rows == slice(0, q.shape[0]):  # a pure decode step, one group
+        return attend_group(q, k_cache, v_cache, plan[0], scale)  # [T, H, d], no copy into `out`
+    out = torch.empty_like(q)
+    for group in plan:
+        out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
+    cu_q = m.cu_seqlens_q_host
+    for b, seq_len in enumerate(m.seq_lens_host):
+        q_start, q_end = cu_q[b], cu_q[b + 1]
+        if q_end - q_start > 1:  # a prefill, a prefill chunk or a verify: one sequence
+            rows = q[q_start:q_end]  # [Lq, H, d]
+            table_row = m.block_table[b]
+            out[q_start:q_end] = one_sequence(
+                rows, k_cache, v_cache, table_row, seq_len, scale, batch_invariant
+            )
+    return out
 
 
 def paged_attention_torch(
@@ -160,18 +189,15 @@ def paged_attention_torch(
 
     Same arguments and result as `paged_attention.naive`, the reference.
     """
-    m = metadata
-    plan = m.decode_plan if m.decode_plan is not None else plan_of(m, k_cache.shape[1])
-    if len(plan) == 1 and plan[0].rows == slice(0, q.shape[0]):  # a pure decode step, one group
-        return attend_group(q, k_cache, v_cache, plan[0], scale)  # [T, H, d], no copy into `out`
-    out = torch.empty_like(q)
-    for group in plan:
-        out[group.rows] = attend_group(q[group.rows], k_cache, v_cache, group, scale)  # [D, H, d]
-    cu_q = m.cu_seqlens_q_host
-    for b, seq_len in enumerate(m.seq_lens_host):
-        q_start, q_end = cu_q[b], cu_q[b + 1]
-        if q_end - q_start > 1:  # a prefill or a prefill chunk: as the reference, one sequence
-            out[q_start:q_end] = one_sequence(
-                q[q_start:q_end], k_cache, v_cache, m.block_table[b], seq_len, scale
-            )
-    return out
+    return _paged(q, k_cache, v_cache, metadata, scale, batch_invariant=True)
+
+
+def paged_attention_torch_variant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """`batch_invariant=False`: prefills and verifies in the reference's single product."""
+    return _paged(q, k_cache, v_cache, metadata, scale, batch_invariant=False)

@@ -23,15 +23,17 @@ grouped program ordering, so tiles running together share rows of x and
 columns of w_qkv in L2. Decode steps (M <= 16 tokens) are a memory-bound
 matrix-vector product over the weights: they run a split-K kernel
 (`kernels/matmul_decode.py`) whose programs each stream one range of K of a
-thin tile of columns, so every SM has weight loads in flight.
+thin tile of columns, so every SM has weight loads in flight. Batch-invariant
+(the default), that split-K kernel serves every T, so a row's bits never depend
+on the rows beside it; `triton_variant` keeps the tiled GEMM for prefill.
 """
 
 import torch
 
 from stagewise.config import ModelConfig
+from stagewise.quant.packed_weight import is_packed
 from stagewise.stages import dequant_gemm, gemm_torch
 from stagewise.stages.base import Stage
-from stagewise.stages.packed_weight import is_packed
 
 
 def naive(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
@@ -41,14 +43,22 @@ def naive(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
     return x @ w_qkv  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
 
 
-def optimized(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
-    """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d] through the Triton GEMM."""
+def triton(x: torch.Tensor, w_qkv: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+    """x [T, hidden], w_qkv [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d] through the Triton GEMM.
+
+    batch_invariant: one kernel configuration for every T (kernels/matmul_decode.py)."""
     # lazy: importing kernels chooses GPU or interpreter first
     from stagewise.kernels.matmul import matmul
 
     if is_packed(w_qkv):
-        return dequant_gemm.optimized(x, w_qkv)
-    return matmul(x, w_qkv)  # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
+        return dequant_gemm.triton(x, w_qkv, batch_invariant)
+    # [T, hidden] @ [hidden, (H+2Hkv)*d] -> [T, (H+2Hkv)*d]
+    return matmul(x, w_qkv, batch_invariant=batch_invariant)
+
+
+def triton_variant(x: torch.Tensor, w_qkv: torch.Tensor) -> torch.Tensor:
+    """`batch_invariant=False`: decode (T <= 16) and prefill shapes each take their fastest GEMM."""
+    return triton(x, w_qkv, batch_invariant=False)
 
 
 def split_qkv(
@@ -75,9 +85,11 @@ STAGE = Stage(
     summary="one GEMM against the concatenated [W_q | W_k | W_v] weight",
     shapes="[T, hidden] -> [T, (H + 2*Hkv) * d]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
+    triton_variant=triton_variant,
     triton_kind="triton: tiled GEMM, grouped ordering",
     torch=gemm_torch.qkv_proj,
+    torch_variant=gemm_torch.qkv_proj_variant,
     torch_kind="torch: x @ w in the CPU BLAS form measured fastest at load",
     example_inputs=example_inputs,
     outputs=("qkv",),

@@ -247,7 +247,7 @@ def naive(
     return output, counts
 
 
-def optimized(
+def triton(
     draft_token_ids: Tensor,
     cu_num_draft_tokens: Tensor,
     draft_probs: Tensor | None,
@@ -258,9 +258,8 @@ def optimized(
     max_num_draft_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The fused Triton kernel: one program per sequence, the same tokens as `naive`."""
-    from stagewise.kernels.rejection_sampling import (
-        rejection_sample,
-    )  # lazy: picks GPU or interpreter
+    # lazy: picks GPU or interpreter
+    from stagewise.kernels.rejection_sampling import rejection_sample
 
     return rejection_sample(
         draft_token_ids=draft_token_ids,
@@ -329,7 +328,7 @@ STAGE = Stage(
     ),
     shapes="[num_draft + num_seqs, vocab] -> [num_seqs, max_k + 1], [num_seqs]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind=OPTIMIZED_KIND,
     example_inputs=example_inputs,
     outputs=("output_token_ids", "num_output_tokens"),

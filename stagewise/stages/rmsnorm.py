@@ -12,7 +12,7 @@ Hugging Face's `LlamaRMSNorm` does.
 The residual add that precedes every norm in a Llama block is folded into the
 stage (as vLLM does): given `residual`, the stage first forms
 `x = x + residual`, returns it as the new residual stream, and normalises it.
-The optimized kernel does both in one pass over memory instead of two.
+The Triton kernel does both in one pass over memory instead of two.
 
 The Triton kernel (`kernels/rmsnorm.py`) runs one program per row and keeps
 the row in registers from the add to the store: it reads x and residual once
@@ -45,7 +45,7 @@ def naive(
     return weight * normed.to(x.dtype), residual_out
 
 
-def optimized(
+def triton(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton row kernel: the residual add, the fp32 sum of squares and the scaling in one pass."""
@@ -73,7 +73,7 @@ STAGE = Stage(
     summary="add the residual, then scale each row to unit RMS times a learned weight",
     shapes="[T, hidden] -> [T, hidden]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind="triton: one program per row, residual add fused",
     torch=rmsnorm_torch.rmsnorm,
     torch_kind="torch: the residual add, then one torch.rms_norm call (float32 bit for bit)",

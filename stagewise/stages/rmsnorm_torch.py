@@ -12,13 +12,7 @@ reference's, bit for bit. Other dtypes keep the reference's roundings: the
 norm is taken of x in float32 (one call), cast to x's dtype, then multiplied
 by the weight with the reference's type promotion (for bfloat16, one fused
 call that rounds once would differ from the reference by an ulp here and
-there).
-
-Measured on a 2-core AMD EPYC, one decode row, one thread, medians of
-alternated rounds, while other jobs loaded the machine (load average 6-7, so
-the absolute times are inflated): the reference 97 us per norm with the
-residual add, this tier 80 us; `torch.ops.aten._fused_rms_norm` measured no
-faster than `torch.rms_norm` (45 vs 40 us without the add).
+there). What it saves per norm: benchmarks/README.md, "CPU tier notes".
 """
 
 import torch

@@ -26,7 +26,7 @@ token's cos/sin row once, rotates all of the token's q and k heads with it in
 fp32, and writes them back over the inputs, so q and k are each read once and
 written once and nothing is allocated. It works directly on the strided views
 `split_qkv` returns. Unlike the naive path, which returns new tensors,
-`optimized` modifies q and k and returns those same objects; callers use the
+`triton` modifies q and k and returns those same objects; callers use the
 return value either way.
 
 The torch tier (`stages/rope_torch.py`) rotates q and k as one tensor with
@@ -147,7 +147,7 @@ def naive(
     return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
-def optimized(
+def triton(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton kernel, in place: q and k are rotated where they are and returned (same objects)."""
@@ -178,7 +178,7 @@ STAGE = Stage(
     summary="rotate each (i, i + d/2) feature pair of q and k by a position-dependent angle",
     shapes="q [T, H, d], k [T, Hkv, d] -> same shapes",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind="triton: in place on q and k, a tile of tokens per program",
     torch=rope_torch.rope,
     torch_kind="torch: q and k rotated as one tensor, half-width angles (fewer ops per layer)",

@@ -37,7 +37,7 @@ so far. A request's tokens therefore depend only on (seed, offset) and its own
 logits, never on which other requests share the batch. Streams differ between
 CPU and CUDA generators (different torch RNGs).
 
-What the optimized (Triton) version changes (`stagewise.kernels.sampling`):
+What the Triton tier changes (`stagewise.kernels.sampling`):
 a few streaming passes over the logits apply penalty, temperature and the
 three filters in registers, never writing a [B, V] intermediate; each row's
 vocabulary is split into chunks, one program per (row, chunk), with a small
@@ -109,13 +109,11 @@ def apply_top_p(probs: Tensor, top_p: Tensor) -> Tensor:
     sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
     mass = sorted_probs.cumsum(dim=-1)  # [B, V]: mass of the i+1 most likely tokens
     # the first position whose running mass reaches top_p is the last token kept
-    last = (
-        (mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
-    )  # [B, V] -> [B, 1]
+    # [B, V] -> [B, 1]
+    last = (mass < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
     cut = sorted_probs.gather(-1, last)  # [B, 1]: p_cut, the prob of the last token kept
-    cut = torch.where(
-        top_p[:, None] >= 1.0, 0.0, cut
-    )  # top_p = 1 is off, whatever the rounding of mass
+    # top_p = 1 is off, whatever the rounding of mass
+    cut = torch.where(top_p[:, None] >= 1.0, 0.0, cut)
     return _renormalize(probs.masked_fill(probs < cut, 0.0))  # [B, V]
 
 
@@ -123,13 +121,11 @@ def processed_probs(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     """The distribution each row draws from, [B, V] float32 (greedy rows: one-hot at the argmax)."""
     logits = logits.float()  # [B, V] in float32 whatever the model dtype
     if sampling.any_penalty:  # off for every row: nothing to change (and three [B, V] passes saved)
-        logits = apply_repetition_penalty(
-            logits, sampling.seen, sampling.repetition_penalty
-        )  # [B, V]
+        # [B, V]
+        logits = apply_repetition_penalty(logits, sampling.seen, sampling.repetition_penalty)
     greedy = sampling.greedy  # [B]
-    temperature = torch.where(
-        greedy, 1.0, sampling.temperature
-    )  # [B]; greedy rows skip the division
+    # [B]; greedy rows skip the division
+    temperature = torch.where(greedy, 1.0, sampling.temperature)
     probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [B, V]
     # A filter that is off for every row changes nothing; skipping it skips a [B, V] sort.
     # The host flags decide: testing the tensors (`bool(top_k.any())`) would be a host sync.
@@ -139,9 +135,8 @@ def processed_probs(logits: Tensor, sampling: SamplingTensors) -> Tensor:
         probs = apply_top_k(probs, sampling.top_k)  # [B, V]
     if sampling.any_top_p:
         probs = apply_top_p(probs, sampling.top_p)  # [B, V]
-    one_hot = torch.zeros_like(probs).scatter_(
-        -1, logits.argmax(dim=-1, keepdim=True), 1.0
-    )  # [B, V]
+    # [B, V]
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, probs)  # [B, V]
 
 
@@ -181,7 +176,7 @@ def naive(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     return tokens  # [B] int64
 
 
-def optimized(logits: Tensor, sampling: SamplingTensors) -> Tensor:
+def triton(logits: Tensor, sampling: SamplingTensors) -> Tensor:
     """The fused Triton kernel: [B, V] logits -> [B] int64 tokens (same law, its own stream)."""
     # lazy: importing kernels first picks GPU or interpreter
     from stagewise.kernels.sampling import sample
@@ -226,7 +221,7 @@ STAGE = Stage(
     ),
     shapes="[num_seqs, vocab] -> [num_seqs]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind=OPTIMIZED_KIND,
     example_inputs=example_inputs,
     outputs=("next_tokens",),

@@ -34,14 +34,15 @@ pre-tokenizer name, special tokens, bos handling, and the lookups built from
 them); `stagewise.tokenizer.Tokenizer` is one, and `example_inputs` builds a
 smaller one by hand (`ByteLevelVocabulary`: the 256 bytes and six merges).
 
-The optimized path builds a Rust `tokenizers.Tokenizer` from the very same
-vocabulary, merges, pre-tokenizer regexes and special tokens (once, cached on
-the vocabulary), so it must return identical ids. What changes is only the
-speed: compiled regexes and a priority-queue merge loop in Rust, with no
-Python object per character. One caveat: Python's `regex` knows the ~17k
-letters and digits Unicode assigned after version 14.0, the Rust library's
-regex engine (Oniguruma) does not, so text with such brand-new characters
-can be cut into different pieces by the two paths.
+The `triton` tier (for tokenize: Rust, not Triton) builds a Rust
+`tokenizers.Tokenizer` from the very same vocabulary, merges, pre-tokenizer
+regexes and special tokens (once, cached on the vocabulary), so it must return
+identical ids. What changes is only the speed: compiled regexes and a
+priority-queue merge loop in Rust, with no Python object per character.
+One caveat: Python's `regex` knows the ~17k letters and digits Unicode
+assigned after version 14.0, the Rust library's regex engine (Oniguruma)
+does not, so text with such brand-new characters can be cut into different
+pieces by the two paths.
 """
 
 import functools
@@ -85,7 +86,7 @@ class BytePairVocabulary(Protocol):
     token_to_id: dict[str, int]  # token -> id
     merge_ranks: dict[tuple[str, str], int]  # merge -> rank (its position in `merges`)
     bpe_cache: dict[str, list[int]]  # pre-tokenized piece -> ids, filled by `naive`
-    rust: tokenizers.Tokenizer  # what `optimized` runs, built once by `build_rust_tokenizer`
+    rust: tokenizers.Tokenizer  # what `triton` runs, built once by `build_rust_tokenizer`
 
 
 @functools.cache
@@ -235,7 +236,7 @@ def build_rust_tokenizer(tokenizer: BytePairVocabulary) -> tokenizers.Tokenizer:
     return rust
 
 
-def optimized(
+def triton(
     text: str, tokenizer: BytePairVocabulary, add_special_tokens: bool = True
 ) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary and merges."""
@@ -313,7 +314,7 @@ STAGE = Stage(
     summary="byte-level BPE: special tokens, regex pre-tokenizer, byte map, merges by rank -> ids",
     shapes="text -> [num_tokens]",
     naive=naive,
-    triton=optimized,
+    triton=triton,
     triton_kind="rust tokenizers",
     example_inputs=example_inputs,
     outputs=("ids",),

@@ -31,7 +31,7 @@ their scores, the literal tokens); `stagewise.tokenizer.Tokenizer` is one, and
 decoding ("▁" -> " ", `<0xNN>` runs -> bytes, the dummy prefix dropped) lives
 there too (`tokenizer/sentencepiece.py`, `tokenizer/decode.py`).
 
-The optimized path builds a Rust `tokenizers` BPE model with `byte_fallback`
+The `triton` tier (Rust) builds a Rust `tokenizers` BPE model with `byte_fallback`
 from the same vocabulary. Rust BPE needs a merge list, so `merges_from_scores`
 writes one (every split of every piece into two pieces, ordered by the piece's
 score, as transformers' converter does). One difference remains by design: when
@@ -64,9 +64,8 @@ class SentencePieceVocabulary(Protocol):
     """What this stage reads from a tokenizer; `stagewise.tokenizer.Tokenizer` is one."""
 
     tokens: list[str]  # id -> piece: "▁the", "<0x0A>", "<s>"
-    merges: list[
-        tuple[str, str]
-    ]  # a tokenizer.json's merge list, or [] (the Rust path derives one)
+    # a tokenizer.json's merge list, or [] (the Rust path derives one)
+    merges: list[tuple[str, str]]
     special_tokens: dict[str, int]  # literal tokens, matched in the text before BPE -> id
     bos_id: int | None  # beginning-of-sequence id
     add_bos: bool  # prepend bos_id when encoding
@@ -77,7 +76,7 @@ class SentencePieceVocabulary(Protocol):
     sp_pieces: dict[str, int]  # normal pieces -> id (a symbol outside falls back to bytes)
     sp_space_inside_pieces: bool  # does some piece hold "▁" after another character?
     bpe_cache: dict[str, list[int]]  # word -> ids, filled by `naive`
-    rust: tokenizers.Tokenizer  # what `optimized` runs, built once by `build_rust_tokenizer`
+    rust: tokenizers.Tokenizer  # what `triton` runs, built once by `build_rust_tokenizer`
 
 
 def byte_token(byte: int) -> str:
@@ -231,7 +230,7 @@ def build_rust_tokenizer(tokenizer: SentencePieceVocabulary) -> tokenizers.Token
     return rust
 
 
-def optimized(
+def triton(
     text: str, tokenizer: SentencePieceVocabulary, add_special_tokens: bool = True
 ) -> torch.Tensor:
     """The Rust `tokenizers` library, built once from the same vocabulary."""

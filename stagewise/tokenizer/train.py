@@ -93,9 +93,8 @@ def train_bpe(corpus: str, num_new_tokens: int, pre: str = "smollm") -> list[tup
         "".join(byte_map[b] for b in piece.encode("utf-8")) for piece in pre_tokenize(corpus, pre)
     )
     piece_counts = Counter(spelled)  # "Ġthe" -> how often the piece " the" occurs
-    words = {
-        tuple(piece): count for piece, count in piece_counts.items()
-    }  # "Ġthe" -> ("Ġ","t","h","e")
+    # "Ġthe" -> ("Ġ","t","h","e")
+    words = {tuple(piece): count for piece, count in piece_counts.items()}
     known = set(byte_map.values())
     merges: list[tuple[str, str]] = []
     while len(known) - 256 < num_new_tokens:
@@ -108,9 +107,8 @@ def train_bpe(corpus: str, num_new_tokens: int, pre: str = "smollm") -> list[tup
             raise StagewiseError(
                 f"corpus too small: only {learned} of {num_new_tokens} new tokens learned"
             )
-        best = min(
-            pair_counts, key=lambda pair: (-pair_counts[pair], pair)
-        )  # most frequent, then sorted
+        # most frequent, then sorted
+        best = min(pair_counts, key=lambda pair: (-pair_counts[pair], pair))
         merges.append(best)
         known.add(best[0] + best[1])
         words = {merge_pair(symbols, best): count for symbols, count in words.items()}

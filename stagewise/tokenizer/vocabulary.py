@@ -38,7 +38,7 @@ from stagewise.tokenizer.decode import IncrementalDecoder, byte_level_token_byte
 
 TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE, SentencePiece BPE (llama.cpp's names)
 # `encode(backend=...)` -> the tokenize stage's path: pure Python, or the Rust `tokenizers` library
-ENCODE_BACKENDS = {"naive": tokenize_stage.naive, "fast": tokenize_stage.optimized}
+ENCODE_BACKENDS = {"naive": tokenize_stage.naive, "fast": tokenize_stage.triton}
 # SmolLM2-Instruct's ChatML template, as its GGUF stores it (`tokenizer.chat_template`); the tiny
 # vocabulary carries it too. `stagewise.models.chat_template` renders templates.
 CHATML_TEMPLATE = (
@@ -71,9 +71,8 @@ class Tokenizer:
     add_bos: bool = False
     ignore_merges: bool = False  # Llama 3: a piece that is already a token skips the merges
     model: str = "gpt2"  # "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE)
-    scores: list[float] | None = (
-        None  # llama: id -> piece score; the best-scoring pair merges first
-    )
+    # llama: id -> piece score; the best-scoring pair merges first
+    scores: list[float] | None = None
     # llama: id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte (`sentencepiece.py`)
     token_types: list[int] | None = None
     unk_id: int | None = None  # llama: the <unk> id, for characters without byte tokens
@@ -113,7 +112,8 @@ class Tokenizer:
 
     @classmethod
     def tiny(cls) -> "Tokenizer":
-        """The tiny model's 512-token vocabulary (trained once per process, then cached)."""
+        """The tiny model's 512-token vocabulary (trained once per process): a new Tokenizer each
+        call, so setting one's `chat_template` leaves the others as they were."""
         return _tiny_tokenizer()
 
     @classmethod
@@ -278,14 +278,25 @@ def checked_eos_ids(ids, vocab_size: int, where: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+TINY_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
 @functools.cache
+def _tiny_vocabulary() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(tokens, merges) trained on the built-in corpus: the slow part, done once, immutable."""
+    tokens, merges = train.train_vocabulary(
+        train.TINY_CORPUS, list(TINY_SPECIALS), PRESETS["tiny"].vocab_size
+    )
+    return tuple(tokens), tuple(merges)
+
+
 def _tiny_tokenizer() -> Tokenizer:
     """The tiny vocabulary with SmolLM2's special-token ids, pre-tokenizer and chat template."""
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens, merges = train.train_vocabulary(train.TINY_CORPUS, specials, PRESETS["tiny"].vocab_size)
+    specials = list(TINY_SPECIALS)
+    tokens, merges = _tiny_vocabulary()
     return Tokenizer(
-        tokens=tokens,
-        merges=merges,
+        tokens=list(tokens),
+        merges=list(merges),
         special_tokens={token: token_id for token_id, token in enumerate(specials)},
         bos_id=1,
         eos_id=2,

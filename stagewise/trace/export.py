@@ -119,6 +119,7 @@ VIEW_SCHEMA = {  # engine/snapshot.py's dict: one per step, the live page's and 
                 "block_size": {"type": "integer", "minimum": 1},
                 "shared": _BLOCK_IDS,
                 "cached": {"type": ["array", "null"], "items": {"type": "integer"}},
+                "prefix_cache": {"enum": ["hash", "radix", "none"]},  # older traces have none
             },
         },
         "budget": {

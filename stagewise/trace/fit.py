@@ -7,7 +7,9 @@ render time, from the width it is given:
 
 - every number column is at least as wide as its widest cell, so a number is
   never wrapped or cut (long headers wrap onto two lines instead);
-- text columns (`wrap=True`) may wrap, down to their `min_width`;
+- text columns (`wrap=True`) may wrap, down to their `min_width` or their longest
+  piece: a line breaks at a space, or after a `/` or `-` inside a long word
+  (`position-` / `dependent`), never in the middle of a word;
 - when all columns cannot fit side by side, the table is split into several
   tables that share the key columns (the first `keys`): fewer columns, same rows.
 
@@ -17,6 +19,7 @@ a style tag and vanish.
     FitTable("One step", [Col("step"), Col("FLOPs", "right"), Col("note", wrap=True)], rows, keys=1)
 """
 
+import re
 from dataclasses import dataclass
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -40,12 +43,49 @@ def _widest_line(text: Text) -> int:
     return max((len(line) for line in text.plain.split("\n")), default=0)
 
 
+# A piece a line may end after: a run of non-spaces up to and including a `/` or `-` that another
+# non-space follows, or up to the next space; with the spaces after it.
+_PIECE = re.compile(r"[^\s]+?(?:[/-](?=[^\s/-])|(?=\s)|$)\s*|\s+")
+
+
+def _pieces(line: str) -> list[str]:
+    return _PIECE.findall(line)
+
+
+def _longest_piece(text: Text) -> int:
+    return max((len(p.rstrip()) for line in text.plain.split("\n") for p in _pieces(line)), default=0)
+
+
+def _wrap(text: Text, width: int) -> Text:
+    """`text` with line breaks so that no line is wider than `width`, broken between pieces (see
+    `_PIECE`); a piece wider than `width` alone is cut only then (a column is never narrower than its
+    longest piece, so that does not happen in a FitTable). Styles are kept."""
+    lines = []
+    for line in text.split("\n", allow_blank=True):
+        offsets, used, pos = [], 0, 0
+        for piece in _pieces(line.plain):
+            size = len(piece.rstrip())
+            if used and used + size > width:
+                offsets.append(pos)
+                used = 0
+            while size > width:  # one piece wider than the column: cut it (the only mid-word break)
+                pos += width
+                offsets.append(pos)
+                size -= width
+                piece = piece[width:]
+            used += len(piece)
+            pos += len(piece)
+        lines.extend(part.rstrip() or part for part in line.divide(offsets)) if offsets else lines.append(line)
+    return Text("\n").join(lines)
+
+
 def _need(col: Col, cells: list[Text]) -> int:
-    """Narrowest width of a column: the widest cell of a number column, `min_width` for text."""
+    """Narrowest width of a column: the widest cell of a number column; for text, `min_width`, but
+    never below its longest piece (a word is not cut)."""
     longest_word = max((len(w) for w in col.header.split()), default=1)
     widest = max((_widest_line(c) for c in cells), default=0)
     if col.wrap:
-        return max(longest_word, min(col.min_width, widest))
+        return max(longest_word, min(col.min_width, widest), max((_longest_piece(c) for c in cells), default=0))
     return max(longest_word, widest)
 
 
@@ -105,8 +145,8 @@ class FitTable:
                 # header may); a text column wraps at its width
                 header = Text(col.header, no_wrap=False)
                 table.add_column(header, justify=col.justify, overflow="fold", width=widths[i], no_wrap=not col.wrap)
-            for row in self.rows:
-                table.add_row(*(row[i] for i in group))
+            for row in self.rows:  # text columns wrapped here, between pieces (Rich would cut words)
+                table.add_row(*(_wrap(row[i], widths[i]) if self.cols[i].wrap else row[i] for i in group))
             out.append(table)
         return out
 

@@ -119,7 +119,9 @@ def render_markdown(tracer: Tracer, layers="first", steps=None, stages=None) -> 
         "",
         f"{m.get('num_layers')} layers, hidden {m.get('hidden_size')}, {m.get('num_heads')} heads, "
         f"{m.get('num_kv_heads')} KV heads, head_dim {m.get('head_dim')}, vocab {m.get('vocab_size')}; "
-        f"mode {m.get('mode')}, backend {m.get('backend')}",
+        f"mode {m.get('mode')}, backend {m.get('backend')}"
+        + ("" if "batch_invariant" not in m else f", batch-invariant {'on' if m['batch_invariant'] else 'off'}")
+        + (f", prefix cache {m['prefix_cache']}" if m.get("prefix_cache") else ""),
         "",
     ]
     ranks = _has_ranks(tracer)

@@ -79,8 +79,9 @@ def _same_shapes(rec: StageRecord) -> bool:
 
 
 def is_weight(name: str) -> bool:
-    """A model weight (or a packed weight's field, `w_qkv.codes`), or the RoPE table: fixed shapes."""
-    return name in ("weight", "cos_sin_cache") or name.startswith("w_") or "." in name
+    """A model weight (or a packed weight's field, `w_qkv.codes`), or the RoPE table: fixed shapes.
+    A fused kernel's weights keep the kernel's names (`norm_weight`, `w` of rmsnorm+qkv_proj)."""
+    return name in ("weight", "norm_weight", "w", "cos_sin_cache") or name.startswith("w_") or "." in name
 
 
 def tensor_lists(rec: StageRecord, compact: bool, sep: str = " ") -> tuple[str, str]:
@@ -146,6 +147,9 @@ def scheduler_lines(info: dict) -> list[str]:
         moves.append(f"-{info.pop('blocks_freed_by_preemption', 0)} preempted")
         moves.append(f"-{info.pop('blocks_freed_by_finished_last_step', 0)} of finished requests")
         lines.append(f"KV blocks in use {used} of {total} ({', '.join(moves)})")
+    if "block_copies" in info:
+        pairs = ", ".join(f"{src} -> {dst}" for src, dst in info.pop("block_copies"))
+        lines.append(f"copy-on-write (a shared block copied before it is written): {pairs}")
     lines += [f"{k}: {v}" for k, v in info.items()]
     return lines
 
@@ -160,9 +164,22 @@ def model_header(model: dict) -> Text:
         f"· RoPE {e.get('rope', 'plain')} "
         f"· mode [bold]{e.get('mode')}[/] · backend [bold]{e.get('backend')}[/] · {e.get('dtype')} on {e.get('device')}"
         + packed_weights(m)
+        + invariance(m)
+        + (f" · prefix cache [bold]{e['prefix_cache']}[/]" if m.get("prefix_cache") else "")
         + (f" · [bold]tensor parallel x{m['tensor_parallel_size']}[/]" if m.get("tensor_parallel_size", 1) > 1 else "")
         + (" · [bold]shape only[/] (no values)" if is_shape_only(m) else "")
+        + (f" · [bold]random weights[/] ({RANDOM_WEIGHTS})" if m.get("random_weights") else "")
     )
+
+
+RANDOM_WEIGHTS = "seeded: the text is noise, the shapes and times are real"
+
+
+def invariance(model: dict) -> str:
+    """' · batch-invariant' or ' · not batch-invariant' (describe()'s "batch_invariant"); '' if unknown."""
+    if "batch_invariant" not in model:  # a trace recorded before the switch existed
+        return ""
+    return " · batch-invariant" if model["batch_invariant"] else " · [bold]not batch-invariant[/]"
 
 
 def packed_weights(model: dict) -> str:
@@ -190,7 +207,32 @@ def _step_title(step: StepRecord, with_time: bool = True) -> Text:
     )
 
 
-def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, decode=None, compact=False) -> None:
+FIRST_CALL = (
+    "the first step's times include each stage's first call: one-time set-up (memory, PyTorch's lazy "
+    "initialisation, a kernel's first launch) that later steps no longer pay"
+)
+
+
+def _num_blocks(step: StepRecord, key: str, row: int, num_rows: int) -> int | None:
+    """How many entries of a block-table row are the request's blocks (the rest is padding)."""
+    if key != "block_table" or len(step.requests) != num_rows:
+        return None
+    blocks = step.requests[row].get("blocks")
+    return len(blocks) if isinstance(blocks, list) else None
+
+
+def table_row(row: list, num_blocks: int | None) -> str:
+    """A block-table row; its padding (the rows of a step are as long as its longest) named as such:
+    the entries past a request's blocks are never read, and their 0 is not block 0."""
+    if num_blocks is None or num_blocks >= len(row):
+        return short_list(row)
+    pad = len(row) - num_blocks
+    return f"{short_list(row[:num_blocks])} + padding {row[num_blocks]} x {pad} (past its blocks: never read)"
+
+
+def _add_step(
+    tree: Tree, step: StepRecord, layers, stages, with_time: bool, decode=None, compact=False, first=False
+) -> None:
     node = tree.add(_step_title(step, with_time))
     sched = node.add("[bold]scheduler[/]")
     for r in step.requests:
@@ -208,12 +250,14 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
         )
     for line in scheduler_lines(step.scheduler):
         sched.add(escape(line))
+    if with_time and first:
+        node.add(Text(FIRST_CALL, style="dim"))
     meta = node.add("[bold]batch[/]")
     for key, value in step.batch.items():
         if isinstance(value, list) and value and isinstance(value[0], list):
             rows = meta.add(Text(str(key)))
             for i, row in enumerate(value):
-                rows.add(escape(f"row {i}: {short_list(row)}"))
+                rows.add(escape(f"row {i}: {table_row(row, _num_blocks(step, key, i, len(value)))}"))
         else:
             meta.add(escape(f"{key} {short_list(value) if isinstance(value, list) else value}"))
     num_layers = 1 + max((s.layer for s in step.stages if s.layer is not None), default=-1)
@@ -231,7 +275,9 @@ def _add_step(tree: Tree, step: StepRecord, layers, stages, with_time: bool, dec
         if decode is None:  # shape only: the id is a placeholder, there is no text to decode
             text = escape(f"sampled id {tok} ({PLACEHOLDER})")
         else:
-            text = escape(f"sampled token {tok} {decode([tok])!r} · text so far: {step.text.get(rid, '')!r}")
+            shown = decode([tok])  # a str, or bytes: a byte token that is part of a character
+            part = " (bytes: part of a character)" if isinstance(shown, bytes) else ""
+            text = escape(f"sampled token {tok} {shown!r}{part} · text so far: {step.text.get(rid, '')!r}")
         node.add(f"[bold green]{escape(rid)}[/] {text}")
 
 
@@ -283,18 +329,21 @@ def render_tree(
             tree.add(Text("before step 0: ") + stage_line(rec, with_time, compact))
     if compact:
         _add_weights(tree, tracer)
+    shown = [step for step in tracer.steps if steps is None or step.index in steps]
     for step in tracer.steps:
         if steps is None or step.index in steps:
-            _add_step(tree, step, layer_sel, stages, with_time, decode, compact)
+            first = step is shown[0] and step.index == 0
+            _add_step(tree, step, layer_sel, stages, with_time, decode, compact, first)
         else:
             tree.add(f"[dim]step {step.index} · {_count(step.num_tokens, 'token')} (not expanded)[/]")
     return Group(tree, *summary_lines(tracer.summary, with_time))
 
 
 def _add_weights(tree: Tree, tracer: Tracer) -> None:
-    """The weights once (compact lines leave them out): layer 0's, and those outside the blocks."""
+    """The weights once (compact lines leave them out): layer 0's, and those outside the blocks, of every
+    step (a first step that is a prefill chunk runs no lm_head; a decode step may run other kernels)."""
     seen: dict[tuple[str, str], list[str]] = {}
-    records = [rec for step in tracer.steps[:1] for rec in step.stages if rec.layer in (None, 0)]
+    records = [rec for step in tracer.steps for rec in step.stages if rec.layer in (None, 0)]
     for rec in records:
         where = rec.stage if rec.layer is None else f"{rec.stage} (each layer)"
         for t in rec.inputs:
@@ -308,9 +357,26 @@ def _add_weights(tree: Tree, tracer: Tracer) -> None:
                 if label not in entry:
                     entry.append(label)
     if seen:
-        node = tree.add("[bold]weights[/] [dim](the same at every step)[/]")
+        node = tree.add("[bold]weights[/] [dim](every one the run used; the same at every step)[/]")
         for (where, name), labels in seen.items():
             node.add(Text(f"{where}: {name} " + ", ".join(labels)))
+
+
+def token_decoder(tokenizer):
+    """ids -> their text, or their bytes when those are not whole UTF-8 characters (a byte-level token
+    can be half of 'é': decoded alone it would print as a replacement character)."""
+
+    def decode(ids: list[int]) -> str | bytes:
+        text = tokenizer.decode(ids)
+        if "\ufffd" in text:
+            raw = tokenizer.bytes_of(ids)
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return raw
+        return text
+
+    return decode
 
 
 def summary_lines(summary: dict, with_time: bool) -> list[Text]:

@@ -19,6 +19,11 @@ sends the records to rank 0 at the end of the step, and every collective
 (all-reduce, gather) is a record of kind "collective" with its tensor, its
 bytes and its wall time, among the stages of its layer.
 
+`Tracer(digests=True)` also keeps, for every request, a short hash of each of
+its rows of every stage's output (`trace/digests.py`): two runs of the same
+request (alone and batched, invariance on and off) can then be compared, and
+`first_divergence` names the first op whose output differed.
+
 Inactive, it costs one `if` per stage call (`active_tracer()` is None).
 """
 
@@ -27,10 +32,11 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 
 import torch
 
+from stagewise.quant.packed_parts import PackedParts
+from stagewise.quant.packed_weight import PackedWeight
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
-from stagewise.stages.packed_parts import PackedParts
-from stagewise.stages.packed_weight import PackedWeight
+from stagewise.trace import digests as row_hash
 from stagewise.trace.hooks import pop_tracer, push_tracer
 
 
@@ -87,9 +93,18 @@ COLLECTIVES = ("all_reduce", "gather")  # what tensor parallelism records beside
 COLLECTIVE_AXES = {"all_reduce": ["num_tokens", "hidden"], "gather": ["num_seqs", "vocab/N"]}
 
 
+NOT_PER_TOKEN = ("tokenize", "sampling", "rejection_sampling")  # outputs whose rows are not the step's tokens
+
+
 class Tracer:
-    def __init__(self, timing: bool = True):
+    def __init__(self, timing: bool = True, digests: bool = False):
         self.timing = timing  # record wall time per stage (synchronizes CUDA)
+        self.digests = digests  # keep a hash of every request's rows of every stage output
+        # request id -> {(layer, stage, call, output, position): hex digest of that row's bits}
+        self.row_digests: dict[str, dict[tuple, str]] = {}
+        self.op_order: dict[tuple, int] = {}  # (layer, stage, call) -> the order ops first ran in
+        self._owners: list | None = None  # this step's token rows -> (request id, position)
+        self._calls: dict[tuple, int] = {}  # (layer, stage) -> calls so far in this step
         self.prelude: list[StageRecord] = []  # stage calls outside any engine step (tokenize)
         self.steps: list[StepRecord] = []
         self.summary: dict = {}  # filled by the runner at the end: tokens, KV blocks, TTFT, TBT, ...
@@ -113,6 +128,7 @@ class Tracer:
     def begin_step(self, index: int, mode: str, requests: list[dict], batch: dict, scheduler: dict | None = None):
         self._current = StepRecord(index, mode, requests, batch, scheduler=scheduler or {}, start_us=self._now_us())
         self.steps.append(self._current)
+        self._owners, self._calls = None, {}
 
     def end_step(self, sampled: dict, text: dict, view: dict | None = None) -> None:
         step = self._current
@@ -149,7 +165,30 @@ class Tracer:
             outputs += _tensor_records(name, value, spec.axes)
         record = StageRecord(stage, layer, backend, inputs, outputs, scalars, start, dur, rank=self.rank)
         self.add_records([record])
+        if self.digests and self._current is not None and stage not in NOT_PER_TOKEN:
+            self._digest(stage, layer, kwargs, spec.outputs, outs)
         return result
+
+    def _digest(self, stage: str, layer: int | None, kwargs: dict, names: tuple, outs: tuple) -> None:
+        """Each output row's digest, under its owner (request, position): `trace/digests.py`."""
+        if self._owners is None:
+            positions = self._current.batch.get("positions")
+            self._owners = [] if positions is None else row_hash.row_owners(self._current.requests, positions)
+        owners = self._owners
+        if stage == "lm_head":  # its rows are the tokens `last_token_index` picks
+            owners = [owners[i] for i in kwargs["last_token_index"].tolist()]
+        call = self._calls.get((layer, stage), 0)
+        self._calls[(layer, stage)] = call + 1
+        self.op_order.setdefault((layer, stage, call), len(self.op_order))
+        for name, value in zip(names, outs):
+            if not isinstance(value, torch.Tensor) or value.is_meta or value.dim() == 0:
+                continue
+            if value.shape[0] != len(owners) or not owners:
+                continue
+            for owner, digest in zip(owners, row_hash.row_digests(value)):
+                if owner is not None:
+                    request_id, position = owner
+                    self.row_digests.setdefault(request_id, {})[(layer, stage, call, name, position)] = digest
 
     # ---- called by the tensor-parallel group and its driver ----
 

@@ -10,14 +10,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from stagewise.bench import batching, modes
-from stagewise.bench.hf_baseline import static_padding
-from stagewise.bench.machine import machine_info, machine_tag
-from stagewise.bench.timing import StreamedRequest, Timing, alternating, compare, summarize
-from stagewise.bench.workloads import count_tokens, mixed_workload, prompt_with_tokens, single_prompt
+from stagewise.bench.commands import batching, modes
+from stagewise.bench.harness.hf_baseline import static_padding
+from stagewise.bench.harness.machine import machine_info, machine_tag
+from stagewise.bench.harness.timing import StreamedRequest, Timing, alternating, compare, summarize
+from stagewise.bench.harness.workloads import count_tokens, mixed_workload, prompt_with_tokens, single_prompt
 from stagewise.cli.bench import bench_app
 from stagewise.errors import StagewiseError
-from stagewise.models.tokenizer import Tokenizer
+from stagewise.tokenizer.vocabulary import Tokenizer
+from stagewise.tuning import cpu_load
 
 COMMON_KEYS = {"benchmark", "machine", "settings", "summary"}
 SMALL = ["--num-requests", "4", "--prompt-tokens", "16-40", "--output-tokens", "4-12", "--max-num-seqs", "2"]
@@ -101,6 +102,15 @@ def test_cost_fit_recovers_known_coefficients():
     assert min(flat["coef_ms"]) >= 0
 
 
+def test_a_busy_machine_is_said_beside_the_numbers(monkeypatch):
+    from stagewise.bench.harness.machine import busy_note
+
+    monkeypatch.delenv("STAGEWISE_BUSY_SHARE", raising=False)  # the default share (the suite sets its own)
+    assert busy_note(None, "x") is None and busy_note(0.1, "x") is None  # unknown, or quiet (default 25%)
+    note = busy_note(0.62, "the modes")
+    assert note.startswith("the machine was busy: other processes used 62% of the CPU while the modes ran")
+
+
 def test_machine_info_and_tag():
     info = machine_info()
     for key in ("cpu", "logical_cores", "torch_threads", "ram_GB", "gpu", "torch", "python", "stagewise", "date"):
@@ -113,10 +123,20 @@ def test_machine_info_and_tag():
 # ---- modes -------------------------------------------------------------------------------------
 
 
-def test_bench_modes_end_to_end(tmp_path):
+BUSY = "the machine was busy: other processes used "
+
+
+def test_bench_modes_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("STAGEWISE_BUSY_SHARE", "-1")  # any share of the CPU used by others counts as busy
+    monkeypatch.setattr(cpu_load, "MIN_TICKS", 1)  # a fast machine runs it in few ticks
     args = ["--prompt-tokens", "8", "--output-lengths", "4,12", "--repeats", "2"]
-    run_cli("modes", "--model", "tiny", "--out", str(tmp_path), *args)
+    printed = run_cli("modes", "--model", "tiny", "--out", str(tmp_path), *args).output
     result = load_result(tmp_path, "modes")
+    assert 0 <= result["cpu_others_share"] <= 1  # the load probe around the timed runs
+    assert any(n.startswith(BUSY) for n in result["notes"]) and BUSY in " ".join(printed.split())
+    for by_length in result["summary"].values():  # TPS is 1 / the TBT beside it: the same statistic
+        for s in by_length.values():
+            assert s["tps"] == pytest.approx(1000 / s["tbt_ms"])
     assert COMMON_KEYS | {"runs", "time_per_token", "fits", "token_ids", "outputs_identical"} <= set(result)
     assert result["benchmark"] == "modes" and result["outputs_identical"]
     assert set(result["summary"]) == {"naive", "kv", "paged"}
@@ -165,9 +185,12 @@ def test_modes_guard_refuses_different_outputs(monkeypatch):
 # ---- batching ----------------------------------------------------------------------------------
 
 
-def test_bench_batching_end_to_end(tmp_path):
+def test_bench_batching_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("STAGEWISE_BUSY_SHARE", "-1")  # any share of the CPU used by others counts as busy
+    monkeypatch.setattr(cpu_load, "MIN_TICKS", 1)  # a fast machine runs it in few ticks
     run_cli("batching", "--model", "tiny", *SMALL, "--out", str(tmp_path))
     result = load_result(tmp_path, "batching")
+    assert 0 <= result["cpu_others_share"] <= 1 and any(n.startswith(BUSY) for n in result["notes"])
     assert COMMON_KEYS | {"runs", "workload", "token_ids", "outputs_identical", "engine_config"} <= set(result)
     assert set(result["summary"]) == {"static", "continuous"}
     static, cont = result["summary"]["static"], result["summary"]["continuous"]
@@ -217,7 +240,7 @@ def test_static_padding_by_hand():
 
 @pytest.mark.oracle
 def test_transformers_baseline_pads_and_times_a_two_request_case(tmp_path):
-    from stagewise.bench.hf_baseline import HFBaseline
+    from stagewise.bench.harness.hf_baseline import HFBaseline
     from tests.checkpoints import hf_tiny_model, write_hf_dir
 
     path = write_hf_dir(tmp_path / "hf", hf_tiny_model())
@@ -296,7 +319,7 @@ def test_bad_options_are_one_line_errors(args, message, tmp_path):
 
 
 def test_soak_smoke_finds_nothing_lost_changed_or_leaked():
-    from stagewise.bench.soak import SoakSettings, run_soak
+    from stagewise.bench.commands.soak import SoakSettings, run_soak
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `bench soak` runs: the tiny model's ops are too small for threads

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from stagewise.bench.batching import batching_table
-from stagewise.bench.modes import add_ratios, modes_table
-from stagewise.bench.soak import soak_table
-from stagewise.bench.stage_bench import stages_table
+from stagewise.bench.commands.batching import batching_table
+from stagewise.bench.commands.modes import add_ratios, modes_table
+from stagewise.bench.commands.soak import soak_table
+from stagewise.bench.commands.stages import stages_table
 from stagewise.trace.fit import FitTable
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "amd-epyc-2t"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stagewise.bench import launch_overhead as lo
+from stagewise.bench.scripts import launch_overhead as lo
 from stagewise.kernels import INTERPRETER
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from stagewise.bench import modes
+from stagewise.bench.commands import modes
 from stagewise.errors import StagewiseError
 from tests.bench.test_bench import load_result, run_cli
 

@@ -1,4 +1,4 @@
-"""The perplexity function and greedy agreement (`stagewise.bench.perplexity`), on the tiny model.
+"""The perplexity function and greedy agreement (`stagewise.bench.commands.perplexity`), on the tiny model.
 
 What the real SmolLM2 file gives (and the 1% target) is the benchmark's result, not a test: here
 the function itself is checked. A model with a zero LM head guesses uniformly, so its perplexity
@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-from stagewise.bench.english_text import SOURCE, TEXT
-from stagewise.bench.perplexity import greedy_agreement, greedy_tokens, perplexity, token_nll
+from stagewise.bench.commands.perplexity import greedy_agreement, greedy_tokens, perplexity, token_nll
+from stagewise.bench.harness.english_text import SOURCE, TEXT
 from stagewise.errors import StagewiseError
 from stagewise.models.registry import load_model
-from stagewise.stages.dequantize import dequantize
-from stagewise.stages.quantize import quantize
+from stagewise.quant.dequantize import dequantize
+from stagewise.quant.quantize import quantize
 
 PROJECTIONS = ("w_qkv", "w_o", "w_gate_up", "w_down")
 
@@ -55,3 +55,26 @@ def test_packed_naive_equals_float32_and_greedy_agrees():
     assert perplexity(packed, "naive", ids) == perplexity(floats, "naive", ids)
     assert greedy_agreement(floats, packed, "naive", ["hello world", "the cat"], 5) == [5, 5]
     assert "Pride and Prejudice" in SOURCE and "public domain" in SOURCE
+
+
+def test_torch_stock_builds_pytorchs_forms_and_the_opt_in_kernel_the_integer_dot_ones(tmp_path, int8_kernels):
+    """`--backends torch-stock`: the same torch tier, its packed weights in PyTorch's int4pack form."""
+    import gguf
+
+    from stagewise.bench.commands.perplexity import STOCK, load_stock, tier_of
+    from stagewise.cpu import int8_dot
+    from stagewise.quant.packed_parts import packed_leaves
+    from tests.checkpoints import hf_tiny_model, write_gguf
+
+    path = write_gguf(
+        tmp_path / "tiny-q4_1.gguf", hf_tiny_model(seed=5), projection_type=gguf.GGMLQuantizationType.Q4_1
+    )
+    stock = load_stock(str(path))
+    forms = [w.prepared["torch"] for w in packed_leaves(stock.weights.layers[0].w_qkv)]
+    assert forms and all(len(f) == 2 for f in forms), "int4pack: packed codes and scale_zero"
+    assert tier_of(STOCK) == "torch" and tier_of("naive") == "naive"
+    ids = stock.tokenizer.encode(TEXT)[:24]
+    if int8_dot.available():  # the default torch tier holds the rows8 form, and gives other bits
+        default = load_model(str(path), device="cpu", quantization="auto")
+        assert perplexity(default, "torch", ids) != perplexity(stock, "torch", ids)
+        assert len(default.weights.layers[0].w_qkv.prepared["torch"]) == 1

@@ -11,7 +11,7 @@ import statistics
 import pytest
 from typer.testing import CliRunner
 
-from stagewise.bench.serve_client import (
+from stagewise.bench.commands.serve_client import (
     RequestResult,
     arrival_offsets,
     inter_arrival_times,

@@ -7,8 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from stagewise.bench.spec import parse_layers
-from stagewise.bench.spec_steps import write_truncated_gguf
+from stagewise.bench.commands.spec import parse_layers
+from stagewise.bench.commands.spec_steps import write_truncated_gguf
 from stagewise.cli.bench import bench_app
 from stagewise.errors import StagewiseError
 

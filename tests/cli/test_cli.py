@@ -23,6 +23,19 @@ def test_generate_streams_text_on_tiny():
     assert res.stdout == expected + "\n"
 
 
+def test_no_batch_invariant_runs_the_variant_paths_and_the_trace_says_so():
+    res = run("trace", "Hello there", "--model", "tiny", "--max-tokens", "2", "--no-timing", "--no-batch-invariant")
+    assert res.returncode == 0, res.stderr
+    assert "not batch-invariant" in res.stdout
+    from stagewise import LLM, SamplingParams
+    from stagewise.trace import Tracer
+    from stagewise.trace.render_table import render_markdown
+
+    with Tracer(timing=False) as tracer:
+        LLM("tiny").generate("Hello there", SamplingParams(max_tokens=1))
+    assert "batch-invariant on" in render_markdown(tracer)  # the default, said in every format
+
+
 def test_stages_lists_the_registry():
     res = run("stages")
     assert res.returncode == 0, res.stderr

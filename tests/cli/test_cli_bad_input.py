@@ -83,6 +83,15 @@ CASES = [
     (["generate", "hi", *TINY, "--device", "meta"], "tiny has no weights"),
     (["generate", "   ", *TINY], "the prompt is empty"),
     (["generate", "hi", *TINY, "--top-p", "0"], "top_p must be"),
+    (["generate", "hi", *TINY, "--batch-invariant=maybe"], "does not take a value"),
+    (["generate", "hi", *TINY, "--prefix-cache", "lru"], "unknown prefix_cache 'lru'; use one of hash, radix, none"),
+    (["trace", "hi", *TINY, "--no-prefix-caching", "--prefix-cache", "radix"], "enable_prefix_caching=False"),
+    (["serve", *TINY, "--prefix-cache", "trie"], "unknown prefix_cache 'trie'; use one of hash, radix, none"),
+    (["serve", *TINY, "--no-prefix-caching", "--prefix-cache", "radix"], "drop --no-prefix-caching"),
+    (["bench", "invariance", *Q, "--repeats", "0"], "--repeats must be >= 1"),
+    (["bench", "invariance", *Q, "--quantization", "int3"], "unknown weight format 'int3'"),
+    (["trace", "hi", *TINY, "--no-batch-invariant=1"], "does not take a value"),
+    (["serve", *TINY, "--no-batch-invariant=yes"], "does not take a value"),
     (["generate", "hi", *TINY, "--seed", "-99999999999999999999"], "seed must be"),
     (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["generate", "hi", "--model", "missing/model.gguf"], "not found"),
@@ -192,7 +201,7 @@ def test_a_result_of_the_same_settings_is_replaced_and_overwrite_replaces_any(wo
 
 
 def test_quick_runs_go_to_their_own_folder(workdir, monkeypatch, capsys):
-    from stagewise.bench.machine import machine_tag
+    from stagewise.bench.harness.machine import machine_tag
 
     published = workdir / "benchmarks" / "results" / machine_tag()
     published.mkdir(parents=True)
@@ -207,7 +216,7 @@ def test_quick_runs_go_to_their_own_folder(workdir, monkeypatch, capsys):
 def test_a_quick_run_with_other_settings_goes_to_a_settings_named_file(workdir, monkeypatch, capsys):
     """A quick run is a smoke test: other settings than the quick result's are written beside it, not refused;
     the same settings find the same file again (a rerun replaces it)."""
-    from stagewise.bench.machine import machine_tag
+    from stagewise.bench.harness.machine import machine_tag
 
     quick = workdir / "benchmarks" / "results" / machine_tag() / "quick"
     quick.mkdir(parents=True)

@@ -94,7 +94,7 @@ def stderr_as(monkeypatch):
 @pytest.mark.parametrize("where", ["terminal", "quiet terminal", "pipe"])
 def test_load_status_only_on_a_terminal(tiny_gguf, monkeypatch, stderr_as, where):
     """STAGEWISE_QUIET=1 or a stderr that is not a terminal: nothing at all."""
-    from stagewise.bench.progress import load_status
+    from stagewise.bench.harness.progress import load_status
     from stagewise.engine.llm import LLM
 
     read = stderr_as("pipe" if where == "pipe" else "terminal")
@@ -107,7 +107,7 @@ def test_load_status_only_on_a_terminal(tiny_gguf, monkeypatch, stderr_as, where
     text = read()
     if where == "terminal":
         assert all(p in text for p in PHASES), text
-        assert "building the engine: " in text  # each phase's line ends with its time
+        assert "building the engine (backend torch): " in text  # each phase's line, its tier and time
     else:
         assert text == ""
 
@@ -119,8 +119,8 @@ def test_bench_progress_goes_to_the_terminal_not_the_results(tmp_path, capsys, m
     monkeypatch.delenv("STAGEWISE_QUIET", raising=False)
     threads = __import__("torch").get_num_threads()
     try:
-        soak(model="tiny", out=str(tmp_path), quick=True, threads=None, num_requests=12, kv_blocks=24,
-             max_num_seqs=8, seed=0, overwrite=False, speculative_config=None, speculative=None)  # fmt: skip
+        soak(model="tiny", out=str(tmp_path), quick=True, threads=None, num_requests=12, kv_blocks=24, max_num_seqs=8,
+             seed=0, overwrite=False, speculative_config=None, speculative=None, prefix_cache=None)  # fmt: skip
     finally:
         __import__("torch").set_num_threads(threads)
     shown, out = read(), capsys.readouterr().out

@@ -38,6 +38,20 @@ def test_dry_run_report_path_renders_every_section(tmp_path):
     assert "== env" in (tmp_path / "log.txt").read_text()
 
 
+def test_the_gpu_plan_fits_about_eight_minutes_and_its_readme_says_so():
+    """The budget bounds the sections together; with the machine's start (150 s at most) the check
+    ends within about 8 minutes, and benchmarks/gpu/README.md quotes the limits and budget in force."""
+    from pathlib import Path
+
+    from stagewise.devtools.device_check import BUDGET_S, DRY_BUDGET_S, DRY_LIMITS_S, LIMITS_S
+
+    assert BUDGET_S + 150 <= 8 * 60 and all(LIMITS_S[s] < BUDGET_S for s in SECTIONS)
+    readme = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "README.md").read_text()
+    gpu, dry = (", ".join(f"{s} {limits[s]:.0f}" for s in SECTIONS) for limits in (LIMITS_S, DRY_LIMITS_S))
+    assert f"| limits, s | {gpu} | {dry} |" in readme
+    assert f"| budget, s | {BUDGET_S:.0f} | {DRY_BUDGET_S:.0f} |" in readme
+
+
 def test_a_spent_budget_skips_sections_and_still_writes_the_tables(tmp_path):
     from stagewise.devtools.device_check import orchestrate
 
@@ -69,7 +83,7 @@ def test_report_renders_results_of_every_kind():
 
 
 def test_a_mismatch_is_recorded_or_raised():
-    from stagewise.bench.modes import check_identical
+    from stagewise.bench.commands.modes import check_identical
     from stagewise.errors import StagewiseError
 
     found = []

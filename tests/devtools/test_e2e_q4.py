@@ -4,7 +4,7 @@ row beside the 16-bit one, and the report's line for it."""
 from stagewise.devtools.device_report import render_markdown
 from stagewise.devtools.e2e_device import BF16_COMMITTED_MS, Q4_KIND, packed_model, q4_decode
 from stagewise.models.registry import load_model
-from stagewise.stages.packed_weight import is_packed
+from stagewise.quant.packed_weight import is_packed
 
 
 def test_packed_model_packs_every_projection_and_shares_the_rest():

@@ -1,6 +1,7 @@
 """Generation on the tiny model: modes agree, streaming, stopping, metrics, bad input."""
 
 import pytest
+import torch
 
 from stagewise import LLM, SamplingParams, StagewiseError
 
@@ -12,13 +13,16 @@ def llms(tiny):
     return {mode: LLM(tiny, mode=mode) for mode in ("naive", "kv")}
 
 
-def test_naive_and_kv_modes_give_identical_greedy_tokens(llms):
-    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+def test_naive_and_kv_modes_give_identical_greedy_tokens_and_logits(llms):
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=5)
     naive = llms["naive"].generate(PROMPTS, params)
     kv = llms["kv"].generate(PROMPTS, params)
     for a, b in zip(naive, kv):
         assert a.token_ids == b.token_ids
         assert len(a.token_ids) == 20
+        # batch invariance: every step's log-probabilities the same bits (engine/logprobs.py)
+        assert torch.equal(a.logprobs.values, b.logprobs.values)
+        assert torch.equal(a.logprobs.sampled, b.logprobs.sampled)
 
 
 def test_modes_agree_on_seeded_random_sampling(llms):

@@ -1,4 +1,4 @@
-"""Greedy graphed decode steps read their ids one step late (engine/paged_runner.py, `defer_graph_reads`).
+"""Greedy graphed decode steps read their ids one step late (engine/graph_runner.py, `defer_graph_reads`).
 
 On a CPU the graph runner replays eagerly, but its bookkeeping is the GPU's: the staging upload, the
 changed block-table rows, the next step queued with its input ids copied on the device from this step's
@@ -10,6 +10,7 @@ import pytest
 
 from stagewise import LLM, SamplingParams
 from stagewise.config import EngineConfig
+from stagewise.engine.graph_runner import GraphRunner, schedule_ahead
 from stagewise.engine.request import Request
 from stagewise.engine.scheduler import Scheduler, SchedulerOutput
 from stagewise.engine.text_stream import TextStream
@@ -110,7 +111,7 @@ def test_each_call_reads_one_step_after_queuing_the_next(tiny):
 def test_the_option_is_a_bool_and_needs_the_graphs(tiny):
     with pytest.raises(StagewiseError, match="defer_graph_reads must be True or False"):
         EngineConfig(defer_graph_reads="yes")
-    assert not LLM(tiny, engine_config=ECFG, **ATTENTION_ONLY).engine.defer_reads  # no graphs: nothing deferred
+    assert not isinstance(LLM(tiny, engine_config=ECFG, **ATTENTION_ONLY).engine, GraphRunner)  # nothing deferred
 
 
 def test_a_stream_closed_while_a_step_runs_ahead_leaves_a_clean_engine(tiny):
@@ -165,17 +166,17 @@ def test_schedule_ahead_runs_only_what_schedule_would():
     step = _decoding(scheduler, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], max_tokens=5)  # 4 and 8 tokens
     held = [len(bm.block_ids(r)) for r in ("r0", "r1")]
     assert held == [1, 2]
-    ahead = scheduler.schedule_ahead(step, max_model_len=64)
+    ahead = schedule_ahead(scheduler, step, max_model_len=64)
     assert [(s.request.request_id, s.num_new_tokens) for s in ahead.scheduled] == [("r0", 1), ("r1", 1)]
     assert [len(bm.block_ids(r)) for r in ("r0", "r1")] == [2, 3]  # positions 4 and 8: new blocks
-    assert scheduler.schedule_ahead(step, max_model_len=9) is None  # r1's unread token is its 9th: the last
+    assert schedule_ahead(scheduler, step, max_model_len=9) is None  # r1's unread token is its 9th: the last
     r0, r1 = scheduler.running
     r0.output_token_ids += [7, 7, 7]  # 4 of 5: the token being read is r0's last
-    assert scheduler.schedule_ahead(ahead, max_model_len=64) is None
+    assert schedule_ahead(scheduler, ahead, max_model_len=64) is None
     del r0.output_token_ids[1:]
     scheduler.add(Request("r2", "", [1], SamplingParams(max_tokens=2), 0, TextStream(str)))
-    assert scheduler.schedule_ahead(ahead, max_model_len=64) is None  # it would join the next step
+    assert schedule_ahead(scheduler, ahead, max_model_len=64) is None  # it would join the next step
     # 3 blocks, all held: positions 4 and 8 each need a new one; schedule() would preempt instead
     tight = Scheduler(BlockManager(num_blocks=3, block_size=4), max_num_seqs=4, max_num_batched_tokens=64)
     step = _decoding(tight, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]], max_tokens=5)
-    assert tight.block_manager.num_free_blocks == 0 and tight.schedule_ahead(step, max_model_len=64) is None
+    assert tight.block_manager.num_free_blocks == 0 and schedule_ahead(tight, step, max_model_len=64) is None

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.bursts import InterruptBurst
+from stagewise.bench.harness.bursts import InterruptBurst
 from stagewise.config import EngineConfig
 
 PROMPTS = ["the cat sat on the mat and then ran far away quickly", "a mat", "then ran far away and the cat sat"]

@@ -7,9 +7,11 @@ named in the prefix cache, a verify row's repetition penalty seeing the wrong
 tokens, a stop or max_tokens not cut exactly where it is reached.
 """
 
+import dataclasses
 import random
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,15 +48,16 @@ def ngram(k: int, n_min: int = 1, n_max: int = 3, adaptive: bool = True) -> dict
 
 @pytest.fixture(scope="module")
 def plain(tiny):
-    """Greedy tokens (and text) of one request on the plain paged engine, cached."""
+    """Greedy tokens, text, finish reason and every step's log-probabilities (`logprobs=3`) of one
+    request on the plain paged engine, cached."""
     llm = LLM(tiny, mode="paged")
     cache = {}
 
     def run(prompt: str, params: SamplingParams):
         key = (prompt, params.max_tokens, params.stop, params.repetition_penalty)
         if key not in cache:
-            out = llm.generate(prompt, params)[0]
-            cache[key] = (out.token_ids, out.text, out.finish_reason)
+            out = llm.generate(prompt, dataclasses.replace(params, logprobs=3))[0]
+            cache[key] = (out.token_ids, out.text, out.finish_reason, out.logprobs.values)
         return cache[key]
 
     return run
@@ -72,7 +75,7 @@ def test_copying_workload_accepts_and_rejects_and_matches_plain(tiny, plain):
     kept and guesses thrown away, and every token as without speculation."""
     rng = random.Random(3)
     prompts = [repetitive_prompt(rng, n) for n in (40, 12, 70, 25, 5, 33)]
-    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (30, 24, 17, 40, 9, 28)]
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True, logprobs=3) for m in (30, 24, 17, 40, 9, 28)]
     ecfg = EngineConfig(
         max_num_seqs=4,
         max_num_batched_tokens=20,
@@ -83,6 +86,8 @@ def test_copying_workload_accepts_and_rejects_and_matches_plain(tiny, plain):
     outs = llm.generate(prompts, params)
     for prompt, p, out in zip(prompts, params, outs):
         assert out.token_ids == plain(prompt, p)[0], prompt
+        # batch invariance: a row verified among k + 1 has the logits it has decoded alone
+        assert torch.equal(out.logprobs.values, plain(prompt, p)[3]), prompt
     stats = llm.last_stats
     assert stats.spec_draft_tokens > 0, "nothing was proposed"
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens, "want kept and rejected guesses"
@@ -155,10 +160,12 @@ def test_random_workloads_match_plain(
         enable_prefix_caching=prefix_caching,
     )
     llm = LLM(tiny, mode="paged", engine_config=ecfg, speculative_config=ngram(k, 1, n_max))
+    params = [dataclasses.replace(p, logprobs=3) for p in params]
     for prompt, p, out in zip(prompts, params, llm.generate(prompts, params)):
-        tokens, text, reason = plain(prompt, p)
+        tokens, text, reason, logprobs = plain(prompt, p)
         assert out.token_ids == tokens, (prompt, p)
         assert out.text == text and out.finish_reason == reason
+        assert torch.equal(out.logprobs.values, logprobs), (prompt, p)  # the same bits, step by step
     assert_all_blocks_free(llm)
 
 

@@ -63,9 +63,9 @@ def count_cuts(llm: LLM) -> list[int]:
     scheduler, cuts = llm.engine.scheduler, [0]
     original = scheduler._scheduled
 
-    def scheduled(out, req, n, cached):
+    def scheduled(out, req, n, *hit):  # hit: the prefix a newly admitted request reuses
         before = len(req.spec_token_ids)
-        original(out, req, n, cached)
+        original(out, req, n, *hit)
         cuts[0] += len(req.spec_token_ids) < before
 
     scheduler._scheduled = scheduled

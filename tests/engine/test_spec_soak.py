@@ -8,7 +8,7 @@ preempt), the n-gram proposer guessing throughout. The long run is
 
 import torch
 
-from stagewise.bench.soak import SoakSettings, run_soak
+from stagewise.bench.commands.soak import SoakSettings, run_soak
 
 
 def test_soak_with_speculation_loses_and_duplicates_nothing():

@@ -9,8 +9,8 @@ import torch
 
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.dequant_matmul import dequant_matmul
+from stagewise.quant.quantize import quantize
 from stagewise.stages import dequant_gemm
-from stagewise.stages.quantize import quantize
 
 
 def packed(kind: str, k: int = 64, n: int = 40, seed: int = 0):
@@ -24,7 +24,7 @@ def test_kernel_matches_naive(kind, m):
     w = packed(kind)
     x = torch.randn(m, 64, generator=torch.Generator().manual_seed(1))
     ref = dequant_gemm.naive(x, w)
-    out = dequant_gemm.optimized(x, w)
+    out = dequant_gemm.triton(x, w)
     assert out.shape == (m, 40) and out.dtype == torch.float32
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -32,7 +32,7 @@ def test_kernel_matches_naive(kind, m):
 def test_strided_activations_are_read_in_place():
     w = packed("q4_1")
     x = torch.randn(64, 2)[:, :1].t()  # [1, 64] with a column stride of 2
-    torch.testing.assert_close(dequant_gemm.optimized(x, w), dequant_gemm.naive(x, w))
+    torch.testing.assert_close(dequant_gemm.triton(x, w), dequant_gemm.naive(x, w))
 
 
 def test_bad_inputs_are_one_line_errors():

@@ -90,8 +90,8 @@ def test_no_tokens():
 def test_registry_stage(num_tokens, dtype):
     stage = STAGES["embedding"]
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
-    assert torch.equal(stage.optimized(**inputs), stage.naive(**inputs))
-    assert stage.optimized_kind.startswith("triton")
+    assert torch.equal(stage.triton(**inputs), stage.naive(**inputs))
+    assert stage.triton_kind.startswith("triton")
 
 
 @pytest.mark.parametrize(

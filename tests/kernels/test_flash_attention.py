@@ -227,12 +227,12 @@ def test_strided_views_of_a_fused_qkv():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
-def test_registry_stage_optimized_matches_naive(num_tokens, dtype):
+def test_registry_stage_triton_matches_naive(num_tokens, dtype):
     stage = STAGES["attention"]
-    assert stage.optimized_kind.startswith("triton")
+    assert stage.triton_kind.startswith("triton")
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
     # both paths round their output to dtype once; the tolerance covers one rounding each
-    assert_close(stage.optimized(**inputs), stage.naive(**inputs), *TOL[dtype], f"attention stage, T={num_tokens}")
+    assert_close(stage.triton(**inputs), stage.naive(**inputs), *TOL[dtype], f"attention stage, T={num_tokens}")
 
 
 def _bad(**changes):

@@ -164,9 +164,9 @@ def test_registry_stage(num_tokens, dtype):
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
     # both paths write their caches in place
     mine = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
-    assert stage.naive(**inputs) is None and stage.optimized(**mine) is None
+    assert stage.naive(**inputs) is None and stage.triton(**mine) is None
     assert torch.equal(mine["k_cache"], inputs["k_cache"]) and torch.equal(mine["v_cache"], inputs["v_cache"])
-    assert stage.optimized_kind.startswith("triton")
+    assert stage.triton_kind.startswith("triton")
 
 
 def t(*shape, dtype=torch.float32):

@@ -136,14 +136,14 @@ def test_empty_shapes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
 @pytest.mark.parametrize("name", ["qkv_proj", "o_proj", "ffn", "lm_head"])
-def test_stage_optimized_matches_naive(name, num_tokens, dtype):
+def test_stage_triton_matches_naive(name, num_tokens, dtype):
     stage = STAGES[name]
-    assert stage.optimized_kind.startswith("triton")
+    assert stage.triton_kind.startswith("triton")
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
     expected = stage.naive(**inputs)
-    actual = stage.optimized(**inputs)
+    actual = stage.triton(**inputs)
     assert actual.dtype == expected.dtype
-    assert_close(actual, expected, *TOLERANCES[dtype], what=f"{name} optimized vs naive, T={num_tokens}, {dtype}")
+    assert_close(actual, expected, *TOLERANCES[dtype], what=f"{name} triton vs naive, T={num_tokens}, {dtype}")
 
 
 def test_o_proj_reads_a_strided_attention_output():
@@ -151,7 +151,7 @@ def test_o_proj_reads_a_strided_attention_output():
     inputs = o_proj.example_inputs(PRESETS["tiny"], 7, DEVICE, torch.float32)
     wide = torch.cat([inputs["x"], torch.ones(7, 5, device=DEVICE)], dim=1)
     view = wide[:, : inputs["x"].shape[1]]
-    assert_close(o_proj.optimized(view, inputs["w_o"]), o_proj.naive(**inputs), *TOLERANCES[torch.float32])
+    assert_close(o_proj.triton(view, inputs["w_o"]), o_proj.naive(**inputs), *TOLERANCES[torch.float32])
 
 
 @pytest.mark.parametrize(

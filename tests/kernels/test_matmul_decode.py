@@ -223,10 +223,18 @@ def test_gpu_candidates_fit_shared_memory_and_fill_the_gpu():
     assert {c.split_k for c in decode.gpu_candidates(128256, 4096, 2, sms)} == {1}
 
 
+def test_more_than_16_rows_walk_their_splits_in_one_program():
+    """M > 16: tiles of 16 rows, each program adding its tile's 3 splits in order (SERIAL), no partials."""
+    a, b = _operands(37, 100, 40, torch.float32, seed=5)
+    c = _run(a, b, config=SPLIT3)
+    assert_close(c.cpu(), _reference(a, b), *ROUNDING_TOL[torch.float32], what="37 rows, 3 splits")
+    rows = torch.tensor([36, 0, 17, 17, 5], device=DEVICE)
+    gathered = _run(a, b, config=SPLIT3, row_index=torch.cat([rows] * 4))  # 20 rows read through an index
+    assert_close(gathered.cpu(), _reference(a, b)[torch.cat([rows] * 4).cpu()], *ROUNDING_TOL[torch.float32])
+
+
 def test_launcher_errors():
     a, b = _operands(17, 40, 24, torch.float32)
-    with pytest.raises(KernelInputError, match=r"17 rows; the decode kernel takes at most 16"):
-        _run(a, b)
     with pytest.raises(KernelInputError, match=r"c must be contiguous"):
         decode.matmul_decode(a[:2], b, torch.empty(24, 2, device=DEVICE).t())
     with pytest.raises(KernelInputError, match=r"c has shape \[2, 23\], expected \[\*, 24\]"):

@@ -207,11 +207,11 @@ def test_strided_q_view():
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_tokens", [1, 7, 33])
-def test_registry_stage_optimized_matches_naive(num_tokens, block_size, dtype):
+def test_registry_stage_triton_matches_naive(num_tokens, block_size, dtype):
     stage = STAGES["paged_attention"]
-    assert stage.optimized_kind.startswith("triton")
+    assert stage.triton_kind.startswith("triton")
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype, block_size=block_size)
-    out = stage.optimized(**inputs)
+    out = stage.triton(**inputs)
     assert_close(out, stage.naive(**inputs), *TOL[dtype], f"paged_attention stage, T={num_tokens}")
 
 

@@ -100,11 +100,11 @@ def test_bf16_input_with_fp32_weight_promotes_like_pytorch():
 def test_registry_stage(num_tokens, dtype):
     stage = STAGES["rmsnorm"]
     inputs = stage.example_inputs(PRESETS["tiny"], num_tokens, DEVICE, dtype)
-    out, residual_out = stage.optimized(**inputs)
+    out, residual_out = stage.triton(**inputs)
     ref_out, ref_residual_out = stage.naive(**inputs)
     assert_close(out, ref_out, *TOL[dtype]["out"], what="out")
     assert_close(residual_out, ref_residual_out, *TOL[dtype]["residual_out"], what="residual_out")
-    assert stage.optimized_kind.startswith("triton")
+    assert stage.triton_kind.startswith("triton")
 
 
 def t(*shape, dtype=torch.float32):

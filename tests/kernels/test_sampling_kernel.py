@@ -248,7 +248,7 @@ def test_offsets_and_seeds_give_different_streams():
 
 def test_stage_runs_the_kernel():
     stage = STAGES["sampling"]
-    assert stage.optimized_kind.startswith("triton")
+    assert stage.triton_kind.startswith("triton")
     kwargs = stage.example_inputs(get_preset("tiny"), 7, DEVICE, torch.bfloat16)
     tokens = stage.run("triton", **kwargs)
     assert tokens.shape == (7,) and tokens.dtype == torch.int64

@@ -15,8 +15,8 @@ from stagewise.kernels.activation import silu_and_mul
 from stagewise.kernels.checks import KernelInputError
 from stagewise.kernels.matmul_decode import INTERPRETER_CONFIG, DecodeConfig, matmul_decode
 from stagewise.kernels.silu_down import candidates, fuses, shared_memory_bytes, silu_down
+from stagewise.quant.quantize import quantize
 from stagewise.stages import ffn
-from stagewise.stages.quantize import quantize
 from tests.helpers import TOLERANCES, assert_close
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -118,7 +118,7 @@ def test_ffn_triton_tier_matches_naive(num_tokens, dtype):
     gate_up = inputs["x"] @ inputs["w_gate_up"]
     assert fuses(gate_up, inputs["w_down"]) == (num_tokens <= 16)
     expected = ffn.naive(**inputs)
-    assert_close(ffn.optimized(**inputs), expected, *TOLERANCES[dtype], what=f"ffn T={num_tokens} {dtype}")
+    assert_close(ffn.triton(**inputs), expected, *TOLERANCES[dtype], what=f"ffn T={num_tokens} {dtype}")
 
 
 def test_packed_or_mismatched_weights_keep_the_unfused_path():

@@ -1,8 +1,9 @@
 """The triton tier's fused kernels inside the model: the same greedy tokens, fewer launches.
 
 With the triton tier on rmsnorm + qkv_proj and on rope + kv_store, `LlamaModel` runs one kernel
-for each pair (kernels/norm_matmul.py for decode batches, kernels/rope_kv_store.py in the paged
-mode). `StageOps.fuse = False` runs the separate kernels. Launches are counted by wrapping the
+for each pair (kernels/norm_matmul.py for decode batches without batch invariance: its sums are
+not the rmsnorm kernel's; kernels/rope_kv_store.py in the paged mode, batch-invariant or not).
+`StageOps.fuse = False` runs the separate kernels. Launches are counted by wrapping the
 interpreter's (or the GPU's) kernel entry, the one call every `kernel[grid](...)` goes through.
 """
 
@@ -60,17 +61,19 @@ def test_greedy_tokens_equal_with_and_without_fusion(tiny):
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == fused
 
 
-def test_fusion_saves_two_launches_per_layer_per_decode_step(tiny):
-    llm = LLM(tiny, backend="triton")
+@pytest.mark.parametrize(("batch_invariant", "saved"), [(False, 2), (True, 1)])
+def test_fusion_saves_launches_per_layer_per_decode_step(tiny, batch_invariant, saved):
+    """Not batch-invariant: rmsnorm and rope per layer; batch-invariant: rope only (rmsnorm stays)."""
+    llm = LLM(tiny, backend="triton", batch_invariant=batch_invariant)
     fused = launches_per_decode_step(llm, "A")
     llm.ops.fuse = False
     separate = launches_per_decode_step(llm, "A")
     print(f"tiny ({tiny.config.num_layers} layers), one decode step: {separate} launches, fused {fused}")
-    assert separate - fused == 2 * tiny.config.num_layers  # rmsnorm and rope, per layer
+    assert separate - fused == saved * tiny.config.num_layers
 
 
 def test_trace_records_a_fused_call_once_as_the_later_stage(tiny):
-    llm = LLM(tiny, backend="triton")
+    llm = LLM(tiny, backend="triton", batch_invariant=False)
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     with Tracer() as tracer:
         llm.generate(["A"], params)
@@ -80,6 +83,10 @@ def test_trace_records_a_fused_call_once_as_the_later_stage(tiny):
     assert layer0[0].scalars["fused"] == "rmsnorm+qkv_proj" and layer0[0].backend == "triton"
     assert layer0[1].scalars["fused"] == "rope+kv_store"
     assert layer0[0].outputs[0].shape == [1, tiny.config.qkv_size]
+    with Tracer() as tracer:  # batch-invariant (the default): rmsnorm before qkv_proj, every step
+        LLM(tiny, backend="triton").generate(["A"], params)
+    names = [r.stage for r in tracer.steps[-1].stages if r.layer == 0]
+    assert names[:4] == ["rmsnorm", "qkv_proj", "kv_store", "paged_attention"], names
 
 
 @pytest.mark.parametrize("mode", ["kv", "naive"])

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from stagewise.errors import StagewiseError
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model

@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from stagewise.errors import StagewiseError
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
 from stagewise.models.weights import LayerWeights
-from stagewise.stages.dequantize import dequantize
-from stagewise.stages.packed_weight import is_packed
+from stagewise.quant.dequantize import dequantize
+from stagewise.quant.packed_weight import is_packed
 from tests.checkpoints import hf_tiny_model, write_gguf, write_hf_dir
 
 IDS = [[5, 17, 200, 31, 99], [7, 300, 12]]
@@ -112,13 +113,26 @@ def test_cli_quantizes_at_load(hf_dir, monkeypatch, capsys):
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_groups_of_64_in_every_tier(kind):
     """int4:g64 / int8:g64: a group spans two of the Triton kernel's 32-deep steps."""
+    from stagewise.quant.quantize import quantize
     from stagewise.stages import dequant_gemm, dequant_gemm_torch
-    from stagewise.stages.quantize import quantize
 
     gen = torch.Generator().manual_seed(0)
     w = quantize(torch.randn(128, 48, generator=gen), kind, group_size=64)  # [K, N], 2 groups
     x = torch.randn(3, 128, generator=gen)
     ref = dequant_gemm.naive(x, w)
-    torch.testing.assert_close(dequant_gemm.optimized(x, w), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dequant_gemm.triton(x, w), ref, rtol=1e-5, atol=1e-5)
     out = dequant_gemm_torch.gemm(x, w)  # bfloat16 activations and scales: 2% of the output
     torch.testing.assert_close(out, ref, rtol=0, atol=0.02 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_weight_beyond_float16_is_refused_not_turned_into_nan_logits(tmp_path, scheme):
+    """int8's scale is max|w| / 127: a weight of 1e7 gives 78740, past float16's 65504 (inf, then NaN logits,
+    empty text, exit 0). The GGUF path refuses non-finite scales; quantize-at-load does too."""
+    model = hf_tiny_model(seed=3)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[3, 5] = 1e7
+    path = write_hf_dir(tmp_path / "big", model)
+    with pytest.raises(StagewiseError, match=f"{scheme}: layer 1 w_down: its float16 scales hold NaN or infinite"):
+        load_model(str(path), quantization=scheme)
+    assert torch.isfinite(logits(load_model(str(path), quantization="none"))).all()  # the float model is fine

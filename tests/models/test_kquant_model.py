@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from stagewise.engine.llm import LLM
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
+from stagewise.quant.dequantize import dequantize
+from stagewise.quant.packed_weight import is_packed
 from stagewise.sampling_params import SamplingParams
-from stagewise.stages.dequantize import dequantize
-from stagewise.stages.packed_weight import is_packed
 from tests.checkpoints import hf_tiny_model, write_gguf
 
 PROMPTS = ["hello world", "the cat sat on"]

@@ -12,16 +12,17 @@ import pytest
 import torch
 
 from stagewise.config import PRESETS
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.quantized import weight_formats
 from stagewise.models.registry import load_model
 from stagewise.parallel.shard import shard_layer, shard_plan
+from stagewise.quant.packed_parts import PackedParts
+from stagewise.quant.packed_weight import PackedWeightError, is_packed
+from stagewise.quant.quantize import quantize
 from stagewise.stages import dequant_gemm
-from stagewise.stages.packed_parts import PackedParts
-from stagewise.stages.packed_weight import PackedWeightError, is_packed
-from stagewise.stages.quantize import quantize
 from tests.checkpoints import hf_tiny_model, write_gguf
 
 CFG = dataclasses.replace(PRESETS["tiny"], hidden_size=256, num_heads=8, head_dim=32)
@@ -84,7 +85,7 @@ def test_parts_product_matches_dequantized_on_every_tier():
     x = torch.randn(5, 64, generator=gen)
     ref = x @ dequant_gemm.dequantize_fused(parts)  # [5, 80]
     assert torch.equal(dequant_gemm.naive(x, parts), ref)
-    torch.testing.assert_close(dequant_gemm.optimized(x, parts), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dequant_gemm.triton(x, parts), ref, rtol=1e-4, atol=1e-4)
     # torch tier: x, scales and the output are bfloat16 (8 significant bits). Outputs here reach
     # |27| (std 8), where one bfloat16 step is 0.125: atol 0.15 is about one output rounding step
     # (measured max error 0.107), rtol 0.03 a few steps of the scales' and inputs' rounding

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from stagewise.engine.llm import LLM
+from stagewise.quant.dequantize import dequantize
 from stagewise.stages import embedding
-from stagewise.stages.dequantize import dequantize
 from tests.checkpoints import hf_tiny_model, write_gguf
 
 

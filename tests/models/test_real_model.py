@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 

@@ -5,7 +5,8 @@ import torch
 
 from stagewise import LLM, SamplingParams
 from stagewise.config import EngineConfig
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.stages import STAGES
@@ -40,8 +41,8 @@ def test_tiny_triton_every_stage_is_a_kernel(tiny):
     llm = LLM(tiny, backend="triton")
     assert set(llm.ops.backends.values()) == {"triton"}
     for name, stage in STAGES.items():
-        if name != "tokenize":  # its optimized path is the Rust tokenizers library
-            assert stage.optimized_kind.startswith("triton"), name
+        if name != "tokenize":  # its triton tier is the Rust tokenizers library
+            assert stage.triton_kind.startswith("triton"), name
 
 
 def test_per_stage_override(tiny):

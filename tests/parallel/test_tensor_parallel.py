@@ -16,13 +16,15 @@ import torch
 
 from stagewise import LLM, SamplingParams, StagewiseError
 from stagewise.config import PRESETS, EngineConfig, ParallelConfig
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.engine import build
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.registry import LoadedModel
-from stagewise.models.tokenizer import Tokenizer
 from stagewise.models.weights import random_weights
 from stagewise.parallel.driver import TensorParallelError
 from stagewise.parallel.shard import shard_plan, valid_tp_sizes
 from stagewise.parallel.worker import FAULT_ENV
+from stagewise.tokenizer.vocabulary import Tokenizer
 
 PROMPTS = ["hello world", "the quick brown fox", "a", "tensor parallel ranks", "one two three four five"]
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -74,11 +76,14 @@ def _logits(model, prompts, llm) -> torch.Tensor:
     return model.forward(batch, NoKVCache.of(batch))  # [B, vocab]
 
 
-def test_tiny_tp2_logits_agree_and_tokens_agree_past_ties(tiny):
+def test_tiny_tp2_logits_agree_and_tokens_agree_past_ties(tiny, monkeypatch, capsys):
     one = LLM(tiny)
     ref_logits = _logits(one.model, PROMPTS, one)
     ref_tokens = tokens(one)
+    monkeypatch.setattr(build, "_SAID", set())  # said once per process: another test may have heard it
     with LLM(tiny, tensor_parallel_size=2) as llm:
+        # batch invariance is on, and the start says it does not reach across TP degrees
+        assert "across degrees (here 2 ranks vs 1) the logits differ (out of scope)" in capsys.readouterr().err
         assert llm.model.config.num_kv_heads == 1  # each rank's cache holds 1 of the 2 KV heads
         logits = _logits(llm.model, PROMPTS, llm)
         torch.testing.assert_close(logits, ref_logits, rtol=0, atol=TOL)
@@ -280,7 +285,7 @@ def test_ctrl_c_shuts_every_rank_down(tmp_path):
 
 def test_bench_modes_runs_each_mode_at_each_tp_size(tiny):
     """`bench modes --tp 1,2`: kv and paged at TP=2 share one set of ranks; same tokens as TP=1."""
-    from stagewise.bench.modes import ModesSettings, run_modes
+    from stagewise.bench.commands.modes import ModesSettings, run_modes
 
     settings = ModesSettings(model="tiny", modes=("kv", "paged"), output_lengths=(2, 3), repeats=1, tp=(1, 2))
     result = run_modes(settings, loaded=tiny)

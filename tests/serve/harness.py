@@ -22,7 +22,7 @@ class RunningServer:
         self.app = app
         self.url = serve_server.url_of(sock)
         self.state = app.state.server  # llm, loop (the engine loop), metrics
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=2)
+        config = serve_server.uvicorn_config(app, timeout_graceful_shutdown=2)  # the server's protocol and timeouts
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._sock = sock
@@ -47,6 +47,19 @@ class RunningServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.state.loop.num_in_flight() == 0 and blocks_all_free(runner):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def engine_idle_of_requests(self, timeout: float = 10.0) -> bool:
+        """Wait until the engine holds no request and no request holds a KV block (a radix prefix
+        cache may keep blocks for later requests); True if it got there."""
+        runner = self.state.llm.engine
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            bm = runner.block_manager
+            idle = self.state.loop.num_in_flight() == 0 and not runner.scheduler.has_unfinished()
+            if idle and not bm.req_blocks and not runner.cache.row_of:
                 return True
             time.sleep(0.02)
         return False

@@ -149,8 +149,9 @@ BAD = [
     ("stop wrong type", "/v1/completions", {"prompt": "hi", "stop": 7}, 400, "stop", "stop"),
     ("seed a bool", "/v1/completions", {"prompt": "hi", "seed": True}, 400, "seed", "int"),
     ("stream not a bool", "/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", "bool"),
-    ("n = 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400, "n", "n=1"),
-    ("logprobs", "/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs", "not supported"),
+    ("n = 17", "/v1/completions", {"prompt": "hi", "n": 17}, 400, "n", "[1, 16]"),
+    ("logprobs too many", "/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", "[0, 20]"),
+    ("echo", "/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo", "not supported"),
     ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404, "model", "does not exist"),
     ("prompt too long", "/v1/completions", {"prompt": "word " * 3000}, 400, "prompt", "max_model_len"),
     (

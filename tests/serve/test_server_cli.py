@@ -1,4 +1,4 @@
-"""`stagewise serve` as a real process: the URL line, the warning for --host 0.0.0.0, SIGTERM draining
+"""`stagewise serve` as a real process: the URL line, the warning for --host 0 (0.0.0.0), SIGTERM draining
 the requests in flight (one finishes, one is aborted at --drain-timeout), writing the --record file
 and exiting 143 with one line and no traceback. In-process (all before the model loads): a port in
 use, a bad host or a bad option is one line and exit 2."""
@@ -51,13 +51,18 @@ def _keep_signalling(proc: subprocess.Popen) -> None:
 
 def test_sigterm_drains_then_aborts_and_exits_143(tmp_path):
     record = tmp_path / "run.json"
-    proc = _serve("--host", "0.0.0.0", "--port", "0", "--drain-timeout", "1", "--record", str(record))
+    # "0" is 0.0.0.0 to the system: every interface, and the warning must say so whatever the spelling
+    proc = _serve(
+        "--host", "0", "--port", "0", "--drain-timeout", "1", "--record", str(record), "--prefix-cache", "radix"
+    )
     try:
         line = proc.stdout.readline()  # the URL line, printed once the socket listens
         assert line.startswith("serving tiny (paged) at http://0.0.0.0:"), line + proc.stderr.read()
         port = int(line.split("http://0.0.0.0:")[1].split()[0])
+        assert proc.stdout.readline().startswith(f"live view: http://0.0.0.0:{port}/  (open it in a browser")
+        assert proc.stdout.readline() == f"recording every engine step to {record} (written when the server stops)\n"
         url = f"http://127.0.0.1:{port}"
-        assert "no authentication" in proc.stderr.readline()  # the one-line warning for 0.0.0.0
+        assert "no authentication" in proc.stderr.readline()  # the one-line warning for every interface
         short, long = {}, {}
         long_body = {"prompt": "Long", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
         readers = [
@@ -89,8 +94,10 @@ def test_sigterm_drains_then_aborts_and_exits_143(tmp_path):
     # the long one (1000 tokens: well over a second of steps) was aborted at the drain timeout
     assert long["done"] and "error" in long["chunks"][-1], long["chunks"][-1]
     assert "stopped before the request finished" in long["chunks"][-1]["error"]["message"]
-    trace = json.loads(record.read_text())  # --record wrote the run on the way out
+    trace = json.loads(record.read_text())  # --record wrote the run on the way out, and said so
+    assert f"wrote {record} ({len(trace['steps'])} steps; replay: stagewise view {record})" in out.splitlines(), out
     assert trace["steps"] and trace["model"]["recorded_by"] == "stagewise serve --record"
+    assert {step["view"]["kv"]["prefix_cache"] for step in trace["steps"]} == {"radix"}  # --prefix-cache reached it
 
 
 def _invoke(argv, monkeypatch, capsys) -> tuple[int, str]:

@@ -133,7 +133,8 @@ def test_recorder_writes_a_replayable_trace(tiny, tmp_path):
         snap = engine_snapshot(llm.engine, step_index=step, step_stats={"step_ms": 1.5}, now=time.time())
         hub.publish(snap)
         published.append(snap)
-    assert hub.latest() is published[-1] and hub.history() == published[-4:]  # bounded history
+    shown = [{k: v for k, v in s.items() if k != "prev_step"} for s in hub.history()]  # prev_step: the page's
+    assert hub.latest() is published[-1] and shown == published[-4:]  # bounded history
     assert path.read_text() == "old"  # nothing written before close()
     recorder.close()
     doc = json.loads(path.read_text())
@@ -191,14 +192,15 @@ def read_events(res, out: list) -> None:
 
 def test_event_stream_coalesces_for_a_slow_reader_and_ends_on_close():
     """A client that does not read while 300 large snapshots are published gets only some of them
-    (the server never queues more than one per client), the last one among them; close() ends the stream."""
+    (the server never queues more than one per client), the last one among them; close() ends the stream.
+    The history keeps the latest of them within its byte bound (8 MB by default: 40 of these)."""
     hub = ViewHub()
     pad = "x" * 200_000  # large snapshots: the socket buffers fill after a few
     with _Server(hub) as srv:
         assert httpx.get(srv.url + "/api/snapshot").json() is None  # before the first step
         with httpx.stream("GET", srv.url + "/api/events", timeout=30) as res:
             assert res.headers["content-type"].startswith("text/event-stream")
-            while not hub._subscribers:  # the stream has subscribed
+            while not hub.num_streams:  # the stream has subscribed
                 time.sleep(0.01)
             for step in range(300):
                 hub.publish({"step": step, "pad": pad})
@@ -215,7 +217,14 @@ def test_event_stream_coalesces_for_a_slow_reader_and_ends_on_close():
         steps = [e["step"] for e in got]
         assert steps[-1] == 299 and steps == sorted(set(steps)) and len(steps) < 100, steps
         assert httpx.get(srv.url + "/api/snapshot").json()["step"] == 299
-        assert len(httpx.get(srv.url + "/api/history").json()) == 300
+        history = httpx.get(srv.url + "/api/history")
+        assert len(history.content) <= 8 * 2**20
+        assert [s["step"] for s in history.json()] == list(range(300 - len(history.json()), 300))
+        assert len(history.json()) == 8 * 2**20 // len(json.dumps({"step": 299, "pad": pad}, separators=(",", ":")))
+        # a page that got step 299 after 290 fills its gap with the steps after 290
+        assert [s["step"] for s in httpx.get(srv.url + "/api/history?since=290").json()] == list(range(291, 300))
+        bad = httpx.get(srv.url + "/api/history?since=x")
+        assert bad.status_code == 400 and "since must be a step number" in bad.json()["error"]["message"]
 
 
 def test_page_is_self_contained():

@@ -21,6 +21,7 @@ import pytest
 
 from stagewise import LLM
 from stagewise.config import EngineConfig
+from stagewise.serve.limits import ServerLimits
 from stagewise.serve.view import RunRecorder, ViewHub
 from tests.serve.harness import running_server
 
@@ -47,15 +48,16 @@ return {
 
 
 class SteppedHub(ViewHub):
-    """A ViewHub whose publish() (run by the engine thread) waits for the test's go-ahead."""
+    """A ViewHub whose publish() (run by the engine thread) waits for the test's go-ahead; every step
+    is published live (view_publish_hz=0), so the test knows which step the page must show."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(limits=ServerLimits(view_publish_hz=0))
         self._permits = threading.Semaphore(0)
         self.free = False  # True: no more waiting (the end of the test)
 
-    def publish(self, snapshot: dict) -> None:
-        super().publish(snapshot)
+    def publish(self, snapshot: dict, live: bool = True) -> None:
+        super().publish(snapshot, live)
         if not self.free:
             self._permits.acquire(timeout=WAIT_S)
 
@@ -224,3 +226,25 @@ def test_live_page_follows_the_engine_and_replays_the_same(browser, tiny, tmp_pa
     index = browser.execute_script(f"return state.replay.findIndex((v) => v.step === {step})")
     browser.execute_script("showStep(arguments[0])", index)
     assert page_at(browser, step) == live
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_keeps_it_in_a_cookie(browser, tiny):
+    """--api-key covers the view's data: the page shows a key form, then the stream (sent the cookie)."""
+    with running_server(LLM(tiny), hub=ViewHub(), api_key="k3y", model_name="tiny") as server:
+        auth = {"Authorization": "Bearer k3y"}
+        body = {"prompt": "a private prompt", "max_tokens": 3}
+        assert httpx.post(server.url + "/v1/completions", json=body, headers=auth, timeout=WAIT_S).status_code == 200
+        try:
+            browser.get(server.url + "/")
+            form = browser.find_element("id", "key-form")
+            wait_until("the page to ask for the key", form.is_displayed)
+            assert browser.execute_script(READ_PAGE)["step"] == ""  # nothing shown without the key
+            browser.find_element("id", "key").send_keys("k3y")
+            form.find_element("tag name", "button").click()
+            body_el = browser.find_element("tag name", "body")
+            wait_until("the page to connect", lambda: body_el.get_attribute("data-connected") == "1")
+            wait_until("a step on the page", lambda: browser.execute_script(READ_PAGE)["step"] != "")
+            assert not form.is_displayed()
+        finally:
+            browser.delete_all_cookies()  # cookies are per host, not per port: the next server's page starts clean
+            browser.get("about:blank")

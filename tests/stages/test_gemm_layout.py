@@ -1,13 +1,16 @@
-"""The projections' torch tier (`stages/gemm_torch.py`: the calibrated CPU GEMM forms) and the
-per-device weight layout (`models/weights.py`)."""
+"""The projections' torch tier (`stages/gemm_torch.py`: the CPU GEMM forms `tuning/gemm_forms.py`
+measured), when they are measured (`models/prepare.py`), and the per-device weight layout
+(`models/weights.py`)."""
 
 import pytest
 import torch
 
 from stagewise.config import PRESETS
+from stagewise.models import prepare
 from stagewise.models.weights import random_weights
-from stagewise.stages import gemm_torch as gemm_module
-from stagewise.stages.gemm_torch import SMALL_M, gemm
+from stagewise.stages.gemm_torch import gemm
+from stagewise.tuning import gemm_forms as gemm_module
+from stagewise.tuning.gemm_forms import SMALL_M
 
 
 def out_major(w_in_out: torch.Tensor) -> torch.Tensor:
@@ -100,25 +103,37 @@ def test_calibration_measures_every_form_and_gemm_follows_its_choice(monkeypatch
     for bucket, times in forms.measured_ms.items():
         assert set(times) == set(gemm_module.FORMS) and all(t > 0 for t in times.values())
         assert forms.chosen[bucket] == min(times, key=times.get)  # the faster one
+    for bucket, times in forms.measured_variant_ms.items():  # the rows as they are: their own choice
+        assert set(times) == set(gemm_module.FORMS) and forms.chosen_variant[bucket] == min(times, key=times.get)
     assert "measured" in forms.describe()
+    assert forms.agreeing == gemm_module.FORMS  # this CPU's BLAS: every padded form gives plain's bits
     calls = []
-    monkeypatch.setattr(gemm_module, "gemm_transposed", lambda x, w: calls.append(("t", x.shape[0])) or x @ w)
-    monkeypatch.setattr(gemm_module, "gemm_blocked", lambda x, w: calls.append(("b", x.shape[0])) or x @ w)
+    monkeypatch.setitem(gemm_module.FORM_FNS, "transposed", lambda x, w: calls.append(("t", x.shape[0])) or x @ w)
+    monkeypatch.setitem(gemm_module.FORM_FNS, "blocked", lambda x, w: calls.append(("b", x.shape[0])) or x @ w)
     forms.chosen = {"decode": "transposed", "small batch": "blocked", "batch": "plain"}
+    forms.chosen_variant = {"decode": "transposed", "small batch": "blocked", "batch": "plain"}
     x, w = torch.randn(1, 64), weights[0]
     gemm(x, w)
-    gemm(torch.randn(8, 64), w)
+    gemm(torch.randn(7, 64), w)
     gemm(torch.randn(20, 64), w)
     gemm(x, weights[-1])  # a row-major [K, N] weight: always plain
     gemm(torch.randn(SMALL_M + 1, 64), w)  # beyond the small-M range: always plain
-    assert calls == [("t", 1), ("b", 8)]
+    assert calls == [("t", 16), ("b", 8)]  # batch-invariant: padded to 16 columns, to 4-row multiples
+    calls.clear()
+    gemm(x, w, batch_invariant=False)
+    gemm(torch.randn(7, 64), w, batch_invariant=False)
+    assert calls == [("t", 1), ("b", 7)]  # the rows as they are
+    calls.clear()
+    forms.agreeing = ("plain",)  # a BLAS whose padded forms disagreed: the invariant tier keeps plain
+    gemm(x, w)
+    assert calls == []
 
 
 def test_a_big_cpu_model_calibrates_once_per_process(monkeypatch):
     from stagewise.engine.llm import LLM
 
     monkeypatch.setattr(gemm_module, "CPU_FORMS", gemm_module.CpuForms())
-    monkeypatch.setattr(gemm_module, "CALIBRATE_BYTES", 0)  # make `tiny` count as big
+    monkeypatch.setattr(prepare, "CALIBRATE_BYTES", 0)  # make `tiny` count as big
     LLM("tiny", backend="naive")
     assert not gemm_module.CPU_FORMS.measured_ms, "the textbook tier has nothing to calibrate"
     LLM("tiny", backend="torch", stage_backends={"ffn": "naive"})
@@ -126,12 +141,13 @@ def test_a_big_cpu_model_calibrates_once_per_process(monkeypatch):
     llm = LLM("tiny")  # the default tier: torch
     assert gemm_module.CPU_FORMS.measured_ms, "a CPU model with torch-tier projections calibrates"
     first = gemm_module.CPU_FORMS.measured_ms
-    gemm_module.calibrate_for(llm.loaded.weights, llm.ops.backends)
+    prepare.calibrate_for(llm.loaded.weights, llm.ops.backends)
     assert gemm_module.CPU_FORMS.measured_ms is first  # once per process
 
 
 def test_every_form_gives_the_engine_the_same_greedy_tokens(tiny, monkeypatch):
-    """A paged run on `tiny` with each form chosen for every bucket: decode steps of 1 to 6 rows, same tokens.
+    """A paged run on `tiny` with each form chosen for every bucket: decode steps of 1 to 6 rows, same tokens,
+    and with the rows padded (batch-invariant, the default) the same logits, bit for bit.
 
     `tiny`'s gate_up (512 columns) and LM head (512) are whole blocks of 64; its 160-, 96-column weights
     take the blocked form's plain fallback.
@@ -140,20 +156,25 @@ def test_every_form_gives_the_engine_the_same_greedy_tokens(tiny, monkeypatch):
     from stagewise.sampling_params import SamplingParams
 
     prompts = ["one", "two words", "three words here", "a b c d", "e f g h i", "so many words in this one"]
-    params = [SamplingParams(max_tokens=4 + 3 * i, temperature=0, ignore_eos=True) for i in range(len(prompts))]
-    tokens = {}
+    params = [
+        SamplingParams(max_tokens=4 + 3 * i, temperature=0, ignore_eos=True, logprobs=3) for i in range(len(prompts))
+    ]
+    tokens, logprobs = {}, {}
     for form in gemm_module.FORMS:
-        forms = gemm_module.CpuForms(chosen=dict.fromkeys(gemm_module.BUCKET_M, form))
+        forms = gemm_module.CpuForms(chosen=dict.fromkeys(gemm_module.BUCKET_M, form), agreeing=gemm_module.FORMS)
         monkeypatch.setattr(gemm_module, "CPU_FORMS", forms)
         calls: list[int] = []
         real = gemm_module.FORM_FNS[form]
         counted = lambda x, w, real=real, calls=calls: calls.append(x.shape[0]) or real(x, w)  # noqa: E731
-        monkeypatch.setattr(gemm_module, f"gemm_{form}", counted)
+        monkeypatch.setitem(gemm_module.FORM_FNS, form, counted)
         outs = LLM(tiny, backend="torch", mode="paged").generate(prompts, params)
         tokens[form] = [o.token_ids for o in outs]
-        if form != "plain":  # plain is `x @ w` in `gemm` itself
-            assert {1, 6} <= set(calls), f"{form}: the decode steps' row counts {sorted(set(calls))}"
+        logprobs[form] = [o.logprobs.values for o in outs]
+        multiple = gemm_module.COLUMN_MULTIPLE if form == "transposed" else gemm_module.ROW_MULTIPLE
+        assert calls and all(m % multiple == 0 for m in calls), f"{form}: unpadded calls {sorted(set(calls))}"
     assert tokens["blocked"] == tokens["plain"] and tokens["transposed"] == tokens["plain"]
+    for form in ("blocked", "transposed"):
+        assert all(torch.equal(a, b) for a, b in zip(logprobs[form], logprobs["plain"])), form
 
 
 def test_a_big_model_calibrates_on_its_first_layers(tiny):
@@ -163,9 +184,9 @@ def test_a_big_model_calibrates_on_its_first_layers(tiny):
     first = [layers[0].w_qkv, layers[0].w_o, layers[0].w_gate_up, layers[0].w_down]
     layer_bytes = sum(t.numel() * t.element_size() for t in first)
     head_bytes = weights.lm_head.numel() * weights.lm_head.element_size()
-    one_layer = gemm_module.calibration_sample(weights, layer_bytes)  # no room for the head
+    one_layer = prepare.calibration_sample(weights, layer_bytes)  # no room for the head
     assert [t.data_ptr() for t in one_layer] == [t.data_ptr() for t in first]
-    sample = gemm_module.calibration_sample(weights, len(layers) * layer_bytes + head_bytes)
+    sample = prepare.calibration_sample(weights, len(layers) * layer_bytes + head_bytes)
     assert len(sample) == 4 * len(layers) + 1 and sample[-1] is weights.lm_head
 
 
@@ -179,7 +200,7 @@ def test_a_big_model_calibrates_on_its_first_layers(tiny):
     ],
 )
 def test_cpu_forms_bench_bad_input_is_one_line_and_exit_2(argv, message, capsys):
-    from stagewise.bench import cpu_forms
+    from stagewise.bench.scripts import cpu_forms
 
     with pytest.raises(SystemExit) as exit_info:
         cpu_forms.main(argv)

@@ -6,7 +6,7 @@ prefills, blocks shuffled, stale values (even NaN) in the padding slots that the
 import pytest
 import torch
 
-from stagewise.stages import chunked_decode
+from stagewise.stages import chunked_attention
 from stagewise.stages import paged_attention as pa
 from stagewise.stages import paged_attention_torch as batched
 from stagewise.stages.attention_metadata import AttentionMetadata
@@ -69,14 +69,14 @@ def test_decode_groups_respect_the_padded_key_budget(monkeypatch):
 def test_the_plan_points_padding_at_a_real_key_and_masks_it():
     inputs = paged_inputs([1, 1, 3], [4, 20, 0], block_size=4)
     (group,) = batched.plan_of(inputs["metadata"], 4)
-    chunk = chunked_decode.CHUNK_KEYS
+    chunk = chunked_attention.CHUNK_KEYS
     assert group.rows == slice(0, 2) and group.slots.shape == (2, chunk)  # 21 keys -> one whole chunk
     table = inputs["metadata"].block_table
     for b, n in enumerate([5, 21]):
         expected = [int(table[b, p // 4]) * 4 + p % 4 for p in range(n)]
         assert group.slots[b, :n].tolist() == expected  # slot = block_id * block_size + offset
         assert (group.slots[b, n:] == expected[0]).all()  # padding reads the sequence's own first key
-        assert group.mask[b].flatten().tolist() == [True] * n + [False] * (chunk - n)
+        assert group.lens[b] == n  # the keys past it are masked
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -99,11 +99,10 @@ def test_a_sequence_gets_the_same_bits_alone_and_batched(dtype):
 
 def test_the_engine_builds_the_plan_once_per_step_for_the_torch_tier_only(tiny, monkeypatch):
     from stagewise import LLM, SamplingParams
-    from stagewise.kv import paged
 
     calls = []
-    real = paged.plan_of
-    monkeypatch.setattr(paged, "plan_of", lambda *a: calls.append(1) or real(*a))
+    real = batched.plan_of
+    monkeypatch.setattr(batched, "plan_of", lambda *a: calls.append(1) or real(*a))
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     llm = LLM(tiny, backend="torch", mode="paged")
     assert llm.ops.tier(pa) == "torch"
@@ -125,5 +124,39 @@ def test_kv_and_paged_decode_rows_are_the_same_bits():
         keys = [int(table[b, p // 16]) * 16 + p % 16 for p in range(n)]
         k = inputs["k_cache"].flatten(0, 1)[keys]  # [n, Hkv, d]: this sequence's keys, in order
         v = inputs["v_cache"].flatten(0, 1)[keys]
-        row = attention_torch.decode_row(inputs["q"][b : b + 1], k, v, inputs["scale"])
+        row = attention_torch.sequence_attention(inputs["q"][b : b + 1], k, v, inputs["scale"])
         assert torch.equal(row[0], paged_out[b]), f"sequence {b}: kv tier != paged tier"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_a_prefill_in_chunks_and_a_decode_give_every_row_the_same_bits(chunk):
+    """The paged torch tier: a prompt prefilled whole, in chunks on its cached prefix, and each
+    position decoded alone beside a longer neighbour: every row the same bits (G = 3)."""
+    length = 23
+    whole = paged_inputs([length], [0], block_size=4, seed=3)
+    full = batched.paged_attention_torch(**whole)
+    table = whole["metadata"].block_table
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        part = dict(whole, q=whole["q"][start:end])
+        part["metadata"] = AttentionMetadata.build([end - start], [end], "cpu", block_table=table)
+        out = batched.paged_attention_torch(**part)
+        assert torch.equal(out, full[start:end]), f"rows {start}..{end} in a chunk != whole prefill"
+    for p in range(length):  # each position as a decode row, beside a neighbour of 23 keys
+        both = dict(whole, q=torch.stack([whole["q"][p], whole["q"][0]]))
+        both["metadata"] = AttentionMetadata.build(
+            [1, 1], [p + 1, length], "cpu", block_table=torch.cat([table, table])
+        )
+        out = batched.paged_attention_torch(**both)
+        assert torch.equal(out[0], full[p]), f"position {p} decoded != its prefill row"
+
+
+def test_the_variant_prefill_is_the_references_product_and_differs_from_the_chunked_rows():
+    """`batch_invariant=False` (Stage.torch_variant) runs the reference's one product per prefill."""
+    inputs = paged_inputs([40], [30], block_size=16, seed=4)
+    variant = batched.paged_attention_torch_variant(**inputs)
+    assert torch.equal(variant, pa.naive(**inputs))  # the reference's bits
+    chunked = batched.paged_attention_torch(**inputs)
+    assert_close(chunked, variant, 1e-6, 1e-6, "chunked vs one product")
+    assert not torch.equal(chunked, variant)  # another order of the same sums
+    assert pa.STAGE.tier("torch", batch_invariant=False) is batched.paged_attention_torch_variant

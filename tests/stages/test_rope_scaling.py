@@ -148,7 +148,7 @@ def test_unsupported_rope_scaling_is_one_line(tmp_path):
 
 def test_triton_kernel_reads_the_scaled_cache():
     """The kernel is unchanged: given the llama3-scaled cache it rotates exactly as the naive stage."""
-    from stagewise.stages.rope import naive, optimized
+    from stagewise.stages.rope import naive, triton
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cache = build_cos_sin_cache(200, 16, 10000.0, device, scaling=scaling_of(LLAMA3))
@@ -157,7 +157,7 @@ def test_triton_kernel_reads_the_scaled_cache():
     q = torch.randn(6, 4, 16, generator=gen).to(device)
     k = torch.randn(6, 2, 16, generator=gen).to(device)
     q_ref, k_ref = naive(positions, q, k, cache)
-    q_out, k_out = optimized(positions, q.clone(), k.clone(), cache)
+    q_out, k_out = triton(positions, q.clone(), k.clone(), cache)
     assert_close(q_out, q_ref, 1e-5, 1e-5, "triton rope, scaled cache, q")
     assert_close(k_out, k_ref, 1e-5, 1e-5, "triton rope, scaled cache, k")
     plain_q, _ = naive(positions, q, k, build_cos_sin_cache(200, 16, 10000.0, device))

@@ -299,8 +299,9 @@ def test_numpy_scalars_are_numbers():
     """Values computed with numpy (a sweep's np.linspace, an np.int64 seed) are accepted, stored as Python's."""
     import numpy as np
 
-    p = SamplingParams(temperature=np.float32(0.7), top_p=np.float64(0.9), max_tokens=np.int64(5), top_k=np.int32(3),
-                       seed=np.int64(11))  # fmt: skip
+    p = SamplingParams(
+        temperature=np.float32(0.7), top_p=np.float64(0.9), max_tokens=np.int64(5), top_k=np.int32(3), seed=np.int64(11)
+    )
     assert (p.temperature, p.max_tokens, p.top_k, p.seed) == (pytest.approx(0.7), 5, 3, 11)
     assert type(p.temperature) is float and type(p.max_tokens) is int and type(p.seed) is int
     with pytest.raises(StagewiseError, match="max_tokens must be an int"):

@@ -1,17 +1,19 @@
 """Every stage's `torch` tier against its `naive` tier, on small irregular shapes.
 
-The projections' torch tier (`stages/gemm_torch.py`) is checked with each CPU GEMM form forced for
-every bucket, on the out-major weights the CPU stores and on contiguous [in, out] ones; RoPE's
-(`stages/rope_torch.py`) on the strided q/k views `split_qkv` returns. The naive tier is the
-textbook formula; the expected values come from it, not from the code under test.
+The projections' torch tier (`stages/gemm_torch.py`) is checked with each CPU GEMM form
+(`tuning/gemm_forms.py`) forced for every bucket, on the out-major weights the CPU stores and on
+contiguous [in, out] ones; RoPE's (`stages/rope_torch.py`) on the strided q/k views `split_qkv`
+returns. The naive tier is the textbook formula; the expected values come from it, not from the
+code under test.
 """
 
 import pytest
 import torch
 
 from stagewise.config import PRESETS
-from stagewise.stages import STAGES, ffn, gemm_torch, lm_head, o_proj, qkv_proj, rope
+from stagewise.stages import STAGES, ffn, lm_head, o_proj, qkv_proj, rope
 from stagewise.stages.rope import build_cos_sin_cache
+from stagewise.tuning import gemm_forms
 from tests.helpers import TOLERANCES, assert_close
 
 ROWS = [1, 3, 8, 13, 70]  # decode rows, the three GEMM buckets, and past SMALL_M
@@ -44,10 +46,10 @@ def projection_inputs(stage, m: int, layout: str, dtype: torch.dtype) -> dict:
 @pytest.mark.parametrize("stage", PROJECTIONS, ids=lambda s: s.STAGE.name)
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("layout", ["out_major", "in_major"])
-@pytest.mark.parametrize("form", gemm_torch.FORMS)
+@pytest.mark.parametrize("form", gemm_forms.FORMS)
 def test_projection_torch_tier_matches_naive(stage, m, layout, form, monkeypatch):
-    forms = gemm_torch.CpuForms(chosen=dict.fromkeys(gemm_torch.BUCKET_M, form))
-    monkeypatch.setattr(gemm_torch, "CPU_FORMS", forms)
+    forms = gemm_forms.CpuForms(chosen=dict.fromkeys(gemm_forms.BUCKET_M, form))
+    monkeypatch.setattr(gemm_forms, "CPU_FORMS", forms)
     inputs = projection_inputs(stage, m, layout, torch.float32)
     ref = stage.STAGE.naive(**inputs)
     out = stage.STAGE.torch(**inputs)
@@ -59,8 +61,8 @@ def test_projection_torch_tier_matches_naive(stage, m, layout, form, monkeypatch
 @pytest.mark.parametrize("stage", PROJECTIONS, ids=lambda s: s.STAGE.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 def test_projection_torch_tier_other_dtypes(stage, dtype, monkeypatch):
-    forms = gemm_torch.CpuForms(chosen=dict.fromkeys(gemm_torch.BUCKET_M, "transposed"))
-    monkeypatch.setattr(gemm_torch, "CPU_FORMS", forms)
+    forms = gemm_forms.CpuForms(chosen=dict.fromkeys(gemm_forms.BUCKET_M, "transposed"))
+    monkeypatch.setattr(gemm_forms, "CPU_FORMS", forms)
     inputs = projection_inputs(stage, 3, "out_major", dtype)
     atol, rtol = TOLERANCES.get(dtype, (1e-12, 1e-12))
     assert_close(stage.STAGE.torch(**inputs), stage.STAGE.naive(**inputs), atol, rtol, str(dtype))
@@ -118,3 +120,10 @@ def test_torch_falls_back_to_naive_where_a_stage_has_no_torch_tier():
     assert {"qkv_proj", "o_proj", "ffn", "lm_head", "rope"} <= has
     for name, stage in STAGES.items():
         assert stage.tier_that_runs("torch") == ("torch" if name in has else "naive")
+
+
+def test_the_triton_tier_answers_to_its_older_name():
+    """`optimized` (the Triton tier's name before the rename) stays an alias for one release."""
+    for stage in STAGES.values():
+        assert stage.optimized is stage.triton and stage.optimized_kind == stage.triton_kind
+        assert stage.tier("optimized") is stage.triton and stage.tier_that_runs("optimized") == "triton"

@@ -267,7 +267,8 @@ def test_gguf_sentencepiece_vocab_and_rope_freqs(tmp_path, model_dir, sp):
     assert tokenizer.model == "llama" and loaded.config.rope_scaling.kind == "freq_factors"
     for text in TEXTS:
         check_paths_agree(tokenizer, text, [tokenizer.bos_id] + sp.encode(text))
-    from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+    from stagewise.kv.none import NoKVCache
+    from stagewise.models.forward_batch import ForwardBatch
     from stagewise.models.llama import LlamaModel
     from stagewise.models.ops import StageOps
 
@@ -351,7 +352,8 @@ def test_hf_checkpoint_with_only_tokenizer_model(tmp_path, model_dir, sp):
     shutil.copy(model_dir / "tokenizer.model", tmp_path / "tokenizer.model")
     loaded = load_model(str(tmp_path))
     assert loaded.tokenizer.model == "llama" and loaded.tokenizer.encode("Hi there") == [1] + sp.encode("Hi there")
-    from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+    from stagewise.kv.none import NoKVCache
+    from stagewise.models.forward_batch import ForwardBatch
     from stagewise.models.llama import LlamaModel
     from stagewise.models.ops import StageOps
     from tests.models.test_loaders import PROMPTS
@@ -456,7 +458,8 @@ def test_transformers_loads_the_same_gguf(tmp_path, model_dir):
     """transformers reads the SentencePiece GGUF too: same ids, same logits as stagewise."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+    from stagewise.kv.none import NoKVCache
+    from stagewise.models.forward_batch import ForwardBatch
     from stagewise.models.llama import LlamaModel
     from stagewise.models.ops import StageOps
 

@@ -190,9 +190,11 @@ def test_cli_json_and_chrome_files(tmp_path):
     assert res.returncode == 0, res.stderr
     jsonschema.validate(json.loads(out.read_text()), TRACE_SCHEMA)
     assert len(load_run(out)["steps"]) == 2  # `stagewise view t.json` replays it: every step has its view
+    assert res.stdout == f"wrote {out} (trace JSON, 2 steps; replay it: stagewise view {out})\n"  # and says so
     chrome = tmp_path / "c.json"
     res = run_cli("Hello", "--model", "tiny", "--max-tokens", "2", "--format", "chrome", "--out", str(chrome))
     assert res.returncode == 0 and "traceEvents" in json.loads(chrome.read_text())
+    assert res.stdout.startswith(f"wrote {chrome} (Chrome trace events, 2 steps; open it in Perfetto"), res.stdout
 
 
 def test_cli_405b_meta_trace_shapes():

@@ -37,6 +37,37 @@ def test_stages_table_keeps_every_registry_shape():
             assert word in words, word
 
 
+def table_cells(text: str) -> list[list[str]]:
+    """The rows of a printed boxed table, each cell's wrapped lines joined back: with a space, or with
+    nothing after a line that ends in '/' or '-' (where FitTable may break inside a long word)."""
+    rows: list[list[list[str]]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells[0] or not rows:
+            rows.append([[] for _ in cells])
+        for parts, cell in zip(rows[-1], cells):
+            if cell:
+                parts.append(cell)
+
+    def join(parts: list[str]) -> str:
+        out = ""
+        for part in parts:
+            out += part if not out or out.endswith(("/", "-")) else " " + part
+        return out
+
+    return [[join(parts) for parts in row] for row in rows]
+
+
+def test_stages_table_at_80_columns_cuts_no_word():
+    """Each cell read back from the 80-column table is its registry text: lines break between words, or
+    after a '/' or '-' inside a long one ('position-' / 'dependent'), never in a word's middle."""
+    rows = table_cells(printed(stages_table(), 80))
+    want = [[s.name, s.shapes, s.summary, s.triton_kind] for s in STAGES.values()]
+    assert rows == [[" ".join(cell.split()) for cell in row] for row in want]
+
+
 def trace_of(llm, timing: bool = True, prompts=("Hello there", "A second prompt")) -> Tracer:
     with Tracer(timing=timing) as tracer:
         llm.generate(list(prompts), SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
@@ -55,7 +86,10 @@ def test_tree_keeps_every_traced_shape_and_compact_stays_on_one_line(tiny):
     for label in labels:
         assert label in full, label  # [num_tokens=2, hidden=96] ... never eaten as markup
     compact = printed(render_tree(tracer, layers="all", decode=str, compact=True), 100)
-    assert "weights (the same at every step)" in compact and "qkv_proj (each layer): w_qkv" in compact
+    assert (
+        "weights (every one the run used; the same at every step)" in compact
+        and "qkv_proj (each layer): w_qkv" in compact
+    )
     lines = compact.splitlines()
     assert max(map(len, lines)) <= 100
     records = sum(len(step.stages) for step in tracer.steps) + len(tracer.prelude)

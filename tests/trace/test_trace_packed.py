@@ -2,7 +2,7 @@
 matrix it stands for, and each stored part with its shape, its axes and its dtype.
 
 The tiny model's projections are quantized here with the package's round-to-nearest quantizer
-(`stages/quantize.py`, the same layouts a GGUF's Q4_1 / Q8_0 tensors load into), so no file is
+(`quant/quantize.py`, the same layouts a GGUF's Q4_1 / Q8_0 tensors load into), so no file is
 written; the run itself is real (naive tier, paged mode).
 """
 
@@ -13,7 +13,7 @@ from rich.console import Console
 
 from stagewise import LLM, SamplingParams
 from stagewise.models.registry import load_model
-from stagewise.stages.quantize import quantize
+from stagewise.quant.quantize import quantize
 from stagewise.trace.export import TRACE_SCHEMA, to_json
 from stagewise.trace.render_tree import render_tree
 from stagewise.trace.tracer import Tracer

@@ -94,6 +94,12 @@ class SpeculativeConfig:
             )
         if self.model is not None and not isinstance(self.model, str):
             raise StagewiseError(f"speculative_config.model must be a string, got {self.model!r}")
+        from stagewise.models.quantized import parse_scheme
+
+        try:  # checked here, whatever the draft is (the target's own weights ignore it)
+            parse_scheme(self.draft_quantization)
+        except StagewiseError as exc:
+            raise StagewiseError(f"speculative_config.draft_quantization: {exc}") from None
 
     @property
     def k(self) -> int:

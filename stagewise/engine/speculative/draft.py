@@ -56,7 +56,7 @@ from stagewise.kv.paged import PagedKVCache, PagedKVStep, num_blocks_for_budget
 from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
-from stagewise.models.quantized import prepare_for
+from stagewise.models.prepare import build_packed_forms
 from stagewise.models.registry import LoadedModel
 from stagewise.runtime import to_device
 from stagewise.sampling_params import SamplingTensors
@@ -101,7 +101,8 @@ class DraftModelProposer:
         self.acceptance = config.acceptance  # "coupled" or "rejection" (randomness.py)
         self.max_tokens_per_pass = ecfg.max_num_batched_tokens  # tokens fed per draft forward
         ops = UntracedOps(target.ops.backend, target.ops.overrides)
-        prepare_for(draft.weights, ops.backends)  # packed weights: the torch tier's forms, now
+        # packed weights: the torch tier's forms, now (read from the disk cache when kept)
+        build_packed_forms(draft.weights, ops.backends, draft.source)
         self.model = LlamaModel(draft, ops)
         # the draft feeds positions up to n + k - 2: within the target's limit and its own
         self.max_len = min(target.max_model_len, draft.config.max_position_embeddings)

@@ -32,6 +32,7 @@ with the same per-position numbers, uniforms independent of the noise.
 
 import torch
 
+from stagewise.engine.logprobs import note_logprobs
 from stagewise.engine.request import Request
 from stagewise.engine.speculative import randomness
 from stagewise.models.ops import StageOps
@@ -141,4 +142,8 @@ def verify(ops: StageOps, logits: torch.Tensor, requests: list[Request]) -> list
     )  # -> [num_seqs, max_k + 1], [num_seqs]
     # the step's one device -> host read: the kept tokens, with their counts in front
     table = torch.cat([counts.to(torch.int64)[:, None], tokens], dim=1).tolist()
-    return [row[1 : 1 + row[0]] for row in table]
+    kept = [row[1 : 1 + row[0]] for row in table]
+    if any(r.params.logprobs is not None for r in requests):  # SamplingParams(logprobs=k)
+        rows = [1 + len(r.spec_token_ids) for r in requests]  # row i decided kept token i
+        note_logprobs(logits, requests, rows, kept)
+    return kept

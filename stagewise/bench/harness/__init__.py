@@ -1,0 +1,1 @@
+"""What the benchmark commands share: timing rules, the machine record, progress, plots, workloads, baselines."""

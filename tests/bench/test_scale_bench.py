@@ -1,0 +1,81 @@
+"""`bench scale` on a tiny Q4_1 GGUF: every system's row (or the reason it has none), the ratios, the
+load record, JSON + PNG together; bad options in one line. (The real runs write gigabyte files: never
+here.)"""
+
+import json
+
+import gguf
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from stagewise.bench.commands.scale import ScaleSettings, run_scale, scale_table
+from stagewise.cli.bench import bench_app
+from stagewise.errors import StagewiseError
+from tests.checkpoints import hf_tiny_model, write_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("scale") / "tiny.gguf"
+    return write_gguf(path, hf_tiny_model(seed=3), projection_type=gguf.GGMLQuantizationType.Q4_1)
+
+
+def test_rows_for_each_system_and_a_reason_for_the_missing_one(tiny_gguf):
+    settings = ScaleSettings(
+        models=(str(tiny_gguf),),
+        prompt_tokens=(5, 9),
+        threads=(1,),
+        systems=("packed", "float32", "llama.cpp"),
+        decode_tokens=3,
+        repeats=2,
+    )
+    r = run_scale(settings)
+    runs = {(run["system"], run["prompt_tokens"]): run for run in r["runs"]}
+    assert set(runs) == {(s, n) for s in ("packed", "float32") for n in (5, 9)}
+    for run in runs.values():
+        assert len(run["ttft_ms"]) == 2 and run["ttft_ms_median"] > 0 and run["decode_tok_s_median"] > 0
+        assert run["prompt_tokens_seen"] == run["prompt_tokens"]  # the text cut to that many tokens
+    assert [s["system"] for s in r["skipped"]] == ["llama.cpp"] and "--llamacpp" in r["skipped"][0]["reason"]
+    assert {(q["over"], q["prompt_tokens"]) for q in r["ratios"]} == {("float32", 5), ("float32", 9)}
+    assert isinstance(r["busy"], bool) and len(r["loadavg_start"]) == 3 and "int8_dot" in r["kernel"]
+    assert any("llama.cpp not run" in note for note in r["notes"])
+    assert scale_table(r).row_count == 2
+
+
+def test_the_cli_writes_json_and_png(tiny_gguf, tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        args = ["scale", "--models", str(tiny_gguf), "--prompt-tokens", "6", "--threads", "1"]
+        result = CliRunner().invoke(bench_app, [*args, "--systems", "packed", "--repeats", "1", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert data["settings"]["prompt_tokens"] == [6] and [run["system"] for run in data["runs"]] == ["packed"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--models", "gpt-5"], "unknown model 'gpt-5'"),
+        (["--systems", "packed,vllm"], "unknown system 'vllm'"),
+        (["--prompt-tokens", "0"], "--prompt-tokens must be positive integers"),
+        (["--threads", "two"], "--threads must be comma-separated integers"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ],
+)
+def test_bad_options_are_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(bench_app, ["scale", *args, "--out", str(tmp_path)])
+    assert result.exit_code != 0
+    text = str(result.exception) + result.output
+    assert message in text, text
+    assert not list(tmp_path.iterdir()), "nothing is written before the options are checked"
+
+
+def test_unknown_model_fails_before_any_file_is_written():
+    with pytest.raises(StagewiseError, match="unknown model"):
+        run_scale(ScaleSettings(models=("llama-3-8b", "nope.gguf")))
