@@ -45,7 +45,7 @@
 # (SmolLM2-135M-Instruct, its 4- and 8-bit weights kept packed as the file
 # holds them) and shows the shapes flowing.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # timing comparison generates fewer tokens and repeats once. What is shown is
 # the same.
 #
@@ -63,10 +63,11 @@ import torch
 from rich.console import Console
 
 from stagewise import LLM, SamplingParams, viz
-from stagewise.bench.machine import machine_info
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.machine import machine_info
+from stagewise.bench.harness.timing import compare
 from stagewise.config import EngineConfig
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.stages import STAGES
 from stagewise.trace.export import to_json
 from stagewise.trace.render_tree import render_tree
@@ -95,7 +96,7 @@ print(f"machine: {machine['cpu']}, {machine['logical_cores']} logical cores, tor
 # We run it under a `Tracer`, which records every stage call of every engine
 # step (shapes, dtypes, wall time) without changing anything.
 
-# %%
+# %% tags=["timing"]
 llm = LLM()
 params = SamplingParams(max_tokens=16, temperature=0)
 with Tracer() as tracer:
@@ -155,14 +156,14 @@ for step in trace["steps"]:
 # ## The stages
 #
 # Every stage is a module in `stagewise/stages/` with a naive PyTorch reference
-# and an optimized path of the same signature, listed in the registry
+# and a `triton` tier of the same signature, listed in the registry
 # `STAGES`. (`kv_store` writes the new K/V into the cache; `paged_attention`
 # reads it back through a block table; `o_proj` is the attention output
 # projection.)
 
 # %%
 for name, stage in STAGES.items():
-    print(f"{name:16} {stage.shapes}\n{'':16} optimized: {stage.optimized_kind}")
+    print(f"{name:16} {stage.shapes}\n{'':16} triton: {stage.triton_kind}")
 
 # %% [markdown]
 # ## The shape flow
@@ -250,7 +251,7 @@ assert next_id == out.token_ids[0]  # the engine's first token
 # is switched off for the paged engine here, so that no engine reuses work
 # from an earlier call.
 
-# %%
+# %% tags=["timing"]
 num_new = 8 if QUICK else 24
 bench_params = SamplingParams(max_tokens=num_new, temperature=0, ignore_eos=True)  # exactly num_new tokens
 engines = {
@@ -337,6 +338,9 @@ plt.show()
 # function and the package's own reference on fresh inputs and prints one line:
 # **PASS**, **FAIL** with the worst mismatch, or **not yet** while the stub is
 # untouched. Solutions: `notebooks/solutions/nb00.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. Where does each sequence start?** An engine step packs sequences end to
 # end; `cu_seqlens` (cumulative sequence lengths, `[B+1]`) says where sequence
@@ -351,7 +355,7 @@ def my_cu_seqlens(lengths: list[int]) -> list[int]:
 
 
 # %%
-check("00.cu_seqlens", my_cu_seqlens)
+check("00.cu_seqlens", my_cu_seqlens, save=True)
 
 # %% [markdown]
 # **2. Which position is each row?** Every row of the flat batch needs its
@@ -367,7 +371,7 @@ def my_positions(lengths: list[int], start_positions: list[int]) -> list[int]:
 
 
 # %%
-check("00.positions", my_positions)
+check("00.positions", my_positions, save=True)
 
 # %% [markdown]
 # **3. Greedy decoding.** With `temperature=0` the sampler picks the most likely
@@ -381,7 +385,7 @@ def my_greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 # %%
-check("00.greedy", my_greedy)
+check("00.greedy", my_greedy, save=True)
 
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:

@@ -39,7 +39,7 @@
 # naive (pure Python, step by step, with the real vocabulary) -> optimized
 # (Rust `tokenizers`) -> check -> measure -> picture -> SentencePiece.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # timing uses fewer repeats. Nothing else changes.
 
 # %%
@@ -50,14 +50,14 @@ import pathlib
 import matplotlib.pyplot as plt
 
 import stagewise
-from stagewise import viz_stages
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.timing import compare
 from stagewise.models.chat_template import apply_chat_template
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.tokenizer_files import tokenizer_from_gguf, tokenizer_from_hf_dir
 from stagewise.stages import STAGES
 from stagewise.stages.tokenize import bpe_merge, bytes_to_unicode, pre_tokenize, split_special_tokens
 from stagewise.tokenizer.train import TINY_CORPUS, train_bpe
+from stagewise.viz import stages as viz_stages
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 REPEATS = 3 if QUICK else 10
@@ -246,7 +246,7 @@ print([tok.tokens[i] for i in ids_naive.tolist()])
 # %% [markdown]
 # ## Optimized: the Rust `tokenizers` library
 #
-# `STAGES["tokenize"].optimized` builds a Rust `tokenizers.Tokenizer` from the
+# `STAGES["tokenize"].triton` builds a Rust `tokenizers.Tokenizer` from the
 # *same* vocabulary, merges, pre-tokenizer regexes and special tokens, once
 # (cached on `tok.rust`). Nothing about the algorithm changes; what changes is
 # the machinery: compiled regexes, a priority-queue merge loop, no Python
@@ -267,7 +267,7 @@ print(f"corpus: {len(corpus):,} characters from {len(docstrings)} modules")
 
 for text in [prompt, sentence, corpus]:
     a = STAGES["tokenize"].naive(text=text, tokenizer=tok)
-    b = STAGES["tokenize"].optimized(text=text, tokenizer=tok)
+    b = STAGES["tokenize"].triton(text=text, tokenizer=tok)
     assert a.tolist() == b.tolist(), "naive and Rust tokenizers disagree"
     ratio = len(text) / a.numel()
     print(f"identical ids: {a.numel():>6} tokens for {len(text):>6} characters ({ratio:.2f} chars/token)")
@@ -275,7 +275,7 @@ for text in [prompt, sentence, corpus]:
 # %% [markdown]
 # ## Measure
 #
-# Times are medians of alternating runs (`stagewise.bench.timing.compare`),
+# Times are medians of alternating runs (`stagewise.bench.harness.timing.compare`),
 # on two texts: the chat prompt (what an inference server tokenizes per
 # request) and the whole docstring corpus. The naive path keeps a per-piece
 # cache (`tok.bpe_cache`): a piece merged once is a dictionary hit afterwards.
@@ -283,7 +283,7 @@ for text in [prompt, sentence, corpus]:
 # through the Python merge loop) and **warm** (every piece is already cached).
 
 
-# %%
+# %% tags=["timing"]
 def timed_paths(text: str) -> dict:
     def naive_cold():
         tok.bpe_cache.clear()
@@ -401,7 +401,7 @@ if spm is not None:
     sp_ids = STAGES["tokenize"].naive(text=text, tokenizer=sp_tok).tolist()
     print([sp_tok.tokens[i] for i in sp_ids])
     reference = [sp_tok.bos_id] + spm.SentencePieceProcessor(model_proto=model.getvalue()).encode(text)
-    assert sp_ids == STAGES["tokenize"].optimized(text=text, tokenizer=sp_tok).tolist() == reference
+    assert sp_ids == STAGES["tokenize"].triton(text=text, tokenizer=sp_tok).tolist() == reference
     decoded = sp_tok.decode(sp_ids, skip_special_tokens=True)
     print("naive == Rust == sentencepiece's own encoder; decoded:", repr(decoded))
     output = sp_tok.encode("ate a", add_special_tokens=False)  # as if the model generated " ate a"

@@ -24,7 +24,7 @@
 #
 # SmolLM2: `hidden = 576`, `vocab = 49,152`, `rms_norm_eps = 1e-5`.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # bandwidth measurement uses fewer tokens and repeats. The Triton kernels
 # always run on a handful of tokens: on a machine without a GPU they run in
 # Triton's CPU *interpreter*, which checks correctness, not speed.
@@ -38,15 +38,16 @@ import os
 import matplotlib.pyplot as plt
 import torch
 
-from stagewise import viz_stages
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.timing import compare
 from stagewise.errors import StagewiseError
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 from stagewise.stages.base import stage_of
+from stagewise.viz import stages as viz_stages
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
@@ -98,7 +99,7 @@ print("same memory as the table:", weights.tied(), " strides", weights.lm_head.s
 # %% [markdown]
 # ### Optimized: a Triton gather kernel
 #
-# `STAGES["embedding"].optimized` launches one program per (token, block of
+# `STAGES["embedding"].triton` launches one program per (token, block of
 # columns) that loads its table row and stores it: one read and one write per
 # element, the minimum. Because a kernel trusts its indices (an id past the end
 # would silently read other memory), the launcher checks the id range first.
@@ -106,12 +107,12 @@ print("same memory as the table:", weights.tied(), " strides", weights.lm_head.s
 
 # %%
 few = ids[:6]  # the interpreter runs every program in Python: keep it small
-out_triton = STAGES["embedding"].optimized(ids=few, weight=weights.embed)
+out_triton = STAGES["embedding"].triton(ids=few, weight=weights.embed)
 assert torch.equal(out_triton, STAGES["embedding"].naive(ids=few, weight=weights.embed))
 print("Triton gather == weight[ids], bit for bit:", tuple(out_triton.shape))
 
 try:
-    STAGES["embedding"].optimized(ids=torch.tensor([5, cfg.vocab_size]), weight=weights.embed)
+    STAGES["embedding"].triton(ids=torch.tensor([5, cfg.vocab_size]), weight=weights.embed)
 except StagewiseError as err:
     print("out-of-range id rejected:", err)
 
@@ -247,7 +248,7 @@ x_few, r_few = recorder.calls[40][2][:4], recorder.calls[41][1][:4]  # real rows
 for dtype, tol_res, tol_out in [(torch.float32, 0.0, 1e-5), (torch.bfloat16, 2**-7, 4 * 2**-7)]:
     args = {"x": x_few.to(dtype), "weight": w_norm.to(dtype), "eps": cfg.rms_norm_eps, "residual": r_few.to(dtype)}
     ref_out, ref_res = STAGES["rmsnorm"].naive(**args)
-    tri_out, tri_res = STAGES["rmsnorm"].optimized(**args)
+    tri_out, tri_res = STAGES["rmsnorm"].triton(**args)
 
     def rel_err(a, b):
         return ((a.float() - b.float()).abs() / b.float().abs().clamp_min(1e-2)).max().item()
@@ -268,7 +269,7 @@ for dtype, tol_res, tol_out in [(torch.float32, 0.0, 1e-5), (torch.bfloat16, 2**
 # page faults on top. The fused kernel's floor is 2 copies (read x and
 # residual, write out and residual_out).
 
-# %%
+# %% tags=["timing"]
 num_tokens = 4096 if QUICK else 16384
 big_x = torch.randn(num_tokens, cfg.hidden_size)
 big_r = torch.randn(num_tokens, cfg.hidden_size)
@@ -364,6 +365,9 @@ print(f"those 3 of {cfg.hidden_size} dimensions hold {share:.1%} of the row's su
 # function and the package's own reference on fresh inputs and prints **PASS**,
 # **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
 # Solutions: `notebooks/solutions/nb02.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. RMSNorm from the formula.** `out = weight * x / sqrt(mean(x^2) + eps)`,
 # per row, over the last axis. Compute the norm in float32 whatever the input
@@ -409,7 +413,7 @@ def my_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 # %%
-check("02.embedding", my_embedding)
+check("02.embedding", my_embedding, save=True)
 
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:

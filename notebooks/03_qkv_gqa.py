@@ -33,7 +33,7 @@
 #
 # SmolLM2: H = 9, Hkv = 3, d = 64, so `w_qkv` is `[576, 576 + 192 + 192] = [576, 960]`.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # timing uses a smaller prefill batch and fewer repeats. The Triton GEMM runs
 # on a handful of tokens either way: without a GPU it runs in Triton's CPU
 # interpreter, which checks correctness, not speed.
@@ -48,7 +48,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from stagewise import viz
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.timing import compare
 from stagewise.calc.counts import kv_bytes_per_token
 from stagewise.config import PRESETS
 from stagewise.models.registry import load_model
@@ -112,7 +112,7 @@ assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == qkv.u
 # %% [markdown]
 # ## Optimized: the Triton GEMM
 #
-# `STAGES["qkv_proj"].optimized` is a tiled Triton GEMM (`kernels/matmul.py`):
+# `STAGES["qkv_proj"].triton` is a tiled Triton GEMM (`kernels/matmul.py`):
 # each program owns one output tile and walks the hidden axis in blocks,
 # accumulating in float32. Check it against the naive product on a few real
 # rows (interpreter).
@@ -120,7 +120,7 @@ assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == qkv.u
 # %%
 few = x[:8]
 ref = STAGES["qkv_proj"].naive(x=few, w_qkv=layer.w_qkv)
-out = STAGES["qkv_proj"].optimized(x=few, w_qkv=layer.w_qkv)
+out = STAGES["qkv_proj"].triton(x=few, w_qkv=layer.w_qkv)
 err = (out - ref).abs().max().item()
 print(f"Triton GEMM vs x @ w_qkv: max abs error {err:.1e} on values of size ~{ref.abs().max():.1f}")
 assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
@@ -134,7 +134,7 @@ assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
 # of three; on a GPU that is one kernel launch instead of three, and one large
 # grid of tiles that fills the machine better than three small ones.
 
-# %%
+# %% tags=["timing"]
 prefill_tokens = 128 if QUICK else 512
 g = torch.Generator().manual_seed(0)
 # both sides are the naive tier's plain `x @ w` (the torch tier's CPU forms, stages/gemm_torch.py, aside)
@@ -287,6 +287,9 @@ plt.show()
 # function and the package's own reference on fresh inputs and prints **PASS**,
 # **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
 # Solutions: `notebooks/solutions/nb03.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. Cut the fused output.** `qkv [T, (H + 2 Hkv) d]` -> `q [T, H, d]`,
 # `k [T, Hkv, d]`, `v [T, Hkv, d]`, as **views** of `qkv` (slicing and `.view`,
@@ -316,7 +319,7 @@ def my_repeat_kv(kv: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 # %%
-check("03.repeat_kv", my_repeat_kv)
+check("03.repeat_kv", my_repeat_kv, save=True)
 
 # %% [markdown]
 # **3. KV bytes per token.** For a `ModelConfig` (`num_layers`, `num_kv_heads`,

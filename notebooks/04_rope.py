@@ -34,7 +34,7 @@
 #
 # SmolLM2: `d = 64` (32 pairs), `theta = 100,000`.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # timing uses fewer tokens and repeats. The Triton kernel runs on a handful of
 # tokens either way (Triton's CPU interpreter without a GPU: correctness, not
 # speed).
@@ -49,13 +49,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from stagewise import viz_stages
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.timing import compare
 from stagewise.models.gguf_loader import unpermute_rows
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 from stagewise.stages.qkv_proj import split_qkv
 from stagewise.stages.rope import build_cos_sin_cache
+from stagewise.viz import stages as viz_stages
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
@@ -158,7 +158,7 @@ q, k, _ = split_qkv(qkv, cfg)  # strided views into qkv
 pos = torch.arange(len(ids))
 q_ref, k_ref = rope.naive(positions=pos, q=q, k=k, cos_sin_cache=cache)  # new tensors; q, k untouched
 before = qkv.clone()
-q_out, k_out = rope.optimized(positions=pos, q=q, k=k, cos_sin_cache=cache)  # in place
+q_out, k_out = rope.triton(positions=pos, q=q, k=k, cos_sin_cache=cache)  # in place
 print("returns the same objects:", q_out is q and k_out is k)
 print("max |triton - naive|: q", (q_out - q_ref).abs().max().item(), " k", (k_out - k_ref).abs().max().item())
 assert torch.allclose(q_out, q_ref, atol=1e-5) and torch.allclose(k_out, k_ref, atol=1e-5)
@@ -225,7 +225,7 @@ assert diff < 1e-5
 # inference. On the CPU, for a batch of tokens at random positions: gather
 # `cache[positions]` vs compute `cos(p f), sin(p f)` from scratch.
 
-# %%
+# %% tags=["timing"]
 num_tokens = 4096 if QUICK else 32768
 rand_pos = torch.randint(0, cfg.max_position_embeddings, (num_tokens,))
 inv_freq32 = inv_freq.float()
@@ -314,6 +314,9 @@ plt.show()
 # function and the package's own reference on fresh inputs and prints **PASS**,
 # **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
 # Solutions: `notebooks/solutions/nb04.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. Build the cache.** `my_cos_sin_cache(max_position, rotary_dim, theta)` ->
 # `[max_position, rotary_dim]` float32: row `p` holds `cos(p f_i)` for the
@@ -328,7 +331,7 @@ def my_cos_sin_cache(max_position: int, rotary_dim: int, theta: float) -> torch.
 
 
 # %%
-check("04.cos_sin_cache", my_cos_sin_cache)
+check("04.cos_sin_cache", my_cos_sin_cache, save=True)
 
 # %% [markdown]
 # **2. Rotate.** `my_rope(positions [T], x [T, heads, d], cos_sin_cache)` -> `x`
@@ -343,7 +346,7 @@ def my_rope(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tenso
 
 
 # %%
-check("04.rope", my_rope)
+check("04.rope", my_rope, save=True)
 
 # %% [markdown]
 # **3. Turn the knob (no check).** Rebuild the score picture of the middle panel

@@ -40,7 +40,7 @@
 # linear and what is not.) This notebook shows both paths, checks they agree,
 # and measures what each costs.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # timing stops at shorter sequences and uses fewer repeats. The Triton kernel
 # always runs on a few dozen tokens: without a GPU it runs in Triton's CPU
 # interpreter, which checks correctness, not speed.
@@ -59,12 +59,13 @@ import numpy as np
 import torch
 
 from stagewise import viz
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.timing import compare
 from stagewise.config import PRESETS
 from stagewise.kernels.attention_common import online_softmax_reference
 from stagewise.kernels.flash_attention import INTERPRETER_BLOCKS, flash_attention_plan
 from stagewise.kernels.targets import gpu_target
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
@@ -314,7 +315,7 @@ plt.show()
 # %% [markdown]
 # ## Optimized: the Triton FlashAttention kernel
 #
-# `attention.optimized` (`kernels/flash_attention.py`): one program per
+# `attention.triton` (`kernels/flash_attention.py`): one program per
 # (tile of BLOCK_M rows, sequence, KV head). The rows of a tile are (query,
 # query head) pairs of the `G = H / Hkv` query heads that share that KV head
 # (the GQA index map run backwards: nothing is copied), so every K/V tile the
@@ -329,7 +330,7 @@ plt.show()
 # %%
 for name, args in [("example batch (cached prefixes)", example), ("real packed batch, layer 2", inputs)]:
     ref = attention.naive(**args)
-    tri = attention.optimized(**args)
+    tri = attention.triton(**args)
     err = (tri - ref).abs().max().item()
     print(f"{name:32} out {tuple(tri.shape)}: max |flash - naive| = {err:.1e}")
     assert torch.allclose(tri, ref, atol=1e-5, rtol=1e-5)
@@ -342,7 +343,7 @@ for name, args in [("example batch (cached prefixes)", example), ("real packed b
 # counted for the full matrix the naive path computes before masking), and
 # so does the time, once the fixed costs are amortised.
 
-# %%
+# %% tags=["timing"]
 lengths = [128, 256, 512, 1024] if QUICK else [128, 256, 512, 1024, 2048, 4096]
 g = torch.Generator().manual_seed(0)
 naive_ms = []
@@ -497,6 +498,9 @@ plt.show()
 # function and the package's own reference on fresh inputs and prints **PASS**,
 # **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
 # Solutions: `notebooks/solutions/nb05.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. Causal attention for one sequence.** `q [L, H, d]`, `k, v [L, Hkv, d]`
 # -> `[L, H, d]`: per query head `h`, scores against KV head `h // (H // Hkv)`,
@@ -512,7 +516,7 @@ def my_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
 
 
 # %%
-check("05.causal_attention", my_causal_attention)
+check("05.causal_attention", my_causal_attention, save=True)
 
 # %% [markdown]
 # **2. One step of the online softmax.** The check owns the loop: it starts
@@ -535,7 +539,7 @@ def my_online_step(
 
 
 # %%
-check("05.online_softmax", my_online_step)
+check("05.online_softmax", my_online_step, save=True)
 
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:

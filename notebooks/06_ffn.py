@@ -32,7 +32,7 @@
 #   `silu(gate) * up` — instead of writing `silu(gate)` to memory and reading
 #   it back for the multiply.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # timing uses a smaller prefill batch and fewer repeats. The Triton kernels
 # always run on a handful of tokens: without a GPU they run in Triton's CPU
 # interpreter, which checks correctness, not speed.
@@ -49,16 +49,17 @@ import os
 import matplotlib.pyplot as plt
 import torch
 
-from stagewise import viz_stages
-from stagewise.bench.timing import compare
+from stagewise.bench.harness.timing import compare
 from stagewise.calc.counts import attention_flops, linear_flops
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.llama import LlamaModel
 from stagewise.models.ops import StageOps
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 from stagewise.stages.base import stage_of
 from stagewise.stages.ffn import silu_and_mul_naive
+from stagewise.viz import stages as viz_stages
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 torch.set_num_threads(1)  # one thread: ratios between paths, not peak speed
@@ -144,7 +145,7 @@ print("x", tuple(x.shape), "-> gate_up", tuple(gate_up.shape), "-> h", tuple(h.s
 # %% [markdown]
 # ## Optimized: Triton GEMM -> Triton `silu_and_mul` -> Triton GEMM
 #
-# `ffn.optimized` runs the tiled Triton GEMM (`kernels/matmul.py`), the fused
+# `ffn.triton` runs the tiled Triton GEMM (`kernels/matmul.py`), the fused
 # activation (`kernels/activation.py`: each program loads a tile of `gate`
 # and the matching tile of `up`, computes in float32, stores the product —
 # one read of `[T, 2*inter]`, one write of `[T, inter]`), and the GEMM again.
@@ -161,7 +162,7 @@ print(f"silu_and_mul: Triton vs naive, max abs error {act_err:.1e}")
 assert act_err < 1e-5
 
 ref = ffn.naive(x=few, w_gate_up=lw.w_gate_up, w_down=lw.w_down)
-tri = ffn.optimized(x=few, w_gate_up=lw.w_gate_up, w_down=lw.w_down)
+tri = ffn.triton(x=few, w_gate_up=lw.w_gate_up, w_down=lw.w_down)
 err = (tri - ref).abs().max().item()
 print(f"ffn stage: Triton vs naive, max abs error {err:.1e} (outputs up to {ref.abs().max():.1f})")
 assert torch.allclose(tri, ref, rtol=1e-4, atol=1e-4)
@@ -187,7 +188,7 @@ assert torch.allclose(tri, ref, rtol=1e-4, atol=1e-4)
 #   instructions in fact) depends on the machine: the GB/s it reaches, next to
 #   the plain copy-like floor of the next section, tells which.
 
-# %%
+# %% tags=["timing"]
 prefill_tokens = 128 if QUICK else 512
 print(f"one layer's FFN weights: {4 * 3 * hidden * inter / 1e6:.1f} MB in float32")
 g = torch.Generator().manual_seed(0)
@@ -245,7 +246,7 @@ for num_tokens in [1, prefill_tokens]:
 # registers. As a floor, an elementwise op that moves exactly the fused bytes:
 # `torch.add(gate, up, out=h)`.
 
-# %%
+# %% tags=["timing"]
 F = torch.nn.functional
 fusion_tokens = 1024 if QUICK else 8192
 gate_up_big = torch.randn(fusion_tokens, 2 * inter, generator=g)

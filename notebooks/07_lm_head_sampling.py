@@ -35,7 +35,7 @@
 # Path: motivation -> naive (`stages/lm_head.py`, `stages/sampling.py`) ->
 # optimized (the Triton sampling kernel: no sort) -> check -> measure -> picture.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`, set by the test harness): the
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the
 # LM-head timing uses a 256-token prompt instead of 1,000 and fewer repeats,
 # the empirical draw uses fewer samples, the greedy/seeded generations make 8
 # tokens instead of 16, and the Triton check on the real vocabulary runs one
@@ -46,20 +46,24 @@
 # what they cover (section "The seeds: the two source articles").
 
 # %%
+import contextlib
+import io
 import os
 
 import matplotlib.pyplot as plt
 import torch
 
-from stagewise import LLM, SamplingParams, viz_stages
-from stagewise.bench.timing import compare
+from stagewise import LLM, SamplingParams
+from stagewise.bench.harness.timing import compare
 from stagewise.calc.counts import attention_flops, linear_flops
 from stagewise.config import PRESETS
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 from stagewise.stages.sampling import SamplingTensors, processed_probs
 from stagewise.trace.tracer import Tracer
+from stagewise.viz import stages as viz_stages
 
 # %matplotlib inline
 
@@ -80,7 +84,8 @@ print(f"SmolLM2-135M-Instruct: hidden={cfg.hidden_size}, vocab={cfg.vocab_size},
 # row per *sequence*.
 
 # %%
-llm = LLM(loaded, mode="kv")
+with contextlib.redirect_stderr(io.StringIO()):  # the first LLM() times this CPU's GEMM forms, once
+    llm = LLM(loaded, mode="kv")
 prompt = "My favourite colours are red, blue and"
 with Tracer(timing=False) as tracer:
     llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0))
@@ -133,7 +138,7 @@ print(f"Llama 3 405B: the head is {100 * big_head / linear_flops(big, 1).value:.
 # (`last_token_index = 0..T-1`) or only the last one, with the real
 # `[49152, 576]` weight.
 
-# %%
+# %% tags=["timing"]
 T_measure = 256 if QUICK else 1000
 hidden = torch.randn(T_measure, cfg.hidden_size)
 weight = loaded.weights.lm_head  # [hidden, vocab]: the embedding table, transposed (tied)

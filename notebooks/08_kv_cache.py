@@ -51,6 +51,8 @@
 # what they cover (section "The seeds: the two source articles").
 
 # %%
+import contextlib
+import io
 import os
 import statistics
 
@@ -59,9 +61,9 @@ import numpy as np
 import torch
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.modes import eval_fit, fit_cost
-from stagewise.bench.timing import alternating, stream_timed
-from stagewise.bench.workloads import single_prompt
+from stagewise.bench.commands.modes import eval_fit, fit_cost
+from stagewise.bench.harness.timing import alternating, stream_timed
+from stagewise.bench.harness.workloads import single_prompt
 from stagewise.calc.counts import attention_flops, linear_flops
 from stagewise.calc.hardware import HARDWARE
 from stagewise.calc.roofline import analyze, seeds_table
@@ -77,7 +79,8 @@ from stagewise.trace.tracer import Tracer
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 loaded = load_model("smollm2-135m", device="cpu")  # float32 on the CPU, even on a GPU machine: exact checks
 cfg = loaded.config
-naive = LLM(loaded, mode="naive")  # recompute the whole sequence every step
+with contextlib.redirect_stderr(io.StringIO()):  # the first LLM() times this CPU's GEMM forms, once
+    naive = LLM(loaded, mode="naive")  # recompute the whole sequence every step
 kv = LLM(loaded, mode="kv")  # keep K/V of every token, compute only the new one
 print(f"L={cfg.num_layers} layers, hidden d={cfg.hidden_size}, H={cfg.num_heads}, Hkv={cfg.num_kv_heads}")
 
@@ -188,7 +191,7 @@ print(f"the last kv run allocated {held / 2**20:.2f} MiB: {held // per_token} to
 # ## 4. Measure: time per output token against the context length
 #
 # For each context length N we build a prompt of exactly N tokens
-# (`stagewise.bench.workloads.single_prompt`) and generate a few tokens in
+# (`stagewise.bench.harness.workloads.single_prompt`) and generate a few tokens in
 # each mode (3 naive, 6 cached), greedy, ignoring EOS. The *gaps* between
 # output tokens are single steps at context N+1, N+2, ...: in naive mode each
 # is a full recompute of the whole sequence, with the cache each is one token. The modes
@@ -200,7 +203,7 @@ print(f"the last kv run allocated {held / 2**20:.2f} MiB: {held // per_token} to
 # machine does lands in one step); the medians and the fitted curves are the
 # robust part.
 
-# %%
+# %% tags=["timing"]
 contexts = [16, 64, 128, 256] if QUICK else [16, 64, 128, 256, 384, 512]
 repeats = 1 if QUICK else 2
 llms = {"naive": naive, "kv": kv}
@@ -230,7 +233,7 @@ for i, n in enumerate(contexts):
 # %% [markdown]
 # ### Fit the seeds' cost models
 #
-# `stagewise.bench.modes.fit_cost` fits non-negative least squares:
+# `stagewise.bench.commands.modes.fit_cost` fits non-negative least squares:
 # naive `t(N) = a + b*N + c*N^2` and cached `t(N) = a + b*N` (the seeds'
 # complexities with the constant factors left to the data).
 
@@ -370,6 +373,9 @@ for row in seeds_table():
 # function and the package's own reference on fresh inputs and prints **PASS**,
 # **FAIL** with the worst mismatch, or **not yet** while the stub is untouched.
 # Solutions: `notebooks/solutions/nb08.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. How big is the cache?** `my_kv_cache_bytes(cfg, num_tokens, dtype_bytes)`:
 # the bytes of K and V for `num_tokens` tokens (all layers, all KV heads).
@@ -437,7 +443,7 @@ def my_cached_attention(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: 
 
 
 # %%
-check("08.cached_attention", my_cached_attention)
+check("08.cached_attention", my_cached_attention, save=True)
 
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:

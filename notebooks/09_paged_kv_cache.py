@@ -58,13 +58,13 @@ import os
 import numpy as np
 
 from stagewise import LLM, SamplingParams
-from stagewise.bench.workloads import SEED_TEXT, single_prompt
+from stagewise.bench.harness.workloads import SEED_TEXT, single_prompt
 from stagewise.config import EngineConfig
 from stagewise.kv.paged import kv_bytes_per_token
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json
 from stagewise.trace.tracer import Tracer
-from stagewise.viz_engine import block_pool_over_time, block_table_board, memory_held, shared_rows
+from stagewise.viz.engine import block_pool_over_time, block_table_board, memory_held, shared_rows
 
 # %matplotlib inline
 
@@ -84,9 +84,8 @@ cfg, tok = loaded.config, loaded.tokenizer
 BLOCK, NUM_BLOCKS = EngineConfig().block_size, 14  # the engine's default block size; a small pool
 ecfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, block_size=BLOCK, num_kv_blocks=NUM_BLOCKS,
                     max_model_len=256)  # fmt: skip
-with contextlib.redirect_stderr(io.StringIO()) as said:  # the first LLM() times this CPU's GEMM forms, once
+with contextlib.redirect_stderr(io.StringIO()):  # the first LLM() times this CPU's GEMM forms, once
     llm = LLM(loaded, mode="paged", engine_config=ecfg)
-print("GEMM forms:", said.getvalue().strip().removeprefix("stagewise: ") or "chosen")  # a busy machine says so
 cache = llm.engine.cache
 print(f"default block_size: {BLOCK} tokens; {cache.describe()}")
 print("kv tensor  :", list(cache.kv.shape), "= [num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]")
@@ -306,7 +305,7 @@ print(f"\npaged peak: {peak_blocks} blocks in use at once = {peak_blocks * BLOCK
       f"({kv.last_stats.kv_cache_bytes / 2**20:.1f} MiB) for the whole batch")
 
 # %%
-memory_held(used, paged_slots, static_slots_per_row, BLOCK)  # stagewise/viz_engine.py
+memory_held(used, paged_slots, static_slots_per_row, BLOCK)  # stagewise/viz/engine.py
 
 # %% [markdown]
 # ### Two effects, counted apart: staggered arrival and paging
@@ -369,12 +368,19 @@ for name, blocks in scenarios.items():
 # Many requests start the same way: a system prompt, few-shot examples, a long
 # document followed by different questions. The K/V of a full block depend only
 # on the tokens up to the end of that block, so equal prefixes give equal
-# blocks. The block manager names each full block by a chained hash —
-# `hash(parent block's hash, this block's token ids)` — and a new request
-# looks its prompt's full blocks up: the longest run of hits is *shared*
-# (reference count + 1), and the request starts with `num_computed_tokens`
-# already past them. (The last prompt token is always computed: its logits
-# are needed.)
+# blocks. The block manager names each full block by a chained digest —
+# `block_digest(parent block's digest, this block's token ids)`, SHA-256 — and
+# a new request looks its prompt's full blocks up: the longest run of hits is
+# *shared* (reference count + 1), and the request starts with
+# `num_computed_tokens` already past them. (The last prompt token is always
+# computed: its logits are needed.)
+#
+# A name is where to look, not proof. Python's `hash()` of a tuple of ints is
+# 64 bits and predictable, so two different prompts can be made to collide,
+# and one user's prompt would be answered from another's K/V (vLLM shipped
+# that and fixed it: CVE-2025-25183). So the digest is cryptographic, and each
+# hit is also checked against what the block holds: its token ids and the
+# block holding the prefix before it, stored when the block was named.
 #
 # Two chat requests about the same passage, different questions, run one after
 # the other through a fresh engine with prefix caching on (the default):
@@ -429,7 +435,8 @@ shared_rows([runs[0][1]["blocks"], runs[1][1]["blocks"]], ["request 1 (first Q)"
 #   `get_new_blocks` (from the front of the free queue) and `free_blocks` (to
 #   its back), and `get_cached_block` for prefix hits; the free queue itself
 #   is `FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`, where
-#   `hash_block_tokens` chains each full block's hash to its parent's.
+#   `hash_block_tokens` chains each full block's hash to its parent's
+#   (SHA-256 since CVE-2025-25183).
 # * `vllm/v1/core/kv_cache_manager.py`, `KVCacheManager.get_computed_blocks`
 #   (the longest cached prefix) and `KVCacheManager.allocate_slots` (room for
 #   a step's new tokens, or `None` when the pool is too short).
@@ -447,7 +454,7 @@ shared_rows([runs[0][1]["blocks"], runs[1][1]["blocks"]], ["request 1 (first Q)"
 #   of waste per request, and no contiguous region is ever needed.
 # * How many requests fit depends on paging *and* on when they run (the
 #   scenarios above count the two apart).
-# * Full blocks are content-addressed by a chained hash, so requests with a
+# * Full blocks are content-addressed by a chained digest, so requests with a
 #   common prefix share physical blocks and skip recomputing them.
 # * Same tokens as the contiguous cache, checked. Notebook 10 uses this freedom:
 #   requests join and leave the batch at every step.
@@ -456,6 +463,9 @@ shared_rows([runs[0][1]["blocks"], runs[1][1]["blocks"]], ["request 1 (first Q)"
 #
 # A stub to fill in, a check cell below it (**PASS**, **FAIL** with the worst
 # mismatch, or **not yet**). Solutions: `notebooks/solutions/nb09.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. Blocks for a request.** How many blocks of `block_size` slots hold
 # `num_tokens` tokens? (Zero tokens need zero blocks.) Then sweep `block_size`
@@ -488,7 +498,7 @@ def my_slot_mapping(block_ids: list[int], positions: list[int], block_size: int)
 
 
 # %%
-check("09.slot_mapping", my_slot_mapping)
+check("09.slot_mapping", my_slot_mapping, save=True)
 
 # %% [markdown]
 # **3. The allocator.** Now the block manager's own job, on plain values: the
@@ -499,8 +509,10 @@ check("09.slot_mapping", my_slot_mapping)
 # blocks it lacks from the *front* of the queue, give each a count of 1, append
 # them to the row and return the row. When the queue is too short, change
 # nothing and return `False` (the scheduler then waits or preempts). The check
-# runs a random trace on a real `BlockManager` and calls your function on a
-# copy of its state before each `allocate`: same row, same queue, same counts.
+# runs a trace on a real `BlockManager` and calls your function on a copy of
+# its state before each `allocate`: same row, same queue, same counts. Many of
+# its requests ask for exactly the blocks left, or one more; the PASS line
+# counts each kind.
 
 # %%
 def my_allocate(free_queue, ref_counts: list[int], row: list[int], num_tokens: int, block_size: int):
@@ -508,7 +520,7 @@ def my_allocate(free_queue, ref_counts: list[int], row: list[int], num_tokens: i
 
 
 # %%
-check("09.allocate", my_allocate)
+check("09.allocate", my_allocate, save=True)
 
 # %% [markdown]
 # **4. Freeing.** `my_free(free_queue, ref_counts, row)`: the request is done
@@ -524,24 +536,30 @@ def my_free(free_queue, ref_counts: list[int], row: list[int]) -> list[int]:
 
 
 # %%
-check("09.free", my_free)
+check("09.free", my_free, save=True)
 
 # %% [markdown]
-# **5. The prefix-cache lookup.** `cached` maps a full block's hash to its
-# block id. A block's hash names its whole prefix: `h_0 = hash((None,
-# tuple(tokens[0:bs])))`, `h_i = hash((h_{i-1}, tuple(tokens[i*bs:(i+1)*bs])))`.
+# **5. The prefix-cache lookup.** `cached` maps a full block's digest to its
+# block id. A block's digest names its whole prefix: `h_0 = block_digest(None,
+# tokens[0:bs])`, `h_i = block_digest(h_{i-1}, tokens[i*bs:(i+1)*bs])`
+# (`from stagewise.kv.block_manager import block_digest`).
 # `my_cached_prefix(token_ids, block_size, cached)` returns the block ids of
 # the longest run of hits from the start, stopping at the first miss, and never
 # covering the last token (its logits are needed, so it must be computed: a
-# 16-token prompt of 4-token blocks can reuse at most 3 blocks).
+# 16-token prompt of 4-token blocks can reuse at most 3 blocks). Some of the
+# check's `cached` dicts lack a block in the middle of a prompt's chain while
+# the blocks after it are still there.
 
 # %%
+from stagewise.kv.block_manager import block_digest  # noqa: E402, F401 (your lookup's digest)
+
+
 def my_cached_prefix(token_ids: list[int], block_size: int, cached: dict) -> list[int]:
     raise NotImplementedError
 
 
 # %%
-check("09.cached_prefix", my_cached_prefix)
+check("09.cached_prefix", my_cached_prefix, save=True)
 
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:

@@ -52,16 +52,16 @@ import time
 import numpy as np
 import torch
 
-import stagewise.viz_engine as ve  # the pictures
+import stagewise.viz.engine as ve  # the pictures
 from stagewise import LLM, SamplingParams
-from stagewise.bench.timing import stream_timed
-from stagewise.bench.workloads import mixed_workload, single_prompt
+from stagewise.bench.harness.timing import stream_timed
+from stagewise.bench.harness.workloads import mixed_workload, single_prompt
 from stagewise.calc.counts import kv_bytes_per_token, weight_bytes_streamed
 from stagewise.config import EngineConfig
 from stagewise.models.registry import load_model
 from stagewise.trace.export import to_json
 from stagewise.trace.tracer import Tracer
-from stagewise.viz_trace import print_preemptions, print_steps
+from stagewise.viz.trace import print_preemptions, print_steps
 
 # %matplotlib inline
 
@@ -69,9 +69,8 @@ QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 loaded = load_model("smollm2-135m", device="cpu")  # float32 on the CPU, even on a GPU machine: exact checks
 tok = loaded.tokenizer
 torch.set_num_threads(1)  # one thread: the ratios between steps, not peak speed, and less exposed to other work
-with contextlib.redirect_stderr(io.StringIO()) as said:  # the first LLM() times this CPU's GEMM forms, once
+with contextlib.redirect_stderr(io.StringIO()):  # the first LLM() times this CPU's GEMM forms, once
     LLM(loaded, mode="kv")
-print("GEMM forms:", said.getvalue().strip().removeprefix("stagewise: ") or "chosen")  # a busy machine says so
 
 # %% [markdown]
 # ## 1. Step the engine by hand
@@ -107,7 +106,7 @@ with Tracer(timing=False) as tracer:
         step += 1
 trace = to_json(tracer)
 
-print_steps(trace, label, budget=32)  # stagewise/viz_trace.py: one line per step, read from the trace
+print_steps(trace, label, budget=32)  # stagewise/viz/trace.py: one line per step, read from the trace
 
 # %% [markdown]
 # Read it as `num_computed_tokens -> after this step / num_tokens`:
@@ -203,7 +202,7 @@ ve.timeline(p_trace, p_label, "preemption: 4 KV blocks for three requests that e
 #
 # ## 4. Measure: static vs continuous batching on the same workload
 #
-# A seeded mixed workload (`stagewise.bench.workloads.mixed_workload`):
+# A seeded mixed workload (`stagewise.bench.harness.workloads.mixed_workload`):
 # prompts and output lengths drawn at random, greedy, `ignore_eos` so every
 # request generates exactly its `max_tokens`. Both engines may run the same
 # number of requests at once:
@@ -218,7 +217,7 @@ ve.timeline(p_trace, p_label, "preemption: 4 KV blocks for three requests that e
 # (rows of every forward pass) and `padding_tokens` (rows that were padding or
 # belonged to an already finished request).
 
-# %%
+# %% tags=["timing"]
 if QUICK:
     work = mixed_workload(tok, num_requests=4, prompt_tokens=(8, 24), output_tokens=(4, 12), seed=1)
     seats = 2
@@ -245,6 +244,10 @@ for mode, name in (("kv", "static"), ("paged", "continuous")):
     st, wall = results[mode]["stats"], results[mode]["wall"]
     rate = sum(len(o.token_ids) for o in results[mode]["outs"]) / wall
     print(f"{name:>11} {st.steps:>6} {st.tokens_computed:>14} {st.padding_tokens:>13} {wall:>7.1f} {rate:>10.1f}")
+static, continuous = results["kv"], results["paged"]
+saved = static["stats"].tokens_computed - continuous["stats"].tokens_computed
+print(f"continuous batching computed {saved} fewer rows ({saved / static['stats'].tokens_computed:.0%} of static's) "
+      f"in {continuous['wall'] / static['wall']:.2f}x static's wall time")  # fmt: skip
 
 # %% [markdown]
 # ## 5. The picture
@@ -278,11 +281,13 @@ ve.work_and_latency(
 # %% [markdown]
 # Static batching computes padding and keeps dead rows running until each
 # batch's longest request ends; continuous batching computes only real tokens
-# and keeps every seat busy, so short requests come back early and the last
-# one finishes no later. (The step counts can come out close: both engines
-# have the same seats, one token per seat per step; the gain is in what the
-# steps compute and in who waits.) Wall times vary with whatever else the
-# machine is doing; the row counts are exact.
+# and keeps every seat busy, so short requests come back early. (The step
+# counts can come out close: both engines have the same seats, one token per
+# seat per step; the gain is in what the steps compute and in who waits.) The
+# row counts are exact. Whether fewer rows mean less wall time depends on how
+# much of a step's cost grows with its rows: the line under the table says
+# what it did on this run; with few, short requests (quick mode) there is
+# little padding to save, and the two wall times can come out close.
 
 # %% [markdown]
 # ## 6. The seeds' chapters 7-8, measured on this machine
@@ -304,7 +309,7 @@ ve.work_and_latency(
 #    others decode (`EngineConfig(prefill_beside_decodes=...)`) and trades
 #    that pause for a later first token of the long prompt.
 #
-# Timing: `stagewise.bench.timing.stream_timed` stamps every token as it
+# Timing: `stagewise.bench.harness.timing.stream_timed` stamps every token as it
 # reaches the caller, so the gap between two tokens of one request is one
 # engine step as that user sees it. Every request is greedy with
 # `ignore_eos=True`, so each generates exactly its `max_tokens`.
@@ -317,7 +322,7 @@ ve.work_and_latency(
 # every size is measured twice, in both orders, and the lower median kept: a
 # moment of other work on the machine inflates one of the two.)
 
-# %%
+# %% tags=["timing"]
 batch_sizes = (1, 4, 8) if QUICK else (1, 2, 4, 8, 16)
 decode_tokens = 6 if QUICK else 16
 greedy = SamplingParams(max_tokens=decode_tokens, temperature=0, ignore_eos=True)
@@ -379,7 +384,7 @@ ve.step_time_and_throughput(step_ms, cfg.name)
 # every step's end is timed; the decoders' gaps are the steps they waited
 # through.
 
-# %%
+# %% tags=["timing"]
 decoders = 3 if QUICK else 4
 long_tokens = 128 if QUICK else 384
 decode_steps = 12 if QUICK else 40
@@ -473,6 +478,9 @@ ve.gaps_while_prefilling(runs, long_tokens)
 #
 # A stub to fill in, a check cell below it (**PASS**, **FAIL** with the worst
 # mismatch, or **not yet**). Solutions: `notebooks/solutions/nb10.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. What static batching computes.** Requests run in batches of `seats`, in
 # order. A batch's prefill pads every prompt (on the left) to the batch's
@@ -526,8 +534,11 @@ check("10.continuous_rows", my_continuous_rows)
 # 3. only if nobody was preempted, admit waiting requests from the front while
 #    seats and budget last; if `allocate` fails, it and everyone behind wait.
 #
-# The check runs your function beside the real `Scheduler` on four random
-# workloads (chunks and preemptions happen) and compares every step.
+# The check runs your function beside the real `Scheduler`, each over its own
+# block manager, and compares every step: what is scheduled, both queues, and
+# the blocks each request holds. Its workloads make every rule decide something
+# (some change the budget from step to step), and the PASS line counts how
+# often each did.
 
 
 # %%
@@ -536,7 +547,7 @@ def my_schedule(running, waiting, budget: int, max_num_seqs: int, allocate, free
 
 
 # %%
-check("10.schedule_step", my_schedule)
+check("10.schedule_step", my_schedule, save=True)
 
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:

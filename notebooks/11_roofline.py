@@ -47,6 +47,8 @@
 # what they cover (section "The seeds: the two source articles").
 
 # %%
+import contextlib
+import io
 import os
 import statistics
 import tempfile
@@ -55,15 +57,16 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from stagewise import LLM, SamplingParams, viz
-from stagewise.bench.timing import stream_timed
-from stagewise.bench.workloads import single_prompt
+from stagewise.bench.harness.timing import stream_timed
+from stagewise.bench.harness.workloads import single_prompt
 from stagewise.calc.hardware import HARDWARE, probe_this_machine
 from stagewise.calc.plots import RooflinePoint, plot_kv_memory, plot_roofline, points_from_steps
 from stagewise.calc.roofline import analyze, seeds_table
 from stagewise.calc.units import human, seconds, si
 from stagewise.config import PRESETS
+from stagewise.models.prepare import CALIBRATE_BYTES
 from stagewise.models.registry import load_model
-from stagewise.stages.gemm_torch import BUCKET_M, CALIBRATE_BYTES, CPU_FORMS
+from stagewise.tuning.gemm_forms import BUCKET_M, CPU_FORMS
 
 # %matplotlib inline
 
@@ -215,7 +218,7 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # measurement: rerun it if the numbers look off — a peak below what the model
 # achieves in the next cell is a sure sign.
 
-# %%
+# %% tags=["timing"]
 here = probe_this_machine(seconds=2.5 if QUICK else 4.0, device="cpu")  # on a GPU box, device="cuda" probes the GPU
 print(here.notes)
 for dt in ("fp32", "bf16"):
@@ -233,10 +236,11 @@ print(f"bandwidth {si(here.memory_bandwidth, 'B/s')}  (H100: {si(h100.memory_ban
 # step's intensity. The distance below the roof is what the implementation
 # leaves on the table.
 
-# %%
+# %% tags=["timing"]
 loaded = load_model("smollm2-135m", device="cpu")  # float32, on the CPU this probe measured
 smol = loaded.config
-llm = LLM(loaded, mode="kv")
+with contextlib.redirect_stderr(io.StringIO()):  # the first LLM() times this CPU's GEMM forms, once (printed below)
+    llm = LLM(loaded, mode="kv")
 n_prompt = 128 if QUICK else 512
 n_out = 6 if QUICK else 12
 prompt = single_prompt(loaded.tokenizer, n_prompt, seed=0)
@@ -296,11 +300,12 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # weights as one, so the roofline says eight rows should cost about what one
 # row costs. Whether they do depends on how the BLAS library is asked for
 # the product. When `LLM` loaded the model above with the default tier,
-# `backend="torch"`, the projections' torch tier (`stagewise/stages/gemm_torch.py`)
-# timed three ways of asking for the same `x @ w` on these very weights, at a
-# few row counts M, and kept the fastest for each. Its docstring explains
-# the three forms: the plain call, a transposed tall-skinny product, and one
-# batched call over 64-column blocks of the weight.
+# `backend="torch"`, it timed three ways of asking for the same `x @ w` on
+# these very weights, at a few row counts M, and kept the fastest for each
+# (`stagewise/tuning/gemm_forms.py`); the projections' torch tier
+# (`stagewise/stages/gemm_torch.py`) then asks for that form. Their docstrings
+# explain the three forms: the plain call, a transposed tall-skinny product,
+# and one batched call over 64-column blocks of the weight.
 
 # %%
 stream_ms = 1e3 * llm.model.weights.decode_bytes() / here.memory_bandwidth  # the slope's time for these weights
@@ -352,19 +357,26 @@ fig  # noqa: B018 (a Figure as the last expression of a cell is shown inline)
 # on one H100 in bf16:
 
 # %%
-print(f"{'N':>8} {'KV/seq GQA':>12} {'max batch GQA':>14} {'KV/seq MHA':>12} {'max batch MHA':>14}")
+print(f"{'N':>8} {'KV/seq GQA':>12} {'max batch GQA':>14} {'KV/seq MHA':>12} {'max batch MHA':>14} {'batch ratio':>12}")
 for n in (1_000, 8_000, 32_000, 128_000):
     cap = analyze(llama8b, h100, context=n, dtype="bf16").capacity
-    print(f"{n:>8,} {si(cap.kv_per_sequence.value, 'B'):>12} {int(cap.max_batch.value):>14,} "
-          f"{si(cap.kv_per_sequence_mha.value, 'B'):>12} {int(cap.max_batch_mha.value):>14,}")
+    gqa, mha = int(cap.max_batch.value), int(cap.max_batch_mha.value)
+    ratio = f"{gqa / mha:.2f}x" if mha else "MHA: none"
+    print(f"{n:>8,} {si(cap.kv_per_sequence.value, 'B'):>12} {gqa:>14,} "
+          f"{si(cap.kv_per_sequence_mha.value, 'B'):>12} {mha:>14,} {ratio:>12}")
+print(f"KV per sequence, MHA / GQA: {cap.kv_per_sequence_mha.value / cap.kv_per_sequence.value:.0f}x = H / Hkv "
+      f"= {llama8b.num_heads} / {llama8b.num_kv_heads}")
 for b in (1, 32):
     step = analyze(llama8b, h100, context=8_000, batch=b, dtype="bf16").decode
     print(f"decode step at N=8k, B={b:>2}: moves {si(step.bytes.value, 'B')} ({step.bytes.formula.split(' = ')[0]})")
 
 # %% [markdown]
-# GQA buys an `H / Hkv` times larger batch for Llama 3 8B at every context
-# length (compare the two batch columns), and a larger batch is exactly what moves decode up
-# the roofline. At 128k tokens even GQA fits only a handful of sequences: the
+# GQA makes every sequence's KV cache `H / Hkv` times smaller (the two KV/seq
+# columns). The batch that fits is a whole number of sequences, so it grows by
+# about that factor only while many sequences fit; at long contexts the ratio
+# column departs from it, and where MHA fits no sequence at all GQA still
+# fits a few. A larger batch is exactly what moves decode up the roofline.
+# At 128k tokens even GQA fits only a handful of sequences: the
 # KV cache, not the weights, becomes the memory that matters (the seeds:
 # "when the KV cache approaches the size of the weights, a larger batch no
 # longer raises throughput").

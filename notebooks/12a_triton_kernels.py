@@ -60,26 +60,26 @@ from stagewise.kernels.attention_common import online_softmax_reference
 from stagewise.kernels.targets import launch_target
 from stagewise.stages import STAGES
 from stagewise.stages.ffn import silu_and_mul_naive
-from stagewise.viz_kernels import committed_device_checks, device_results, online_softmax_state
-from stagewise.viz_kernels import show_source as show
+from stagewise.viz.kernels import online_softmax_state
+from stagewise.viz.kernels import show_source as show
 
 # %matplotlib inline
 
 ON_GPU = stagewise.kernels.TRITON_MODE == "cuda"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-DEVICE_RUNS = committed_device_checks()  # the project's committed GPU results, if any
 print(f"Triton runs on: {stagewise.kernels.TRITON_MODE}" + ("" if ON_GPU else " (correctness only, not speed)"))
 config, smol = PRESETS["tiny"], PRESETS["smollm2-135m"]  # tiny: shapes the interpreter runs in seconds
 
 # %% [markdown]
 # ## 1. The registry: one row per stage
 #
-# `STAGES` maps each stage name to its two paths, its shapes and a one-line
-# description of what the optimized path is.
+# `STAGES` maps each stage name to its tiers (`naive`, `triton`, and `torch`
+# where a CPU needs one), its shapes and a one-line description of what the
+# `triton` tier is.
 
 # %%
 for name, stage in STAGES.items():
-    print(f"{name:>15}  {stage.shapes:<66} {stage.optimized_kind}")
+    print(f"{name:>15}  {stage.shapes:<66} {stage.triton_kind}")
 
 
 # %% [markdown]
@@ -151,9 +151,8 @@ for block_n in (1, 7, 16, 64, 100):
 #   size works with power-of-two blocks. Nothing checks bounds for you.
 #
 # Below, two kernels printed from their files (never copied here), each with
-# what to look at, a check against the naive stage on small irregular shapes
-# and, when the project's GPU results are committed, what the kernel measured
-# there: a reference run on another machine, not the one running this.
+# what to look at and a check against the naive stage on small irregular
+# shapes.
 
 # %% [markdown]
 # ### 3.1 RMSNorm: one program per row
@@ -198,7 +197,6 @@ for rows, hidden in ((1, 48), (5, 96), (3, 100)):  # widths that are no power of
     out, new_res = rmsnorm_kernels.rmsnorm(x, w, 1e-5, res)
     err = max(float((out - ref_out).abs().max()), float((new_res - ref_res).abs().max()))
     print(f"T={rows}, hidden={hidden}: {rows} programs, max |kernel - naive| = {err:.1e}")
-device_results("rmsnorm", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ### 3.2 silu_and_mul: a 2-D grid of tiles, and two loads from one row
@@ -229,7 +227,6 @@ for tokens, inter in ((1, 24), (5, 100)):
     gate_up = torch.randn(tokens, 2 * inter, generator=g).to(DEVICE)
     err = float((activation_kernels.silu_and_mul(gate_up) - silu_and_mul_naive(gate_up)).abs().max())
     print(f"T={tokens}, inter={inter}: max |kernel - naive| = {err:.1e}")
-device_results("silu_and_mul", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ### The picture: the online softmax's state, tile by tile
@@ -242,7 +239,7 @@ device_results("silu_and_mul", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if
 
 # %%
 row = torch.linspace(-6, 6, 40) + 0.5 * torch.randn(40, generator=g)  # scores of one query, rising
-online_softmax_state(row, block_n=8)  # stagewise/viz_kernels.py: the tile step in plain Python, drawn
+online_softmax_state(row, block_n=8)  # stagewise/viz/kernels.py: the tile step in plain Python, drawn
 
 # %% [markdown]
 # ## In vLLM (v0.11.0)
@@ -276,23 +273,34 @@ online_softmax_state(row, block_n=8)  # stagewise/viz_kernels.py: the tile step 
 #
 # ## Exercises
 #
-# Each task is a Triton kernel to complete and a check cell below it. The
-# launcher under each kernel is written for you; fill in the lines marked
-# `TODO`, then delete the launcher's `raise NotImplementedError` line. The check
-# runs your kernel (interpreted on a CPU, compiled on a GPU) and the naive
-# stage on small tensors of irregular sizes and prints **PASS**, **FAIL** with
-# the worst mismatch, or **not yet** while the launcher still raises.
+# Each task is a Triton kernel to complete and a check cell below it. Fill in
+# the lines marked `TODO` and delete each mark once its line is done. The check
+# takes the kernel itself and launches it the way the package's launchers do
+# (interpreted on a CPU, compiled on a GPU), on tensors of irregular sizes that
+# it owns; nothing but your kernel can write the result. Around every input,
+# and between the rows of a strided one, it puts NaN, and around the output a
+# sentinel: a load that your mask should have switched off reads NaN, a store
+# past the edge is found, and (in the interpreter) an access far outside every
+# tensor is stopped before it happens. So a wrong mask prints **FAIL**, never
+# stops the notebook. It prints **not yet** while `TODO` marks are left.
 # Solutions: `notebooks/solutions/nb12a.py`.
+# A check cell with `save=True` keeps your answer, once it passes, in
+# `notebooks/my_parts.py`: the capstone (notebook 16) builds your engine from
+# that file.
 #
 # **1. silu_and_mul, element-wise with a mask.** One program per (row, block of
-# `BLOCK` columns). Build the column offsets of this program's block, the mask
-# of the columns that exist (`inter` is no power of two), and the two loads:
-# the gate at `row * stride_in + cols`, the up half `inter` further on.
+# `BLOCK` columns). Build the mask of the columns that exist (`inter` is no
+# power of two) and the two loads: the gate at `row * stride_in + cols`, the up
+# half `inter` further on. The check launches it as
+# `my_silu_and_mul_kernel[(T, cdiv(inter, BLOCK))](gate_up_ptr=gate_up,
+# out_ptr=out, inter=inter, stride_in=gate_up.stride(0), BLOCK=16)`, once with
+# `gate_up` a view whose rows are further apart than `2 * inter`.
 
 # %%
-from stagewise.exercises import check  # noqa: E402
+from stagewise.exercises import check, result  # noqa: E402
 
 
+# %%
 @triton.jit
 def my_silu_and_mul_kernel(
     gate_up_ptr,  # [T, 2*inter]: gate in columns [0, inter), up in [inter, 2*inter)
@@ -310,25 +318,17 @@ def my_silu_and_mul_kernel(
     tl.store(out_ptr + row * inter + cols, out, mask=mask)
 
 
-def my_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    raise NotImplementedError("fill in the kernel's TODO lines, then delete this line")
-    tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
-    out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = 16
-    grid = (tokens, triton.cdiv(inter, block))
-    my_silu_and_mul_kernel[grid](gate_up, out, inter=inter, stride_in=gate_up.stride(0), BLOCK=block)
-    return out
-
-
 # %%
-check("12a.silu_and_mul", my_silu_and_mul)
+check("12a.silu_and_mul", my_silu_and_mul_kernel, save=True)
 
 # %% [markdown]
 # **2. rmsnorm, a row reduction.** One program per row; `BLOCK` is the next
 # power of two of `hidden`, so the whole row is one block and some lanes are
 # masked. Load the row (what must the masked lanes load so that they add
 # nothing?), compute the mean of the squares over the `hidden` real columns
-# (not over `BLOCK`), and store `x * rsqrt(mean + eps) * weight`.
+# (not over `BLOCK`), and store `x * rsqrt(mean + eps) * weight`. Launched as
+# `my_rmsnorm_kernel[(T,)](x_ptr=x, weight_ptr=weight, out_ptr=out,
+# hidden=hidden, stride_x=x.stride(0), eps=eps, BLOCK=next_power_of_2(hidden))`.
 
 
 # %%
@@ -351,16 +351,8 @@ def my_rmsnorm_kernel(
     tl.store(out_ptr + row * hidden + cols, x * tl.rsqrt(mean_square + eps) * w, mask=mask)
 
 
-def my_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    raise NotImplementedError("fill in the kernel's TODO lines, then delete this line")
-    out = torch.empty_like(x)
-    block = triton.next_power_of_2(x.shape[1])
-    my_rmsnorm_kernel[(x.shape[0],)](x, weight, out, hidden=x.shape[1], stride_x=x.stride(0), eps=eps, BLOCK=block)
-    return out
-
-
 # %%
-check("12a.rmsnorm", my_rmsnorm)
+check("12a.rmsnorm", my_rmsnorm_kernel, save=True)
 
 # %% [markdown]
 # **3. The online softmax's tile step.** One program per query row computes
@@ -370,7 +362,9 @@ check("12a.rmsnorm", my_rmsnorm)
 # the running max `m`, the running sum `l` and the running output `acc` from
 # the tile's scores `s [BLOCK_N]` and values `v [BLOCK_N, BLOCK_D]` (the
 # picture above). The masked keys of the last tile load `-inf`: what does
-# your step make of them?
+# your step make of them? Launched as `my_online_softmax_kernel[(M,)](...)`
+# with `BLOCK_D = next_power_of_2(d)`; in the interpreter the check also
+# records every load: each score must be read once, a tile at a time.
 
 
 # %%
@@ -400,38 +394,33 @@ def my_online_softmax_kernel(
     tl.store(out_ptr + row * dim + d, acc / l, mask=d < dim)
 
 
-def my_online_softmax(scores: torch.Tensor, values: torch.Tensor, block_n: int) -> torch.Tensor:
-    raise NotImplementedError("fill in the kernel's tile step, then delete this line")
-    rows, (num_keys, dim) = scores.shape[0], values.shape
-    out = torch.empty(rows, dim, dtype=torch.float32, device=scores.device)
-    block_d = triton.next_power_of_2(dim)
-    my_online_softmax_kernel[(rows,)](
-        scores.contiguous(), values.contiguous(), out, num_keys=num_keys, dim=dim, BLOCK_N=block_n, BLOCK_D=block_d
-    )
-    return out
-
-
 # %%
-check("12a.online_softmax", my_online_softmax)
+check("12a.online_softmax", my_online_softmax_kernel)
 
 # %% [markdown]
 # **4. On a GPU: time yours.** With a GPU the cell below times your
-# `silu_and_mul` against the project's kernel and the naive PyTorch path on a
-# SmolLM2-sized FFN activation (`[512, 2 * 1536]`, bf16): two launches of
+# `silu_and_mul` kernel against the project's kernel and the naive PyTorch path
+# on a SmolLM2-sized FFN activation (`[512, 2 * 1536]`, bf16): two launches of
 # PyTorch against one of a fused kernel. Without a GPU it says so: the
 # interpreter's times mean nothing.
 
-# %%
+# %% tags=["timing"]
 if ON_GPU:
     from triton.testing import do_bench
 
+    def my_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # the launch the check makes
+        tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
+        grid = (tokens, triton.cdiv(inter, 16))
+        my_silu_and_mul_kernel[grid](gate_up, out, inter=inter, stride_in=gate_up.stride(0), BLOCK=16)
+        return out
+
     gate_up = torch.randn(512, 2 * PRESETS["smollm2-135m"].intermediate_size, device=DEVICE, dtype=torch.bfloat16)
     paths = {"naive (PyTorch)": silu_and_mul_naive, "stagewise kernel": activation_kernels.silu_and_mul}
-    try:
-        my_silu_and_mul(gate_up)
+    if result("12a.silu_and_mul", my_silu_and_mul_kernel).passed:
         paths["yours"] = my_silu_and_mul
-    except NotImplementedError:
-        print("your silu_and_mul is still a stub: timing the other two")
+    else:
+        print("your silu_and_mul kernel does not pass its check yet: timing the other two")
     moved = 3 * gate_up.numel() // 2 * gate_up.element_size()  # read [T, 2I], write [T, I]
     for name, fn in paths.items():
         ms = do_bench(lambda fn=fn: fn(gate_up))

@@ -28,8 +28,7 @@
 #
 # Path: the GEMM -> FlashAttention -> paged attention -> split-K, each read,
 # pictured and checked -> every stage (the fused sampler included) and the
-# whole model against the naive tier -> measure (GPU only) or the committed
-# GPU results.
+# whole model against the naive tier -> measure (GPU only).
 #
 # **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): the whole-model check
 # generates 4 tokens instead of 8 (and a GPU times 10 repeats, not 30).
@@ -42,9 +41,9 @@ import numpy as np  # noqa: E402
 import torch
 
 import stagewise.kernels  # first: decides GPU or interpreter before any kernel is defined
-import stagewise.viz_kernels as vk  # the pictures, printing helpers and the stage comparison
+import stagewise.viz.kernels as vk  # the pictures, printing helpers and the stage comparison
 from stagewise import LLM, SamplingParams
-from stagewise.bench.stage_bench import StagesSettings, run_stages
+from stagewise.bench.commands.stages import StagesSettings, run_stages
 from stagewise.config import PRESETS, EngineConfig
 from stagewise.kernels import attention_common, split_k
 from stagewise.kernels import flash_attention as flash_kernels
@@ -52,10 +51,11 @@ from stagewise.kernels import matmul as matmul_kernels
 from stagewise.kernels import paged_attention as paged_kernels
 from stagewise.kernels.split_k import choose_num_splits, num_sms
 from stagewise.kernels.targets import gpu_target, launch_target
-from stagewise.models.forward_batch import ForwardBatch, NoKVCache
+from stagewise.kv.none import NoKVCache
+from stagewise.models.forward_batch import ForwardBatch
 from stagewise.stages import STAGES
 from stagewise.stages.attention_metadata import AttentionMetadata
-from stagewise.viz_kernels import show_source as show
+from stagewise.viz.kernels import show_source as show
 
 # %matplotlib inline
 
@@ -64,7 +64,6 @@ ON_GPU = stagewise.kernels.TRITON_MODE == "cuda"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 print(f"Triton runs on: {stagewise.kernels.TRITON_MODE}" + ("" if ON_GPU else " (correctness only, not speed)"))
 
-DEVICE_RUNS = vk.committed_device_checks()  # the project's committed GPU results, if any
 config, smol = PRESETS["tiny"], PRESETS["smollm2-135m"]  # tiny: shapes the interpreter runs in seconds
 here = launch_target(DEVICE)
 g = torch.Generator().manual_seed(1)
@@ -110,7 +109,6 @@ for m, k, n in ((37, 19, 33), (70, 40, 150)):
     )
     print(f"[{m}, {k}] @ [{k}, {n}] with tiles {plan}: {grid} programs; max |kernel - torch| = {err:.1e}")
 print(f"(on a GPU, M = 1 .. {matmul_kernels.DECODE_MAX_M} rows go to the split-K decode kernel, matmul_decode.py)")
-vk.device_results("matmul", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ## 2. FlashAttention: the inner loop
@@ -179,7 +177,6 @@ step = AttentionMetadata.build(q_lens, k_lens, DEVICE, k_starts=cu_k.tolist())  
 ref = STAGES["attention"].naive(q=q, k=k, v=v, metadata=step, scale=d**-0.5)
 out = flash_kernels.flash_attention(q, k, v, cu_q, cu_k, d**-0.5, max_q_len=max(q_lens))
 print(f"queries {q_lens} on keys {k_lens}: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")
-vk.device_results("flash_attention", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ## 3. Paged attention: the same loop, K/V through the block table
@@ -217,7 +214,6 @@ ref = STAGES["paged_attention"].naive(**pin)
 out = paged_kernels.paged_attention(**args, max_q_len=meta.max_q_len, max_seq_len=meta.max_seq_len)
 print(f"queries {np.diff(meta.cu_seqlens_q_host).tolist()} on cached lengths {meta.seq_lens_host}, "
       f"blocks shuffled: max |kernel - naive| = {float((out - ref).abs().max()):.1e}")  # fmt: skip
-vk.device_results("paged_attention", DEVICE_RUNS, ON_GPU)  # the committed GPU run, if any
 
 # %% [markdown]
 # ## 4. Split-K (flash decoding) and its reduction
@@ -244,10 +240,10 @@ show(split_k._split_k_reduce_kernel, start="token = tl.program_id(0)")
 #
 # When does the launcher split? `choose_num_splits` aims at a few programs per
 # SM and enough keys per split to pay for the merge. Its choices for decodes of
-# 8 KV heads (Llama 3 8B) on the committed device check's GPU, and here:
+# 8 KV heads (Llama 3 8B) on an H100 SXM, and here:
 
 # %%
-sms = next((r["sections"]["env"]["gpu"]["sms"] for r in DEVICE_RUNS.values()), 132)  # else an H100 SXM's count
+sms = 132  # streaming multiprocessors of an H100 SXM
 print(f"aim: {split_k.PROGRAMS_PER_SM} programs per SM, at least {split_k.MIN_KEYS_PER_SPLIT} keys per split, "
       f"at most {split_k.MAX_SPLITS} splits")  # fmt: skip
 for batch, keys in ((1, 4096), (2, 32768), (8, 4096), (64, 4096), (2, 300)):
@@ -295,7 +291,7 @@ vk.split_merge(m_part[0], l_part[0], ranges, f"split-K: one decode query (head 0
 #
 # Each stage's `example_inputs(config, num_tokens, device, dtype)` builds the
 # same seeded keyword arguments for both paths. `compare_stage`
-# (`stagewise/viz_kernels.py`) runs both on fresh copies with the tiny
+# (`stagewise/viz/kernels.py`) runs both on fresh copies with the tiny
 # config's shapes, at irregular token counts (1, 7, 33: a decode, and sizes
 # that are multiples of no tile), in float32 and bfloat16. It compares
 # tensors by their largest absolute difference over the reference's largest
@@ -362,18 +358,17 @@ print("paged engine, 3 requests: the naive, torch and triton tiers generate the 
 # %% [markdown]
 # ## 6. Measure: naive vs Triton speed, on a GPU
 #
-# `stagewise.bench.stage_bench.run_stages` times both paths of every stage at
+# `stagewise.bench.commands.stages.run_stages` times both paths of every stage at
 # a prefill and a decode shape, alternated after a warm-up, synchronized,
-# medians (`stagewise.bench.timing.compare`): on a GPU, here, on SmolLM2's
-# shapes in bfloat16. The cell also prints what the committed device check
-# (`benchmarks/gpu/README.md`) measured on its GPU, a reference run on
-# another machine: each kernel against its ceiling (the GPU's copy bandwidth
-# for a memory-bound kernel, cuBLAS or cuDNN for a compute-bound one).
+# medians (`stagewise.bench.harness.timing.compare`): on a GPU, here, on SmolLM2's
+# shapes in bfloat16. Without a GPU the cell says so: the interpreter's times
+# mean nothing.
 
-# %%
+# %% tags=["timing"]
 if ON_GPU:
     vk.print_stage_bench(run_stages(StagesSettings(prefill_tokens=512, decode_tokens=8, repeats=10 if QUICK else 30)))
-vk.print_device_checks(DEVICE_RUNS, ON_GPU)
+else:
+    print("no GPU here: the checks above prove the kernels right; timing them needs a GPU")
 
 # %% [markdown]
 # ## In vLLM (v0.11.0)

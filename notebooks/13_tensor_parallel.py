@@ -168,7 +168,7 @@ print(f"one 405B token in bf16: {l405.hidden_size} x 2 B = {l405.hidden_size * 2
 # rank 1 runs the same forward on its half. `tiny`'s query heads and KV heads
 # (printed below) split in half, one half per rank.
 
-# %%
+# %% tags=["timing"]
 tiny = PRESETS["tiny"]
 print(f"tiny: {tiny.num_heads} query heads, {tiny.num_kv_heads} KV heads, FFN {tiny.intermediate_size}")
 print(f"per rank at TP=2: {tiny.num_heads // 2} query heads, {tiny.num_kv_heads // 2} KV head(s), "

@@ -46,9 +46,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from stagewise import viz_stages
-from stagewise.bench.english_text import SOURCE, TEXT
-from stagewise.bench.perplexity import perplexity
+from stagewise.bench.commands.perplexity import perplexity
+from stagewise.bench.harness.english_text import SOURCE, TEXT
 from stagewise.calc.hardware import HARDWARE
 from stagewise.calc.roofline import analyze
 from stagewise.calc.weight_formats import FORMATS, get_format, uniform, weight_bytes_of
@@ -56,8 +55,9 @@ from stagewise.config import PRESETS
 from stagewise.models.files import smollm2_gguf_path
 from stagewise.models.gguf_loader import open_gguf
 from stagewise.models.registry import load_model
+from stagewise.quant.dequantize import dequantize_rows, unpack_codes
 from stagewise.stages import dequant_gemm
-from stagewise.stages.dequantize import dequantize_rows, unpack_codes
+from stagewise.viz import stages as viz_stages
 
 # %matplotlib inline
 
@@ -158,9 +158,9 @@ plt.show()
 #
 # `w = d * q + m`, in float32. llama.cpp's reference (`gguf.quants.dequantize`,
 # shipped with the `gguf` package) must give the same 32 numbers, and so must
-# the package's naive tier (`stages/dequantize.py`) reading the same block from
-# the loaded model, whose `w_down` is a `PackedWeight` holding the file's codes
-# and scales.
+# the block formula the package's naive tier reads (`quant/dequantize.py`), on
+# the same block of the loaded model, whose `w_down` is a `PackedWeight` holding
+# the file's codes and scales.
 
 # %%
 by_hand = np.float32(d) * q.astype(np.float32) + np.float32(m)  # [32]
@@ -189,9 +189,13 @@ plt.show()
 # * **naive**: dequantize every block to float32 (the formula above), then
 #   `x @ w`. Exact, and it writes and reads a whole float32 matrix: more bytes
 #   than a float32 model, not fewer.
-# * **torch**: PyTorch's stock CPU kernels that read the codes directly
+# * **torch**: PyTorch's stock kernel that reads the codes directly
 #   (`_weight_int4pack_mm_for_cpu` for 4 bits: scale and zero rounded to
-#   bfloat16, bfloat16 activations).
+#   bfloat16, bfloat16 activations). With `STAGEWISE_CPU_KERNELS=1` (and a C++
+#   compiler) it is a compiled kernel that works llama.cpp's way
+#   (`cpu/int8_dot.py`): the activations are rounded to int8 per block of 32
+#   too, so each block's dot product is an exact integer sum, done 32 products
+#   per instruction; faster, and it moves greedy near-ties more often.
 # * **triton**: one kernel that loads a tile of codes and their scales,
 #   expands it in registers and multiplies (`kernels/dequant_matmul.py`). On a
 #   CPU it runs in Triton's interpreter, so it is checked here on a slice of
@@ -200,7 +204,7 @@ plt.show()
 # One decode row through `w_down` (1536 -> 576), timed against a float32
 # matrix of the same numbers.
 
-# %%
+# %% tags=["timing"]
 stage = dequant_gemm.STAGE  # the stage record: naive, torch and triton tiers
 x = torch.randn(1, w_down.shape[0], generator=torch.Generator().manual_seed(0))  # [1, K]
 w_f32 = dequantize_rows(w_down).t().contiguous()  # [K, N] float32: the same numbers, 4 bytes each
@@ -220,7 +224,7 @@ exact = x @ w_f32  # [1, N]
 tiers = {"float32 x @ w": lambda: x @ w_f32, "naive": lambda: stage.naive(x=x, w=w_down),
          "torch": lambda: stage.torch(x=x, w=w_down)}  # fmt: skip
 for fn in tiers.values():
-    fn()  # warm-up (the torch tier builds its int4pack form once)
+    fn()  # warm-up (the torch tier builds its kernel's form of the codes once)
 timings = {name: best_ms(fn, repeats) for name, fn in tiers.items()}
 for name, fn in tiers.items():
     err = (fn() - exact).abs().max().item()
@@ -247,23 +251,26 @@ plt.show()
 # %% [markdown]
 # The naive tier's difference is summation order only (it multiplies the
 # same float32 numbers, laid out differently); the torch tier's is its
-# bfloat16 rounding. What to conclude from the times: the naive tier pays for
+# rounding of the activations (to bfloat16, or to int8 per block with the
+# opt-in compiled kernel). What to conclude from the times: the naive tier pays for
 # the expansion on every call. Whether the torch tier beats the float32
 # product on one matrix this small depends on the machine: the whole float32
 # matrix may sit in its caches, and then streaming bytes is not what limits a
 # call, while the per-call overhead of a kernel is. The lever shows at the size
 # of a model, where the weights do not fit in any cache: the bytes per token of
-# section 1, and the benchmark `python -m stagewise.bench.weight_formats`,
+# section 1, and the benchmark `python -m stagewise.bench.scripts.weight_formats`,
 # which times whole decode steps in both formats.
 
 # %% [markdown]
 # ## 5. What the rounding costs
 #
 # The naive tier reproduces the file's values exactly, so its logits are the
-# float32 model's, bit for bit. The torch tier rounds each group's scale and
-# zero to bfloat16 (8 bits of mantissa against float16's 11) and the
-# activations too, so its products differ a little, and now and then a near
-# tie between two tokens falls the other way. The measure that matters is the
+# float32 model's, bit for bit. The torch tier rounds the activations: to
+# bfloat16 along with each group's scale and zero (8 bits of mantissa against
+# float16's 11; PyTorch's int4 kernel), or, with the opt-in integer-dot kernel
+# (`STAGEWISE_CPU_KERNELS=1`), to 8-bit integers per block of 32 (one scale per
+# block, as llama.cpp does). Either way its products differ a little,
+# and now and then a near tie between two tokens falls the other way. The measure that matters is the
 # model's: the **perplexity** of a fixed text, exp of the mean of
 # -log p(next token), the same text through both tiers.
 
@@ -276,10 +283,11 @@ for tier, value in ppl.items():
 print(f"  torch / naive: {ppl['torch'] / ppl['naive'] - 1:+.3%}")
 
 # %% [markdown]
-# Rounding the scales and activations moves the perplexity by a fraction of a
-# percent; `stagewise bench perplexity` measures the whole text and the greedy
+# Rounding the activations moves the perplexity by a fraction of a percent;
+# `stagewise bench perplexity` measures the whole text and the greedy
 # agreement over several prompts (how many generated tokens equal the float32
-# model's before the first difference). The 4-bit format itself, the step from
+# model's before the first difference); `--backends torch,torch-stock` puts
+# the two roundings side by side. The 4-bit format itself, the step from
 # the original bfloat16 checkpoint to sixteen levels a block, happened when the
 # file was made; its cost is not in this comparison (both sides read the same
 # 4-bit numbers).
@@ -294,7 +302,7 @@ print(f"  torch / naive: {ppl['torch'] / ppl['naive'] - 1:+.3%}")
 #   `ops.ggml_mul_mat_a8` (MMQ), and otherwise `ops.ggml_dequantize` followed
 #   by a plain `x @ weight.T`: the naive tier, on a GPU.
 # * The same file's `GGUFEmbeddingMethod.embedding` gathers the token rows of a
-#   packed table and dequantizes only those, like `stages/dequantize.py`'s
+#   packed table and dequantizes only those, like `quant/dequantize.py`'s
 #   `gather_rows`. The CUDA kernels live in `csrc/quantization/gguf/`.
 #
 # ## Takeaways
@@ -352,6 +360,6 @@ check("14.dequant_q4_0", my_dequant_q4_0)
 # %% [markdown]
 # The tests that cover this notebook's stage, and its exercises run on the solutions:
 #
-#     .venv/bin/python -m pytest -q tests/stages/test_packed_weight.py tests/stages/test_dequant_gemm_torch.py
+#     .venv/bin/python -m pytest -q tests/quant/test_packed_weight.py tests/stages/test_dequant_gemm_torch.py
 #     .venv/bin/python -m pytest -q tests/calc/test_calc_weights.py tests/bench/test_perplexity.py
 #     .venv/bin/python -m pytest -q tests/exercises -k 14

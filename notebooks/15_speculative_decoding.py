@@ -41,24 +41,29 @@
 # what they cover (section "The seeds: the two source articles").
 
 # %%
+import contextlib
+import io
 import os
 
 import matplotlib.pyplot as plt
 import torch
 
-from stagewise import LLM, SamplingParams, viz_stages
-from stagewise.bench.spec import WORKLOADS
-from stagewise.bench.spec_steps import step_costs
+from stagewise import LLM, SamplingParams
+from stagewise.bench.commands.spec import WORKLOADS
+from stagewise.bench.commands.spec_steps import step_costs
 from stagewise.config import PRESETS, EngineConfig
 from stagewise.models.registry import load_model
 from stagewise.stages import STAGES
 from stagewise.trace.tracer import Tracer
+from stagewise.viz import stages as viz_stages
 
 # %matplotlib inline
 
 QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
 loaded = load_model("smollm2-135m", device="cpu")  # float32 weights on the CPU
 tok = loaded.tokenizer
+with contextlib.redirect_stderr(io.StringIO()):  # the first LLM() times this CPU's GEMM forms, once
+    LLM(loaded)
 
 # %% [markdown]
 # ## 1. What does a step of n query tokens cost?
@@ -69,11 +74,15 @@ tok = loaded.tokenizer
 # runs it). n = 1 is an ordinary decode step. If each extra row cost as much
 # as a whole step, the curve would follow the dashed line `n x decode`.
 
-# %%
+# %% tags=["timing"]
 rows = [1, 2, 5] if QUICK else [1, 2, 3, 5, 9, 17, 33]
 costs = step_costs(loaded, "torch", context=128, rows=rows, repeats=2 if QUICK else 10)
 for n in rows:
     print(f"{n:>2} rows: {costs[n]:7.1f} ms  ({costs[n] / costs[1]:.2f}x a decode step)")
+verify = costs[5] / costs[1]  # 4 guesses and the last real token
+cheap = verify < 1.5  # under half a decode step more for four more rows
+print(f"a verify step of 5 rows costs {verify:.2f}x a decode step here: "
+      + ("the extra rows are cheap" if cheap else "the extra rows are not cheap on this machine"))  # fmt: skip
 
 viz_stages.step_cost(rows, costs, "one sequence, 128 tokens of context (float32, torch tier)")
 plt.show()
@@ -250,9 +259,10 @@ plt.show()
 # %% [markdown]
 # ## Takeaways
 #
-# * A decode step is bound by reading the weights; a few more query rows in
-#   the same step cost little (measured in section 1), which is what
-#   speculative decoding spends.
+# * Where a decode step is bound by reading the weights, a few more query
+#   rows in the same step cost little, and that is what speculative decoding
+#   spends; section 1 measures the price of those rows on the machine at
+#   hand, and the gain is the expected tokens divided by that price.
 # * Expected tokens per step with acceptance a and k guesses:
 #   (1 - a^(k+1)) / (1 - a). Divide by the verify step's cost to get the
 #   speed-up; low acceptance calls for shorter guesses or none.

@@ -13,193 +13,173 @@
 # %% [markdown]
 # # 16 · Capstone: your engine
 #
-# Over notebooks 00-10 you wrote, one exercise at a time, every part of an
-# inference engine. This notebook puts them together and runs the real
-# SmolLM2 model on them:
+# Over notebooks 00-12a you wrote, one exercise at a time, the parts of an
+# inference engine. Here you write the engine itself: **one engine step**, the
+# loop every serving engine turns (the package's paged runner, vLLM's
+# `EngineCore.step`):
 #
-# | job | your function | written in |
+#     schedule -> build the batch -> forward -> sample -> settle
+#
+# and run it, on your parts, beside `LLM()`'s paged engine, comparing every
+# step. The parts it runs on, and where each comes from:
+#
+# | job | your answer | written in |
 # |---|---|---|
 # | the flat token batch | `cu_seqlens`, `positions` | 00 |
-# | embedding, RMSNorm (+ the residual add) | `embedding`, `rmsnorm`, `add_rmsnorm` | 02 |
+# | greedy sampling | `greedy` | 00 |
+# | embedding | `embedding` | 02 |
 # | GQA | `repeat_kv` | 03 |
 # | RoPE, on your own cos/sin cache | `cos_sin_cache`, `rope` | 04 |
-# | attention: a whole prompt, and one tile of the online softmax | `causal_attention`, `online_step` | 05 |
-# | the FFN | `ffn` | 06 |
-# | the paged KV cache: where each token's K/V live | `slot_mapping` | 09 |
-# | the block allocator | `allocate`, `free` | 09 |
-# | the prefix cache's lookup | `cached_prefix` | 09 |
+# | attention of a whole prompt | `causal_attention` | 05 |
+# | attention of a prompt chunk, one online-softmax tile at a time | `online_softmax` | 05 |
+# | attention of a decode token over its KV cache | `cached_attention` | 08 |
+# | the paged pool: where each token's K/V live | `slot_mapping` | 09 |
+# | the block allocator and the prefix-cache lookup | `allocate`, `free`, `cached_prefix` | 09 |
 # | the scheduler's step: budget, seats, chunks, preemption | `schedule` | 10 |
-# | greedy sampling | `greedy` | 00 |
+# | every RMSNorm, and the FFN's `silu(gate) * up` | your Triton kernels | 12a |
+# | **the engine step** | `my_engine_step` | here |
 #
-# The package contributes only the model's weights, its forward pass
+# The package contributes the model's weights, its forward pass
 # (`stagewise/models/llama.py`, which calls each stage through a stage-ops
-# object: here yours, `stagewise.exercises.capstone.StudentOps`) and the three
-# GEMMs (qkv, o, the LM head: the naive stages). No part of the package's
-# scheduler, block manager, KV cache or attention runs. The claim to check:
-# **your engine generates the same greedy tokens as `LLM()`**.
+# object: here yours, `stagewise/exercises/capstone.py`), the GEMMs of the
+# projections and the LM head (the naive stages), the pool's tensors, and the
+# glue that hands your `allocate` a request's cached prefix.
 #
-# Path: your parts, each checked again -> the engine assembled -> run on three
-# requests with a small token budget and a small pool of blocks (so chunks and
-# preemptions happen) -> the same tokens as `LLM()` -> two requests sharing a
-# prompt prefix, the second reusing the first's blocks through your lookup ->
-# the picture of the steps.
+# **Where your parts come from.** A check cell of notebooks 00-12a written
+# `check(..., save=True)` keeps your answer, once it passes, in
+# `notebooks/my_parts.py` (one file, yours, never committed). This notebook
+# reads that file and nothing else; the shipped solutions
+# (`notebooks/solutions/`) fill the parts you have not written only when you
+# ask, and every table below says which part is whose.
 #
-# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`): 3 new tokens per request
-# instead of 8.
+# Path: your parts -> the engine step, explained -> what `LLM()`'s engine does
+# on the check's workload, pictured -> the prefix cache -> your step, checked.
+#
+# **Quick mode** (`STAGEWISE_NOTEBOOK_QUICK=1`) changes nothing here.
 
 # %%
 import os
-import time
-from pathlib import Path
 
-os.environ.setdefault("STAGEWISE_QUIET", "1")  # no Triton kernel runs here: no notice about its CPU interpreter
-import torch  # noqa: E402
-
-from stagewise import LLM, SamplingParams
-from stagewise.exercises import result
-from stagewise.exercises.capstone import PARTS, StudentEngine, StudentParts, load_solutions
-from stagewise.models.registry import load_model
-from stagewise.viz_engine import steps_chart
+os.environ.setdefault("STAGEWISE_QUIET", "1")  # your kernels run in Triton's interpreter without a GPU: no notice
+from stagewise.exercises.capstone import PARTS  # noqa: E402
+from stagewise.exercises.capstone_checks import ENGINE, PREFIX, STEP, assemble, reference_steps  # noqa: E402
+from stagewise.exercises.engine_checks import tiny_model  # noqa: E402
+from stagewise.viz.engine import steps_chart  # noqa: E402
 
 # %matplotlib inline
 
-QUICK = os.environ.get("STAGEWISE_NOTEBOOK_QUICK") == "1"
-torch.set_num_threads(1)  # one thread: the engine's Python loops, not the GEMMs, set the pace here
-loaded = load_model("smollm2-135m", device="cpu")  # float32 on the CPU: exact comparisons
-tok = loaded.tokenizer
+USE_SOLUTIONS = False  # True: the shipped solutions fill every part you have not written (and say so)
+loaded = tiny_model()  # same architecture as SmolLM2, random weights: tokens are not words, but exact
 
 # %% [markdown]
 # ## 1. Your parts
 #
-# `notebooks/solutions/` holds a solved version of every exercise; the cell
-# below starts from those. To run **your** engine, paste your functions from
-# the other notebooks into a cell and replace the entries, e.g.
-# `solved["10.schedule_step"] = my_schedule`. Every part is checked again
-# first, with the same check as in its notebook: an engine built from a part
-# that fails its check would generate garbage, or nothing.
+# What `my_parts.py` holds, part by part (a missing file means nothing is
+# kept yet: run the check cells of the earlier notebooks).
 
 # %%
-solved = load_solutions(Path("solutions"))
-# solved["02.rmsnorm"] = my_rmsnorm  # <- yours, once it passes in notebook 02
-verdicts = {check: result(check, solved[check]) for check in PARTS.values()}
-for part, check in PARTS.items():
-    print(f"{part:>16}  {verdicts[check].line()}")
-assert all(v.passed for v in verdicts.values()), "fix the failing parts first"
+mine = assemble(None, use_solutions=USE_SOLUTIONS)
+for role, name in PARTS.items():
+    print(f"{role:>19}  {name:<20} {mine.whose[name]}")
+yours = [name for name, who in mine.whose.items() if who == "yours" and name != STEP]
+if not yours:
+    print("\nnothing is yours yet: no answer is kept in my_parts.py (the check cells with save=True keep them)")
+else:
+    print(f"\n{len(yours)} of {len(PARTS)} parts are yours")
 
 # %% [markdown]
-# ## 2. The engine, assembled
+# ## 2. The engine step
 #
-# `StudentEngine` keeps a paged pool of K/V blocks per layer and runs this
-# loop until every request is done:
+# Your step is a function `my_engine_step(engine, running, waiting)` that runs
+# one step and returns the tokens it sampled, `[(request_id, token), ...]`.
+# `running` (a list) and `waiting` (a deque) hold `Seq`s: `request_id`,
+# `token_ids` (the prompt, then the generated tokens), `num_tokens`,
+# `num_computed_tokens` (tokens whose K/V are in the pool), `max_tokens`
+# and `generated`. `engine.seqs[request_id]` finds one. The five moves:
 #
-# 1. **schedule**: your `schedule(running, waiting, budget, max_num_seqs,
-#    allocate, free)`, with `allocate` and `free` your block allocator over
-#    the pool's free queue; a request's first `allocate` starts from the
-#    blocks your `cached_prefix` finds (section 4);
-# 2. **batch**: the scheduled tokens of every request, flattened by your
-#    `cu_seqlens` and `positions`;
-# 3. **forward**: the model's 30 blocks on your stage functions; in every
-#    layer, the new K/V are stored at your `slot_mapping`'s slots and read back
-#    through the block table; a whole prompt goes through your
-#    `causal_attention`, a prompt chunk or a decode token through your
-#    `online_step`, tile by tile, over the cached keys;
-# 4. **sample**: your `greedy`, for each request whose step reached its last
-#    token; a request with all its tokens leaves, and its blocks go back to
-#    the free queue through your `free`.
+# 1. **schedule**: `engine.parts.schedule(running, waiting, engine.budget,
+#    engine.seats, engine.allocate, engine.free)`, your notebook-10 scheduler,
+#    with `engine.allocate` and `engine.free` your notebook-09 allocator over
+#    the pool. A request admitted with a cached prefix comes back with
+#    `num_computed_tokens` already past its hits: of the `n` tokens the
+#    scheduler gave it, only `min(n, num_tokens - num_computed_tokens)` are
+#    left to compute.
+# 2. **build the batch**: every scheduled request's next tokens, flattened
+#    into one list of ids, with `engine.parts.positions` and
+#    `engine.parts.cu_seqlens` (notebook 00).
+# 3. **forward**: `engine.forward(seqs, counts, ids, positions, cu_seqlens)`:
+#    the model on your stages and kernels; it stores the batch's K/V at your
+#    slots and returns `logits [B, vocab]`, one row per request (its last
+#    token).
+# 4. **sample**: `engine.parts.greedy(logits)`, one token per request, kept
+#    only where the step reached the request's last token (a prompt chunk
+#    samples nothing).
+# 5. **settle**: add what was computed to `num_computed_tokens`, name the
+#    request's full blocks for the prefix cache (`engine.name_blocks(seq)`),
+#    record each sampled token (`generated`, and `token_ids` while more are to
+#    come); a request with all its tokens leaves `running`, and its blocks go
+#    back through `engine.free`.
 #
-# Three requests, at most 2 running at once, 8 tokens per step, blocks of 4
-# tokens and a pool just large enough for the largest request alone: two
-# requests together do not fit, so your scheduler must preempt.
+# The check runs your step and `LLM()`'s paged engine in lockstep, with the
+# same seats, budget and pool, and after every step compares: the tokens each
+# request computed, the budget, who runs and who waits (in order), the blocks
+# each request holds, the tokens sampled. The first difference is a FAIL that
+# names the step; a step that runs no forward pass while `LLM()`'s computes is
+# a FAIL saying your engine stalled there.
+#
+# ## 3. What `LLM()`'s engine does on the check's workload
+#
+# The check's first workload: four requests, two seats, a budget of a few
+# tokens per step and a pool the largest request just fills alone (the
+# printed limits), so prompts are chunked, requests wait for seats, and
+# requests running together outgrow the pool and are preempted. One bar per
+# step, one colour per request: the tokens `LLM()`'s paged engine computed.
+# Your engine must take exactly these steps.
 
 # %%
-prompts = ["The capital of France is", "Once upon a time, a small robot", "1, 2, 3, 4,"]
-prompt_ids = [tok.encode(p) for p in prompts]
-new_tokens = 3 if QUICK else 8
-num_blocks = max(-(-(len(p) + new_tokens) // 4) for p in prompt_ids)  # the largest request just fits alone
-engine = StudentEngine(loaded, StudentParts.of(solved), num_blocks=num_blocks, block_size=4, budget=8, seats=2)
-t0 = time.perf_counter()
-yours = engine.generate(prompt_ids, new_tokens)
-took = time.perf_counter() - t0
-print(f"prompts of {[len(p) for p in prompt_ids]} tokens, {new_tokens} new tokens each, {num_blocks} blocks: "
-      f"{len(engine.steps)} steps, {engine.preemptions} preemptions, {took:.1f} s")  # fmt: skip
-print("stage calls answered by your functions:", engine.ops.calls)
+print(f"{len(ENGINE.prompts)} requests of {ENGINE.max_tokens} new tokens, {ENGINE.seats} seats, "
+      f"{ENGINE.budget} tokens per step, {ENGINE.num_blocks} blocks of {ENGINE.block_size}")  # fmt: skip
+target, _ = reference_steps(loaded, ENGINE)
+steps_chart(target, f"LLM()'s paged engine: {len(target)} steps your engine must reproduce", budget=ENGINE.budget)
 
 # %% [markdown]
-# ## 3. Check: the same tokens as `LLM()`
+# A preempted request comes back later with its prompt *and* the tokens it had
+# generated, all recomputed: its bar after a preemption is taller than a
+# decode.
 #
-# The package's engine (`mode="paged"`: its scheduler, block manager, paged
-# attention and sampler; `backend="naive"`, the reference tier of every
-# stage) on the same prompts, greedy, no stop token:
-
-# %%
-llm = LLM(loaded, mode="paged", backend="naive")
-params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-reference = [out.token_ids for out in llm.generate(prompts, params)]
-for prompt, mine, ref in zip(prompts, yours, reference):
-    print(f"{prompt!r} -> {tok.decode(mine)!r}  ({'same' if mine == ref else 'DIFFERENT'} tokens)")
-assert yours == reference, f"your engine: {yours}\nLLM():       {reference}"
-print("your engine generates LLM()'s greedy tokens")
-
-# %% [markdown]
-# ## 4. A shared prompt prefix: your lookup
+# ## 4. A shared prompt prefix
 #
-# After each step the engine names every full block of a request's computed
-# tokens by its chained hash (`hash((parent, block's tokens))`, the hash 09's
-# check uses) in a dict `cached: hash -> block id`. A freed block keeps its
+# After each step your settle names every full block of a request's computed
+# tokens by its chained digest (`block_digest(parent, block's tokens)`, the one
+# 09's check uses) in `engine.cached: digest -> block id`; a freed block keeps its
 # name until your `allocate` hands it to someone else. When a request is
-# admitted, the engine asks your `cached_prefix(token_ids, block_size, cached)`
-# for the longest cached prefix, takes a shared reference on those blocks and
-# counts their tokens as computed: the step computes only the rest. (Your
-# `schedule` does not know about the cache: it charged the whole prompt to
-# the token budget. vLLM's scheduler asks for the hits first, and charges
-# only the rest.)
-#
-# Two requests with the same opening sentence and one seat: the second starts
-# after the first has finished and freed its blocks, which are still cached.
+# admitted, the engine asks your `cached_prefix` for the longest cached prefix,
+# takes a shared reference on those blocks and counts their tokens as
+# computed. The check's second workload: two requests with the same opening
+# sentence and one seat, so the second starts after the first has finished
+# and freed its blocks, which are still named:
 
 # %%
-opening = "The capital of France is Paris. The capital of Spain is Madrid. The capital of"
-shared = [opening + " Italy is", opening + " Germany is"]
-shared_ids = [tok.encode(p) for p in shared]
-common = next(i for i, (a, b) in enumerate(zip(*shared_ids)) if a != b)  # tokens the two prompts share
-engine2 = StudentEngine(loaded, StudentParts.of(solved), num_blocks=32, block_size=4, budget=64, seats=1)
-yours2 = engine2.generate(shared_ids, new_tokens)
-first_steps = {rid: n for rid, n in reversed([x for step in engine2.steps for x in step])}  # each one's first step
-for rid, ids in zip(["r0", "r1"], shared_ids):
-    print(f"{rid}: prompt of {len(ids)} tokens, {engine2.reused[rid]} found in the cache, "
-          f"{first_steps[rid]} computed in its first step")  # fmt: skip
-print(f"the prompts share {common} tokens: {common // 4} full blocks of 4")
-reference2 = [out.token_ids for out in llm.generate(shared, params)]
-assert engine2.reused["r1"] == common // 4 * 4 > 0 and yours2 == reference2
-print("the second request reused the first's blocks, and both generate LLM()'s greedy tokens")
+shared, reused = reference_steps(loaded, PREFIX)
+first = {rid: n for rid, n in reversed([x for step in shared for x in step])}  # each one's first step
+for rid, prompt in zip(["r0", "r1"], PREFIX.prompts):
+    print(f"{rid}: a prompt of {len(loaded.tokenizer.encode(prompt))} tokens, {reused[rid]} found in the cache, "
+          f"{first[rid]} computed in its first step")  # fmt: skip
 
 # %% [markdown]
-# A block is found only when every block before it is too (the hash is
-# chained: it names the whole prefix, not one block's tokens), and never the
-# block holding the prompt's last token, whose logits the request still needs.
-# The tokens match `LLM()`'s because a cached block holds exactly the K/V the
-# second request would have computed: same tokens, same positions.
+# The second request's first step computes fewer tokens than its prompt holds:
+# the rest were found in the cache. A block is found only when every block
+# before it is too (the digest is chained: it names the whole prefix), and never
+# the block holding the prompt's last token, whose logits the request needs.
 #
-# ## 5. The picture: what your scheduler did
-#
-# One bar per engine step, one colour per request: the tokens your scheduler
-# gave it. Prompts are cut into chunks where the budget runs out; a request
-# preempted by recompute comes back later with its prompt *and* the tokens it
-# had generated, all recomputed.
-
-# %%
-steps_chart(engine.steps, f"your engine: {len(prompts)} requests, {engine.preemptions} preemptions", budget=8)
-
-# %% [markdown]
 # ## In vLLM (v0.11.0)
 #
 # The same loop in vLLM's V1 engine:
 #
 # * `vllm/v1/engine/core.py`, `EngineCore.step`: schedule, execute the model,
-#   update from its output — this notebook's loop.
+#   update from its output — your step.
 # * `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule` and
-#   `Scheduler.update_from_output` (your `schedule` and the bookkeeping after
-#   the forward pass).
+#   `Scheduler.update_from_output` (your `schedule`, and your settle).
 # * `vllm/v1/core/kv_cache_manager.py`, `KVCacheManager.allocate_slots` and
 #   `vllm/v1/core/block_pool.py`, `BlockPool` (your `allocate` and `free`);
 #   `KVCacheManager.get_computed_blocks`, called by the scheduler before it
@@ -211,32 +191,46 @@ steps_chart(engine.steps, f"your engine: {len(prompts)} requests, {engine.preemp
 #
 # ## Takeaways
 #
-# * An inference engine is a loop of four jobs — schedule, batch, forward,
-#   sample — over two data structures: the requests' token counts and the
-#   pool of KV blocks. You wrote every one of them.
+# * An inference engine is a loop of five moves — schedule, build the batch,
+#   forward, sample, settle — over two data structures: the requests' token
+#   counts and the pool of KV blocks.
 # * The forward pass never knows about requests: it sees a flat batch,
 #   positions, and a KV layout (the slots and the block table). The scheduler
 #   never sees a tensor. That separation is what lets continuous batching,
 #   chunked prefill and preemption change nothing in the model.
-# * Greedy decoding makes the whole engine checkable: the tokens must equal
-#   the package's, request by request, whatever the scheduler decided.
+# * Greedy decoding makes the whole engine checkable: every step's decisions
+#   and tokens must equal the package's, request by request.
 #
 # ## Exercises
 #
-# The capstone's exercise is the engine itself: replace the solutions one part
-# at a time with your own functions (the cell of section 1), rerun, and keep
-# going until every part is yours and the tokens still match. The checks each
-# part must pass first, the same as in its notebook:
+# **1. Write the engine step** (section 2), then run the checks below. They
+# run your step on your parts from `my_parts.py`: a part you have not kept
+# yet makes them say **not yet**, naming it. To try your step before every
+# part is yours, set `USE_SOLUTIONS = True` in the first cell: the shipped
+# solutions then fill the missing parts, and the table of section 1 says so.
+# Solutions: `notebooks/solutions/nb16.py`.
 
 # %%
 from stagewise.exercises import check  # noqa: E402
 
-check("10.schedule_step", solved["10.schedule_step"])
+
+def my_engine_step(engine, running, waiting) -> list[tuple[str, int]]:
+    raise NotImplementedError
+
 
 # %%
-check("09.allocate", solved["09.allocate"])
+capstone = assemble(my_engine_step, use_solutions=USE_SOLUTIONS)
+solution_parts = [name for name, who in capstone.whose.items() if who == "solution"]
+if solution_parts:
+    print(f"from the shipped solutions, not yours: {', '.join(solution_parts)}")
+check("16.engine", capstone)
+
+# %%
+check("16.shared_prefix", capstone)
 
 # %% [markdown]
-# The tests that cover this notebook, and the engine run on the solutions with the tiny model:
+# The tests that cover this notebook: the engine of the solutions, and wrong
+# parts that must fail (a scheduler that ignores the seats, an allocator that
+# refuses exact fits, an engine that stalls):
 #
-#     .venv/bin/python -m pytest -q tests/exercises -k "capstone or 09 or 10"
+#     .venv/bin/python -m pytest -q tests/exercises/test_capstone.py

@@ -1,5 +1,7 @@
 """Solutions to the exercises of notebook 09 (paged KV cache)."""
 
+from stagewise.kv.block_manager import block_digest
+
 
 def my_blocks_needed(num_tokens: int, block_size: int) -> int:
     return (num_tokens + block_size - 1) // block_size
@@ -35,7 +37,7 @@ def my_cached_prefix(token_ids, block_size, cached):
     usable = (len(token_ids) - 1) // block_size  # full blocks before the last token
     hits, parent = [], None
     for start in range(0, usable * block_size, block_size):
-        parent = hash((parent, tuple(token_ids[start : start + block_size])))  # chained: names the prefix
+        parent = block_digest(parent, token_ids[start : start + block_size])  # chained: names the prefix
         if parent not in cached:
             break
         hits.append(cached[parent])
