@@ -23,14 +23,18 @@ CI_CASES = [  # the last field: the K-quant dequantize-GEMMs compiled (the full 
 ]
 
 
-@pytest.fixture(scope="module")
-def gate_rows():
+def test_ci_subset_compiles_clean_with_real_numbers():
+    """One test, so the subset is compiled once: a module fixture is built again in every xdist
+    worker that runs one of its tests (each build ~100 s on 2 cores)."""
     from stagewise.devtools.compile_gate import Case, run_gate
 
-    return run_gate([Case(*c) for c in CI_CASES], workers=2)
+    rows = run_gate([Case(*c) for c in CI_CASES], workers=2)
+    passes_the_gate(rows)
+    sees_tensor_cores_and_real_numbers(rows)
+    compiles_a_k_quant_dequantize_gemm(rows)
 
 
-def test_ci_subset_passes_the_gate(gate_rows):
+def passes_the_gate(gate_rows):
     from stagewise.devtools.compile_gate import findings
 
     assert gate_rows, "the gate compiled nothing"
@@ -39,7 +43,7 @@ def test_ci_subset_passes_the_gate(gate_rows):
     assert not problems, "compile gate findings:\n" + "\n".join(problems)
 
 
-def test_gate_sees_tensor_cores_and_real_numbers(gate_rows):
+def sees_tensor_cores_and_real_numbers(gate_rows):
     """The numbers come from ptxas and the compiled kernel: tensor-core dots in bf16, none in element-wise kernels."""
     by_kernel = {(r.kernel, r.case.capability): r for r in gate_rows}
     assert by_kernel[("matmul", 90)].result["tensor_cores"]
@@ -51,7 +55,7 @@ def test_gate_sees_tensor_cores_and_real_numbers(gate_rows):
     assert all(0 < r.result["registers"] <= 255 for r in gate_rows if not r.result.get("error"))
 
 
-def test_a_k_quant_dequantize_gemm_is_compiled(gate_rows):
+def compiles_a_k_quant_dequantize_gemm(gate_rows):
     """q6_k's launch (int8 codes, float32 scales, groups of 16) builds for sm_90 in CI; the others
     are in the full sweep (benchmarks/compile_gate.md)."""
     k_rows = [r for r in gate_rows if r.kernel == "dequant_matmul" and "q6_k" in r.label]

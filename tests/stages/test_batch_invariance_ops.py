@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stagewise.quant.dequantize import dequantize
 from stagewise.quant.quantize import quantize
 from stagewise.stages import (
     attention,
@@ -172,15 +173,35 @@ def test_a_bfloat16_weight_copy_is_row_invariant(stock_kernels):
     assert_invariant(distinct_results(run), "bf16 copy [2048, 40]")
 
 
-def test_a_wide_bfloat16_copy_is_row_invariant_and_plain_f_linear_is_not(stock_kernels):
-    """oneDNN's bf16 `F.linear` takes another kernel for one row from K = 2048 (at this N)."""
+def wide_bf16_copy():
     w = quantize(probe_of(2048, 3000, seed=7) / 8, "q8_0")  # 3000 % 16 != 0: a bf16 copy
     assert dequant_gemm_torch.form_name(w) == "bf16"
-    probe, ms = probe_of(2048), (1, 2, 3, 4, 5, 8, 16)
+    return w, probe_of(2048)
+
+
+def test_a_wide_bfloat16_copy_is_row_invariant(stock_kernels):
+    """K = 2048, where oneDNN's bf16 `F.linear` may take another kernel for one row: padded rows."""
+    w, probe = wide_bf16_copy()
     run = lambda m, s: dequant_gemm_torch.gemm(rows_with_probe(m, s, probe, 80), w)[s]  # noqa: E731
-    assert_invariant(distinct_results(run, ms, threads=(2,)), "bf16 copy [2048, 3000]")
-    variant = lambda m, s: dequant_gemm_torch.gemm_variant(rows_with_probe(m, s, probe, 80), w)[s]  # noqa: E731
-    assert len(distinct_results(variant, (1, 2), threads=(2,))) > 1, "the sweep sees no difference"
+    assert_invariant(distinct_results(run, (1, 2, 3, 4, 5, 8, 16), threads=(2,)), "bf16 copy [2048, 3000]")
+
+
+def test_the_sweep_sees_a_bfloat16_product_whose_k_order_depends_on_m(stock_kernels):
+    """The negative control at this shape. oneDNN picks its bf16 `F.linear` kernel by the CPU's
+    instruction set: on AVX-512 machines one row and two rows part from K = 2048, on AVX2-only ones
+    they may not, so the control cannot be borrowed from it. A product that sums K in two halves
+    for a single row (what a kernel chosen by M does) must be seen; the padded path above holds
+    on both kinds of CPU."""
+    w, probe = wide_bf16_copy()
+    wb = dequantize(w).to(torch.bfloat16).float()  # [K, N], the bf16 copy's values
+
+    def by_m(m, s):
+        x = rows_with_probe(m, s, probe, 80).to(torch.bfloat16).float()  # [m, K]
+        if m == 1:
+            return (x[:, :1024] @ wb[:1024] + x[:, 1024:] @ wb[1024:])[s]  # two halves of K, then added
+        return (x @ wb)[s]
+
+    assert len(distinct_results(by_m, (1, 2), threads=(2,))) > 1, "the sweep sees no difference"
 
 
 # ---- the float32 GEMM: the torch tier's forms, padded ----
