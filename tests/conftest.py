@@ -27,11 +27,13 @@ if not torch.cuda.is_available():  # Triton kernels run in the CPU interpreter, 
 # Under pytest-xdist the cores are shared between the workers: one torch thread each, so they do not oversubscribe
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
-# ... and the processes the tests start (a notebook's kernel, the CLI, a server) get the same share by
-# default: with every core's worth of OpenMP threads in each, they spin on cores the other workers hold
-# (a notebook that takes 19 s alone took 150-190 s beside another worker's)
-for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_name, str(torch.get_num_threads()))
+# ... and the processes the tests start (a notebook's kernel, the CLI, a server) get the same share:
+# with every core's worth of OpenMP threads in each, they spin on cores the other workers hold (a
+# notebook that takes 19 s alone took 150-190 s beside another worker's). Set in each worker, not in
+# the controller, whose environment the workers inherit
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_name] = str(torch.get_num_threads())
 
 
 @pytest.fixture
