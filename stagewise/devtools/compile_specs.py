@@ -165,7 +165,8 @@ def _dequant_matmul(
     args.update(stride_os=m * n if partials else 0, stride_om=n, stride_on=1, INTERPRETED=False)
     constexprs = dict(BITS=bits, OFFSET=offset, HAS_MINS=has_mins, GROUP=group, SERIAL=serial, **_precision(dtype))
     tiles = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
-    config = triton.Config(tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    stages = dq.launch_stages(cfg, serial, bits == 8 and has_mins)
+    config = triton.Config(tiles, num_warps=cfg.num_warps, num_stages=stages)
     plan = LaunchPlan("dequant_matmul", constexprs, (config,))
     name = f"{label} {kind}" + (f" (split-K {splits}{', serial' if serial else ''})" if splits > 1 else "")
     return Launch("dequant_matmul", name, "stagewise.kernels.dequant_matmul", "_dequant_matmul_kernel", args, plan)

@@ -217,6 +217,10 @@ GPU_DECODE_TILE = {2: (64, 64, 8, 3), 4: (32, 32, 4, 2)}  # (block_n, block_k, w
 # 8-bit codes with a minimum (q5_k) load a second [BLOCK_K, BLOCK_N] tile per step: at 3 stages the
 # 16-bit decode tile spills 12 bytes a thread on sm_90 (the compile gate); 2 stages do not (92 regs)
 MINS_8BIT_DECODE_STAGES = 2
+# ... and a SERIAL walk (batch-invariant, more than 16 rows) carries one more [16, BLOCK_N] partial:
+# at 2 stages SmolLM2's q5_k gate_up spills 52 bytes a thread on sm_90 in 16-bit; 1 stage does not.
+# Stages only pipeline the loads: no sum changes order, so the row keeps the decode launch's bits
+MINS_8BIT_SERIAL_STAGES = 1
 PROGRAMS_PER_SM = 2  # decode: split K until about this many programs per SM
 
 
@@ -242,6 +246,12 @@ def dequant_config(
     wanted = max(1, min(16, -(-PROGRAMS_PER_SM * sms // -(-n // block_n))))
     _, splits = split_plan(k, block_k, wanted)
     return DequantConfig(16, block_n, block_k, splits, warps, stages)
+
+
+def launch_stages(cfg: DequantConfig, serial: bool, mins_8bit: bool) -> int:
+    """The pipeline depth of a launch: the config's, fewer for a SERIAL walk over 8-bit codes with
+    a minimum (MINS_8BIT_SERIAL_STAGES)."""
+    return min(cfg.num_stages, MINS_8BIT_SERIAL_STAGES) if serial and mins_8bit else cfg.num_stages
 
 
 def dequant_matmul(
@@ -347,6 +357,8 @@ def dequant_launch(
     )
     tiles_m = -(-m // cfg.block_m)
     options["SERIAL"] = serial = tiles_m > 1 and splits > 1
+    if config is None:
+        options["num_stages"] = launch_stages(cfg, serial, mins_8bit)
     grid = (tiles_m, -(-n // cfg.block_n), 1 if serial else splits)
     return grid, (k_per_split, splits), options
 
