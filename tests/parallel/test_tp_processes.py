@@ -128,8 +128,8 @@ if __name__ == "__main__":
 """
 
 
-def test_ctrl_c_twice_ends_every_rank_and_the_next_call_refuses_at_once(tmp_path):
-    """Two Ctrl-C 0.3 s apart: the second lands in the first one's cleanup; no 60 s collective timeout."""
+def _ctrl_c_twice(tmp_path) -> tuple[list[str], float]:
+    """Run TWICE, press Ctrl-C twice 0.3 s apart: (its output lines, seconds from Ctrl-C to exit)."""
     proc = subprocess.Popen(
         [sys.executable, str(_script(tmp_path, TWICE))],
         cwd=tmp_path,
@@ -148,12 +148,28 @@ def test_ctrl_c_twice_ends_every_rank_and_the_next_call_refuses_at_once(tmp_path
     out, err = proc.communicate(timeout=90)
     took = time.monotonic() - start
     assert proc.returncode == 0, err
+    assert took < 10, f"{took:.1f} s from Ctrl-C to exit"  # ~2 s here: 1.5 s of it the script's own sleep
     lines = out.splitlines()
     assert lines[0] == "interrupted", out
-    m = re.fullmatch(r"next call ([\d.]+) s TensorParallelError: (.*)", lines[1])
-    assert m and "create a new LLM" in m.group(2), out
-    assert float(m.group(1)) < 0.5, out  # refused at once, not after the collective timeout
-    assert took < 10, f"{took:.1f} s from Ctrl-C to exit"  # ~2 s here: 1.5 s of it the script's own sleep
+    return lines, took
+
+
+def test_ctrl_c_twice_ends_every_rank_and_the_next_call_refuses_at_once(tmp_path):
+    """Two Ctrl-C 0.3 s apart: the second lands in the first one's cleanup; no 60 s collective timeout.
+
+    A Ctrl-C that lands between two steps (rank 0 sampling or scheduling, no collective under way)
+    interrupts only rank 0's Python: the ranks are intact and the next call runs, as it should. The
+    case under test is a Ctrl-C inside a step, so the run is repeated (up to 4 times) until one
+    lands there; every run must exit promptly either way."""
+    for _ in range(4):
+        lines, _took = _ctrl_c_twice(tmp_path)
+        if lines[1] == "next call ran":  # landed between steps: the ranks were never in a collective
+            continue
+        m = re.fullmatch(r"next call ([\d.]+) s TensorParallelError: (.*)", lines[1])
+        assert m and "create a new LLM" in m.group(2), lines
+        assert float(m.group(1)) < 0.5, lines  # refused at once, not after the collective timeout
+        return
+    pytest.fail("4 runs, and no Ctrl-C landed inside a step")
 
 
 KILLED = """\

@@ -42,13 +42,16 @@ def complete(url: str, prompt: str, max_tokens: int) -> None:
     assert res.status_code == 200, res.text
 
 
-def charts_hold(driver, hub: ViewHub) -> dict:
-    """Wait until the page holds exactly the server's steps, drawn in the budget chart; -> what it shows.
-    (The server's are read at each look: the last step of a request is published just after its answer.)"""
+def charts_hold(driver, hub: ViewHub, points: int | None = None) -> dict:
+    """Wait until the page holds exactly the server's steps, drawn in the budget chart, and (if given)
+    `points` tokens in the latency chart; -> what it shows. (The server's steps are read at each look:
+    the last step of a request is published just after its answer, so the page and the server can
+    agree one step early; the token count says when every step of the requests so far is in.)"""
 
     def check():
         page, want = driver.execute_script(CHARTS), [s["step"] for s in hub.history()]
-        return page if page["history"] == want and page["budget_steps"] == want else None
+        drawn = points is None or page["points"] == points
+        return page if page["history"] == want and page["budget_steps"] == want and drawn else None
 
     try:
         return wait_until("the page to hold the server's steps", check)
@@ -66,22 +69,22 @@ def test_page_opened_late_keeps_the_history_across_reload_and_reconnect(browser,
                 complete(server.url, prompt, 5)
 
             browser.get(server.url + "/")  # opened after the requests ran: every step is there
-            page = charts_hold(browser, hub)
+            page = charts_hold(browser, hub, points=10)
             ran = page["history"]
             assert len(ran) >= 10 and page["step"] == str(ran[-1]) and page["points"] == 10  # 2 requests x 5 tokens
 
             complete(server.url, "eight nine", 3)  # a new request: its steps extend the history
-            more = charts_hold(browser, hub)["history"]
+            more = charts_hold(browser, hub, points=13)["history"]
             assert more[: len(ran)] == ran and len(more) > len(ran)
 
             browser.refresh()  # F5 on the projector
-            page = charts_hold(browser, hub)
+            page = charts_hold(browser, hub, points=13)
             assert page["history"] == more and page["points"] == 13
 
             # a slow page gets only the latest step (the server coalesces): the gap is filled from the history
             browser.execute_script("state.history.splice(-3)")  # as if the stream had skipped the last 3 steps
             complete(server.url, "ten eleven", 2)
-            page = charts_hold(browser, hub)
+            page = charts_hold(browser, hub, points=15)
             assert page["history"][: len(more)] == more
 
             # a reconnect (the stream drops and comes back): its first event repeats the latest step
@@ -91,7 +94,7 @@ def test_page_opened_late_keeps_the_history_across_reload_and_reconnect(browser,
                 lambda: browser.execute_script("return document.body.dataset.connected === '1'"),
             )
             complete(server.url, "ten", 2)
-            page = charts_hold(browser, hub)
+            page = charts_hold(browser, hub, points=17)
             assert page["history"][: len(more)] == more and page["points"] == 17
 
             # a big pool whose blocks in use are spread out (the free queue hands blocks out in LRU order):
