@@ -690,7 +690,10 @@ def scale(
         None, help="prompt lengths in tokens (default 16,128,512,2048; quick 16,64)"
     ),
     threads: str | None = typer.Option(None, help="thread counts, every system at each (default 1,2; quick 2)"),
-    systems: str = typer.Option("packed,float32,transformers,llama.cpp", help="systems compared"),
+    systems: str = typer.Option(
+        "packed,packed-int8,float32,transformers,llama.cpp",
+        help="systems compared (packed-int8: the integer-dot kernel, where a C++ compiler is at hand)",
+    ),
     llamacpp: str | None = typer.Option(
         None, help="node_modules holding node-llama-cpp (runs scripts/llamacpp_decode.mjs; else its row says why)"
     ),

@@ -25,6 +25,7 @@ default, or without a compiler, or on a failed build, `library()` returns None (
 so in one line on stderr) and the torch tier keeps PyTorch's own kernels.
 """
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -65,6 +66,24 @@ def say_once(line: str) -> None:
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "0") == "1"
+
+
+@contextlib.contextmanager
+def switched(on: bool | None):
+    """The kernels on (True) or off (False) inside the block, as ENV_SWITCH would set them, then
+    as before; None leaves the environment's choice. (Benchmarks compare both in one process.)"""
+    if on is None:
+        yield
+        return
+    before = os.environ.get(ENV_SWITCH)
+    os.environ[ENV_SWITCH] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV_SWITCH]
+        else:
+            os.environ[ENV_SWITCH] = before
 
 
 def compiler() -> str | None:

@@ -3,15 +3,19 @@ load record, JSON + PNG together; bad options in one line. (The real runs write 
 here.)"""
 
 import json
+import os
 
 import gguf
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from stagewise.bench.commands.scale import ScaleSettings, run_scale, scale_table
+from stagewise.bench.commands.scale import ScaleSettings, Stagewise, run_scale, scale_table
 from stagewise.cli.bench import bench_app
+from stagewise.cpu import build
 from stagewise.errors import StagewiseError
+from stagewise.quant.packed_parts import packed_leaves
+from stagewise.quant.packed_weight import is_packed
 from tests.checkpoints import hf_tiny_model, write_gguf
 
 
@@ -79,3 +83,39 @@ def test_bad_options_are_one_line(tmp_path, args, message):
 def test_unknown_model_fails_before_any_file_is_written():
     with pytest.raises(StagewiseError, match="unknown model"):
         run_scale(ScaleSettings(models=("llama-3-8b", "nope.gguf")))
+
+
+FORMS = {1: "rows8", 2: "int4pack"}  # the torch tier's forms by their tensors (dequant_gemm_torch.gemm)
+
+
+def kernel_forms(system: Stagewise) -> set[str]:
+    """The torch tier's form of every packed projection the system's model multiplies by."""
+    forms = set()
+    for layer in system.llm.loaded.weights.layers:
+        for w in vars(layer).values():
+            if is_packed(w):
+                forms |= {FORMS[len(leaf.prepared["torch"])] for leaf in packed_leaves(w)}
+    return forms
+
+
+@pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler: the integer-dot kernel is not built")
+def test_the_two_packed_systems_run_their_own_kernels_and_leave_the_switch_as_it_was(tiny_gguf, monkeypatch):
+    monkeypatch.delenv(build.ENV_SWITCH, raising=False)
+    stock, int8 = Stagewise(tiny_gguf, "auto", int8_dot=False), Stagewise(tiny_gguf, "auto", int8_dot=True)
+    assert kernel_forms(stock) == {"int4pack"} and kernel_forms(int8) == {"rows8"}
+    assert build.ENV_SWITCH not in os.environ  # switched back after the load
+    prompt = "The capital of France is"
+    _, _, n = int8.run(prompt, 3, 1)  # the kernel runs at call time too, with the switch on
+    assert n == len(int8.tokenizer.encode(prompt)) and build.ENV_SWITCH not in os.environ
+    r = run_scale(
+        ScaleSettings(
+            models=(str(tiny_gguf),),
+            prompt_tokens=(5,),
+            threads=(1,),
+            systems=("packed", "packed-int8"),
+            decode_tokens=2,
+            repeats=1,
+        )
+    )
+    assert [run["system"] for run in r["runs"]] == ["packed", "packed-int8"] and not r["skipped"]
+    assert "packed-int8 / llama.cpp" not in [c.header for c in scale_table(r).columns]  # no llama.cpp row

@@ -53,20 +53,12 @@ def tier_of(backend: str) -> str:
 
 def load_stock(model: str):
     """The packed model with the torch tier's forms built by PyTorch's kernels' rules (int4pack)."""
-    import os
-
+    from stagewise.cpu import build
     from stagewise.models.registry import load_model
 
     loaded = load_model(model, device="cpu", quantization="auto")
-    before = os.environ.get("STAGEWISE_CPU_KERNELS")
-    os.environ["STAGEWISE_CPU_KERNELS"] = "0"
-    try:
+    with build.switched(False):
         build_packed_forms(loaded.weights, StageOps("torch").backends)
-    finally:
-        if before is None:
-            del os.environ["STAGEWISE_CPU_KERNELS"]
-        else:
-            os.environ["STAGEWISE_CPU_KERNELS"] = before
     return loaded
 
 

@@ -1,7 +1,7 @@
 """`stagewise bench scale`: decode speed and time to first token from a 135M model to an 8B-class one.
 
     stagewise bench scale [--models smollm2-135m,llama-3.2-1b,llama-3-8b] [--prompt-tokens 16,128,512,2048]
-        [--threads 1,2] [--systems packed,float32,transformers,llama.cpp] [--llamacpp DIR] [--quick]
+        [--threads 1,2] [--systems packed,packed-int8,float32,transformers,llama.cpp] [--llamacpp DIR] [--quick]
 
 A small model's lead can vanish where a user outgrows it: this runs the same measurement at every
 scale, side by side, in one process (llama.cpp in a child process), on one machine:
@@ -9,9 +9,11 @@ scale, side by side, in one process (llama.cpp in a child process), on one machi
 - models: SmolLM2-135M (the shipped Q4_1/Q8_0 GGUF), and random Q4_0 files with Llama-3.2-1B's and
   Llama-3-8B's shapes and SmolLM2's tokenizer (`bench/harness/random_gguf.py`, written once into the
   cache folder; any .gguf path works too);
-- systems: stagewise with the file's blocks kept packed (the torch tier: PyTorch's int4 kernel, or
-  the integer-dot kernel with STAGEWISE_CPU_KERNELS=1),
-  stagewise dequantized to float32, transformers on the same file (float32), llama.cpp on the same
+- systems: stagewise with the file's blocks kept packed, two ways: `packed` (the torch tier with
+  PyTorch's int4 kernel, bfloat16 activations: the default) and `packed-int8` (the integer-dot
+  kernel, `cpu/int8_dot.py`: activations rounded to int8 per block of 32, llama.cpp's arithmetic;
+  what STAGEWISE_CPU_KERNELS=1 turns on, where a C++ compiler is at hand), stagewise dequantized
+  to float32, transformers on the same file (float32), llama.cpp on the same
   file (`scripts/llamacpp_decode.mjs` through node-llama-cpp, with `--llamacpp`); a system that is
   not installed, or whose float32 weights do not fit in the memory available, gets its row with
   the reason instead of numbers;
@@ -43,7 +45,8 @@ from stagewise.models.registry import load_model
 from stagewise.sampling_params import SamplingParams
 from stagewise.tuning.cpu_load import LoadProbe
 
-SYSTEMS = ("packed", "float32", "transformers", "llama.cpp")
+SYSTEMS = ("packed", "packed-int8", "float32", "transformers", "llama.cpp")
+PACKED = ("packed", "packed-int8")  # the rows the ratios are taken for
 
 
 @dataclass(frozen=True)
@@ -105,14 +108,20 @@ def prompt_text(tokenizer, tokens: int) -> str:
 
 
 class Stagewise:
-    def __init__(self, path: Path, quantization: str):
-        self.llm = LLM(load_model(str(path), device="cpu", quantization=quantization), backend="torch")
+    """stagewise on one file; `int8_dot`: the integer-dot kernel on or off for its load and runs
+    (None: as the environment says, for float32 where no packed GEMM runs)."""
+
+    def __init__(self, path: Path, quantization: str, int8_dot: bool | None = None):
+        self.int8_dot = int8_dot
+        with build.switched(int8_dot):
+            self.llm = LLM(load_model(str(path), device="cpu", quantization=quantization), backend="torch")
         self.tokenizer = self.llm.tokenizer
 
     def run(self, prompt: str, tokens: int, threads: int) -> tuple[float, float, int]:
         torch.set_num_threads(threads)
         params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-        out = self.llm.generate(prompt, params)[0]
+        with build.switched(self.int8_dot):
+            out = self.llm.generate(prompt, params)[0]
         m = out.metrics
         decode = (len(out.token_ids) - 1) / (m.finish_time - m.first_token_time)
         return m.ttft, decode, len(out.prompt_token_ids)
@@ -143,6 +152,11 @@ class LlamaCppSystem:
         return r["ttft_ms"][0] / 1e3, r["decode_tok_s"][0], r["prompt_tokens"]
 
 
+def int8_dot_builds() -> bool:
+    with build.switched(True):
+        return build.library() is not None
+
+
 def build_systems(model: str, path: Path, s: ScaleSettings, skipped: list, say) -> dict:
     """The systems of one model, loaded once; those that cannot run get a row in `skipped`."""
     systems: dict = {}
@@ -153,11 +167,16 @@ def build_systems(model: str, path: Path, s: ScaleSettings, skipped: list, say) 
             why = f"float32 weights need {need / 1e9:.1f} GB, {memory_available() / 1e9:.1f} GB available"
         elif name == "llama.cpp" and not s.llamacpp:
             why = "not installed: pass --llamacpp DIR (node_modules with node-llama-cpp)"
+        elif name == "packed-int8" and not int8_dot_builds():
+            with build.switched(True):
+                why = f"the integer-dot kernel cannot run here ({build.describe()})"
         if why is None:
             say(f"{model}: loading {name}")
             try:
-                if name in ("packed", "float32"):
-                    systems[name] = Stagewise(path, "auto" if name == "packed" else "none")
+                if name == "float32":
+                    systems[name] = Stagewise(path, "none")
+                elif name in PACKED:
+                    systems[name] = Stagewise(path, "auto", int8_dot=name == "packed-int8")
                 elif name == "transformers":
                     systems[name] = Transformers(path, load_model(str(path), device="meta").tokenizer)
                 else:
@@ -245,11 +264,12 @@ def run_scale(s: ScaleSettings, progress=None) -> dict:
 
 
 def ratios(runs: list[dict]) -> list[dict]:
-    """packed / llama.cpp and packed / transformers: decode speed, and TTFT as other / packed (> 1: faster)."""
+    """Each packed system over llama.cpp, transformers and float32: decode speed, and TTFT as
+    other / packed (> 1: faster)."""
     by = {(r["model"], r["threads"], r["prompt_tokens"], r["system"]): r for r in runs}
     out = []
     for (model, threads, n, system), r in by.items():
-        if system != "packed":
+        if system not in PACKED:
             continue
         for other in ("llama.cpp", "transformers", "float32"):
             o = by.get((model, threads, n, other))
@@ -259,6 +279,7 @@ def ratios(runs: list[dict]) -> list[dict]:
                         "model": model,
                         "threads": threads,
                         "prompt_tokens": n,
+                        "system": system,
                         "over": other,
                         "decode": r["decode_tok_s_median"] / o["decode_tok_s_median"],
                         "ttft": o["ttft_ms_median"] / r["ttft_ms_median"],
@@ -276,7 +297,8 @@ def scale_table(r: dict):
     )
     table = Table(title=title)
     systems = list(dict.fromkeys(run["system"] for run in r["runs"]))
-    for col in ("model", "threads", "prompt", *systems, "packed / llama.cpp"):
+    over = [f"{p} / llama.cpp" for p in PACKED if p in systems and "llama.cpp" in systems]
+    for col in ("model", "threads", "prompt", *systems, *over):
         table.add_column(col, justify="left" if col == "model" else "right")
     rows: dict = {}
     for run in r["runs"]:
@@ -285,9 +307,9 @@ def scale_table(r: dict):
     for ratio in r["ratios"]:
         if ratio["over"] == "llama.cpp":
             key = (ratio["model"], ratio["threads"], ratio["prompt_tokens"])
-            rows[key]["ratio"] = f"{ratio['decode']:.2f}x | {ratio['ttft']:.2f}x"
+            rows[key][f"{ratio['system']} / llama.cpp"] = f"{ratio['decode']:.2f}x | {ratio['ttft']:.2f}x"
     for (model, threads, n), cells in rows.items():
-        table.add_row(model, str(threads), str(n), *(cells.get(s, "-") for s in systems), cells.get("ratio", "-"))
+        table.add_row(model, str(threads), str(n), *(cells.get(c, "-") for c in (*systems, *over)))
     return table
 
 
