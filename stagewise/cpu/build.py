@@ -46,7 +46,9 @@ try:
 except ImportError:  # Windows: no lock, no build (PyTorch's kernels run)
     fcntl = None
 
-SOURCE = Path(__file__).with_name("int8_dot.cpp")
+SOURCE = Path(__file__).with_name("int8_dot.cpp")  # the packed-weight GEMM (the name messages use)
+# every source of the one library: the GEMM and the paged attention (`attention.py`)
+SOURCES = (SOURCE, Path(__file__).with_name("attention.cpp"))
 FOLDER = "cpu_kernels"
 # "1": build and use them (opt-in); anything else: PyTorch's kernels
 ENV_SWITCH = "STAGEWISE_CPU_KERNELS"
@@ -102,7 +104,7 @@ def _version(cxx: str) -> str:
 
 
 def library_path(cxx: str, variant: str) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     for part in (*BASE_FLAGS, *VARIANTS[variant], _version(cxx), platform.machine(), cpu_model()):
         digest.update(part.encode() + b"\0")
     return cache_dir() / FOLDER / f"{SOURCE.stem}-{variant}-{digest.hexdigest()[:16]}.so"
@@ -118,7 +120,7 @@ def _compile(cxx: str, variant: str, target: Path) -> str | None:
     for extra in attempts:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
-        cmd = [cxx, *BASE_FLAGS, *extra, str(SOURCE), "-o", tmp]
+        cmd = [cxx, *BASE_FLAGS, *extra, *map(str, SOURCES), "-o", tmp]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -138,6 +140,12 @@ def library(variant: str = "native") -> ctypes.CDLL | None:
     """The compiled kernels (built on first use), or None when they cannot be had here."""
     if not enabled():
         return None  # the default: PyTorch's int4 CPU kernel
+    return _library(variant)
+
+
+def loaded(variant: str = "native") -> ctypes.CDLL | None:
+    """The library whether or not the switch is on now: a weight whose form was built for the
+    integer-dot kernel (while it was on) keeps being multiplied by it."""
     return _library(variant)
 
 
@@ -182,6 +190,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sw_int8_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
     lib.sw_rows8_chunk_bytes.restype = ctypes.c_int
     lib.sw_rows8_chunk_bytes.argtypes = [ctypes.c_int]
+    lib.sw_attention_isa.restype = ctypes.c_char_p
+    lib.sw_attention_isa.argtypes = []
+    i32, f32 = ctypes.c_int, ctypes.c_float
+    lib.sw_paged_attention.restype = ctypes.c_int
+    lib.sw_paged_attention.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
+    lib.sw_paged_attention.argtypes += [i32, i32, i32, i32, i32, i32, f32, ptr, i32]
     lib.sw_stream_read.restype = ctypes.c_uint64
     lib.sw_stream_read.argtypes = [ptr, i64, ctypes.c_int]
 

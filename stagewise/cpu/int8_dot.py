@@ -76,7 +76,7 @@ def gemm_form(
     x: torch.Tensor, form: torch.Tensor, kind: str, n: int, variant: str = "native"
 ) -> torch.Tensor:
     """x [M, K] @ a weight [K, N] in rows8 form [ceil(N/8), K/32, chunk] -> [M, N] float32."""
-    lib = build.library(variant)
+    lib = build.loaded(variant)  # a rows8 form was built while the switch was on: keep using it
     if lib is None:
         raise StagewiseError(f"the int8-dot kernel is not built here ({build.describe(variant)})")
     if kind not in KIND_IDS:

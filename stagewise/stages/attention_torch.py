@@ -34,6 +34,7 @@ norm's; counted with a TorchDispatchMode).
 
 import torch
 
+from stagewise.cpu import attention as cpu_attention
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.chunked_attention import sequence_rows
 
@@ -70,6 +71,8 @@ def sequence_attention(
     Every row over fixed key chunks; with `batch_invariant=False` a prefill (Lq > 1) runs the
     reference's single product instead (faster, and its rows' bits depend on the call).
     """
+    if batch_invariant and cpu_attention.serves(q, k):  # the compiled CPU loop (cpu/attention.py)
+        return cpu_attention.sequence(q, k, v, scale)  # [Lq, H, d]
     if batch_invariant or q.shape[0] == 1 and k.shape[0] >= 1:
         return sequence_rows(q, k, v, scale)  # [Lq, H, d]
     return prefill(q, k, v, scale)  # [Lq, H, d]

@@ -53,6 +53,10 @@ instead (`attention_torch.prefill`: faster, and the row's bits depend on the
 call). The plan of step 1 depends only on the step's metadata, so this tier
 builds it once per step, at the first layer, and keeps it in
 `AttentionMetadata.decode_plan` for the later layers.
+
+With the compiled CPU kernels on (STAGEWISE_CPU_KERNELS=1, float32 K/V), all of the above is one
+call per layer instead: `cpu/attention.py` runs every query row of the step (decode, prefill,
+chunk, verify) through the same loop over its keys, read in place through the block table.
 """
 
 from dataclasses import dataclass
@@ -60,6 +64,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from stagewise.cpu import attention as cpu_attention
 from stagewise.stages import attention_torch
 from stagewise.stages.attention_metadata import AttentionMetadata
 from stagewise.stages.chunked_attention import decode_rows, padded_length
@@ -158,6 +163,9 @@ def plan_of(metadata: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
 
 def _paged(q, k_cache, v_cache, metadata: AttentionMetadata, scale: float, batch_invariant: bool):
     m = metadata
+    if batch_invariant and cpu_attention.serves(q, k_cache):  # compiled: every row, no K/V copy
+        table, cu_q, lens = m.block_table, m.cu_seqlens_q, m.seq_lens
+        return cpu_attention.paged(q, k_cache, v_cache, table, cu_q, lens, scale).to(q.dtype)
     if m.decode_plan is None:  # the first layer of the step: every later layer reuses the plan
         m.decode_plan = plan_of(m, k_cache.shape[1])
     plan = m.decode_plan
