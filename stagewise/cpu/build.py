@@ -47,8 +47,10 @@ except ImportError:  # Windows: no lock, no build (PyTorch's kernels run)
     fcntl = None
 
 SOURCE = Path(__file__).with_name("int8_dot.cpp")  # the packed-weight GEMM (the name messages use)
-# every source of the one library: the GEMM and the paged attention (`attention.py`)
-SOURCES = (SOURCE, Path(__file__).with_name("attention.cpp"))
+# every source of the one library: the GEMM, the paged attention, the row ops (RMSNorm, RoPE)
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("int8_dot.cpp", "attention.cpp", "rows.cpp")
+)
 FOLDER = "cpu_kernels"
 # "1": build and use them (opt-in); anything else: PyTorch's kernels
 ENV_SWITCH = "STAGEWISE_CPU_KERNELS"
@@ -196,6 +198,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sw_paged_attention.restype = ctypes.c_int
     lib.sw_paged_attention.argtypes = [ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
     lib.sw_paged_attention.argtypes += [i32, i32, i32, i32, i32, i32, f32, ptr, i32]
+    lib.sw_rmsnorm.restype = None
+    lib.sw_rmsnorm.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, f32, i32]
+    lib.sw_rope.restype = ctypes.c_int
+    lib.sw_rope.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i32]
     lib.sw_stream_read.restype = ctypes.c_uint64
     lib.sw_stream_read.argtypes = [ptr, i64, ctypes.c_int]
 

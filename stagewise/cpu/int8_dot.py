@@ -82,16 +82,16 @@ def gemm_form(
     if kind not in KIND_IDS:
         raise StagewiseError(f"int8_dot: {kind} is not served; served: {', '.join(KIND_IDS)}")
     k = form.shape[1] * BLOCK
-    chunk = lib.sw_rows8_chunk_bytes(KIND_IDS[kind])
-    expected = (-(-n // rows8.ROWS), k // BLOCK, chunk)
-    if form.dtype != torch.uint8 or tuple(form.shape) != expected or not form.is_contiguous():
+    expected = (-(-n // rows8.ROWS), k // BLOCK, _chunk_bytes(lib, kind))
+    if form.dtype != torch.uint8 or form.shape != expected or not form.is_contiguous():
         raise StagewiseError(
             f"int8_dot: a {kind} rows8 form for N = {n} must be contiguous uint8 {list(expected)}, "
             f"got {form.dtype} {list(form.shape)}"
         )
     if x.dim() != 2 or x.shape[1] != k:
         raise StagewiseError(f"int8_dot: x must be [M, {k}], got {list(x.shape)}")
-    x = x.to(torch.float32).contiguous()  # [M, K]
+    if x.dtype != torch.float32 or not x.is_contiguous():  # (a call saved where it already is)
+        x = x.to(torch.float32).contiguous()  # [M, K]
     out = torch.empty(x.shape[0], n, dtype=torch.float32)  # [M, N]
     status = lib.sw_int8_gemm(
         KIND_IDS[kind],
@@ -106,6 +106,16 @@ def gemm_form(
     if status:
         raise StagewiseError(f"int8_dot failed ({'out of memory' if status == -2 else status})")
     return out
+
+
+_CHUNKS: dict[tuple[int, str], int] = {}  # (library, kind) -> bytes per rows8 chunk
+
+
+def _chunk_bytes(lib, kind: str) -> int:
+    key = (id(lib), kind)
+    if key not in _CHUNKS:
+        _CHUNKS[key] = lib.sw_rows8_chunk_bytes(KIND_IDS[kind])
+    return _CHUNKS[key]
 
 
 # ---- the same bits with plain PyTorch ops: the definition, for reading and for the tests ----

@@ -17,11 +17,15 @@ there). What it saves per norm: benchmarks/README.md, "CPU tier notes".
 
 import torch
 
+from stagewise.cpu import rows as cpu_rows
+
 
 def rmsnorm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, hidden], weight [hidden] -> (normed [T, hidden], residual_out [T, hidden])."""
+    if cpu_rows.serves(x) and weight.dtype == torch.float32:  # one compiled call (cpu/rows.py)
+        return cpu_rows.rmsnorm(x, weight, eps, residual)
     if residual is not None:
         x = x + residual  # [T, hidden]: the residual stream after the previous sub-block (new)
     if x.dtype != torch.float32 or weight.dtype != torch.float32:  # the reference's roundings

@@ -31,6 +31,8 @@ import weakref
 
 import torch
 
+from stagewise.cpu import rows as cpu_rows
+
 # id(cos_sin_cache) -> (a weak reference to it, its widened rows [max_position, 2 d]); an entry
 # goes when its cache does (keyed by id: tensors compare by value, so they make no dict keys)
 _WIDE: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
@@ -53,6 +55,8 @@ def rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T], q [T, H, d], k [T, Hkv, d] -> new rotated (q, k); inputs are not modified."""
     num_tokens, num_heads, head_dim = q.shape
+    if cpu_rows.serves(q) and k.dtype == torch.float32:  # one compiled call, the same bits
+        return cpu_rows.rope(positions, q, k, wide_cache(cos_sin_cache))
     half = head_dim // 2
     angles = wide_cache(cos_sin_cache).index_select(0, positions)  # [T, 2 d]
     cos, sin = angles.view(num_tokens, 1, 2 * head_dim).split(head_dim, dim=-1)  # [T, 1, d] each
