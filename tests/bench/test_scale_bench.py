@@ -103,6 +103,7 @@ def test_the_two_packed_systems_run_their_own_kernels_and_leave_the_switch_as_it
     monkeypatch.delenv(build.ENV_SWITCH, raising=False)
     stock, int8 = Stagewise(tiny_gguf, "auto", int8_dot=False), Stagewise(tiny_gguf, "auto", int8_dot=True)
     assert kernel_forms(stock) == {"int4pack"} and kernel_forms(int8) == {"rows8"}
+    assert not stock.llm.engine_config.enable_prefix_caching  # each repeat prefills its whole prompt
     assert build.ENV_SWITCH not in os.environ  # switched back after the load
     prompt = "The capital of France is"
     _, _, n = int8.run(prompt, 3, 1)  # the kernel runs at call time too, with the switch on

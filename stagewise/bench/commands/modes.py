@@ -227,7 +227,12 @@ def run_modes(settings: ModesSettings, loaded: LoadedModel | None = None, progre
     lengths = sorted(set(settings.output_lengths))
     what = f"--prompt-tokens {settings.prompt_tokens} with --output-lengths up to {max(lengths)}"
     check_fits_positions(loaded, settings.prompt_tokens + max(lengths) + 1, what)
-    ecfg = EngineConfig(max_num_seqs=1, max_model_len=settings.prompt_tokens + max(lengths) + 1)
+    # no prefix cache: every repeat prefills its prompt (a cached prompt's TTFT would time a lookup)
+    ecfg = EngineConfig(
+        max_num_seqs=1,
+        max_model_len=settings.prompt_tokens + max(lengths) + 1,
+        enable_prefix_caching=False,
+    )
     engines = engine_systems(settings)
     llms = {}
     try:

@@ -38,6 +38,7 @@ from stagewise.bench.commands.quant import LlamaCpp, gguf_path
 from stagewise.bench.harness.english_text import TEXT
 from stagewise.bench.harness.machine import machine_info
 from stagewise.bench.harness.random_gguf import SHAPES, random_gguf
+from stagewise.config import EngineConfig
 from stagewise.cpu import build
 from stagewise.engine.llm import LLM
 from stagewise.errors import StagewiseError
@@ -114,7 +115,9 @@ class Stagewise:
     def __init__(self, path: Path, quantization: str, int8_dot: bool | None = None):
         self.int8_dot = int8_dot
         with build.switched(int8_dot):
-            self.llm = LLM(load_model(str(path), device="cpu", quantization=quantization), backend="torch")
+            loaded = load_model(str(path), device="cpu", quantization=quantization)
+            # no prefix cache: every repeat prefills the whole prompt (a hit would time a lookup)
+            self.llm = LLM(loaded, backend="torch", engine_config=EngineConfig(enable_prefix_caching=False))
         self.tokenizer = self.llm.tokenizer
 
     def run(self, prompt: str, tokens: int, threads: int) -> tuple[float, float, int]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from stagewise.cpu.build import ENV_SWITCH
 from stagewise.files import write_text_atomic
 from stagewise.tuning.gemm_forms_cache import cpu_model
 
@@ -70,6 +71,8 @@ def machine_info() -> dict:
         "transformers": _version("transformers"),
         "stagewise": _version("stagewise"),  # the installed package (pyproject.toml's version)
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        # the compiled CPU kernels (stagewise/cpu/) switched on for this run, or PyTorch's own
+        "cpu_kernels": os.environ.get(ENV_SWITCH) == "1",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 
