@@ -284,6 +284,9 @@ def get_preset(name: str) -> ModelConfig:
 # On a CPU a prompt token costs ~1/80 of a decode step of 8 requests: 64 keep TBT p99 near 2x p50 (measured in
 # benchmarks/README.md: 512 gave 6.4x, with no more throughput)
 CPU_PREFILL_BESIDE_DECODES = 64
+# With the compiled CPU kernels (stagewise/cpu/) a decode step of 8 requests takes a third of the time and a 64-token
+# chunk beside it made TBT p99 3.8x p50; 32 gave 2.4x at the same throughput (benchmarks/README.md, #42)
+CPU_PREFILL_BESIDE_DECODES_COMPILED = 32
 
 PREFIX_CACHES = ("hash", "radix", "none")  # the prefix caches an engine can run (kv/prefix_cache.py)
 
@@ -339,11 +342,14 @@ class EngineConfig:
         """The prefix cache an engine built from this config runs: "none" when caching is off."""
         return self.prefix_cache if self.enable_prefix_caching else "none"
 
-    def prefill_cap(self, device_type: str) -> int | None:
-        """Prompt tokens per step beside decodes on this device (None: only max_num_batched_tokens)."""
+    def prefill_cap(self, device_type: str, compiled_cpu_kernels: bool = False) -> int | None:
+        """Prompt tokens per step beside decodes on this device (None: only max_num_batched_tokens);
+        `compiled_cpu_kernels`: the CPU runs stagewise/cpu/'s kernels (STAGEWISE_CPU_KERNELS=1)."""
         if self.prefill_beside_decodes is not None:
             return self.prefill_beside_decodes
-        return CPU_PREFILL_BESIDE_DECODES if device_type == "cpu" else None
+        if device_type != "cpu":
+            return None
+        return CPU_PREFILL_BESIDE_DECODES_COMPILED if compiled_cpu_kernels else CPU_PREFILL_BESIDE_DECODES
 
     def with_updates(self, **kwargs) -> "EngineConfig":
         return replace(self, **kwargs)

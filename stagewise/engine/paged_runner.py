@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from stagewise.config import EngineConfig
+from stagewise.cpu import build
 from stagewise.engine.interrupts import deferred_interrupts
 from stagewise.engine.paged_batch import build_batch, trace_step
 from stagewise.engine.request import Request
@@ -98,7 +99,7 @@ class PagedRunner:
             self.block_manager,
             ecfg.max_num_seqs,
             ecfg.max_num_batched_tokens,
-            ecfg.prefill_cap(model.device.type),
+            ecfg.prefill_cap(model.device.type, compiled_cpu_kernels=build.enabled()),
         )
         self.suspects: deque[Request] = deque()  # requests of a failed step, each to run alone
         self._open_step: SchedulerOutput | None = None  # a step begun and not yet settled

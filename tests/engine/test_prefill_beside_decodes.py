@@ -3,7 +3,7 @@
 import pytest
 
 from stagewise import LLM, SamplingParams, StagewiseError
-from stagewise.config import CPU_PREFILL_BESIDE_DECODES, EngineConfig
+from stagewise.config import CPU_PREFILL_BESIDE_DECODES, CPU_PREFILL_BESIDE_DECODES_COMPILED, EngineConfig
 from stagewise.trace import Tracer
 
 
@@ -11,6 +11,8 @@ def test_the_cap_per_device():
     assert EngineConfig().prefill_cap("cpu") == CPU_PREFILL_BESIDE_DECODES
     assert EngineConfig().prefill_cap("cuda") is None  # a GPU prefills 512 tokens in about a decode step
     assert EngineConfig(prefill_beside_decodes=7).prefill_cap("cuda") == 7
+    assert EngineConfig().prefill_cap("cpu", compiled_cpu_kernels=True) == CPU_PREFILL_BESIDE_DECODES_COMPILED
+    assert EngineConfig(prefill_beside_decodes=7).prefill_cap("cpu", compiled_cpu_kernels=True) == 7
     with pytest.raises(StagewiseError, match="prefill_beside_decodes must be an int >= 1"):
         EngineConfig(prefill_beside_decodes=0)
 
@@ -36,3 +38,10 @@ def test_a_long_prompt_is_chunked_beside_a_decoding_request_and_alone_takes_the_
     assert beside[:5] == [8, 8, 8, 8, 8], steps  # 8 prompt tokens per step while the first decodes
     assert sum(step.get(second, 0) for step in steps) == n_long + 11  # its prompt, then 11 decode tokens
     assert steps[0] == {first: n_short}  # alone, a prompt takes what it needs of the whole budget
+
+
+@pytest.mark.parametrize("switch", ["0", "1"])
+def test_the_engine_takes_the_cpu_cap_of_the_kernels_it_runs(tiny, monkeypatch, switch):
+    monkeypatch.setenv("STAGEWISE_CPU_KERNELS", switch)  # the compiled CPU kernels on or off
+    want = CPU_PREFILL_BESIDE_DECODES_COMPILED if switch == "1" else CPU_PREFILL_BESIDE_DECODES
+    assert LLM(tiny, mode="paged").engine.scheduler.prefill_beside_decodes == want

@@ -19,7 +19,9 @@ scale, side by side, in one process (llama.cpp in a child process), on one machi
   the reason instead of numbers;
 - for each thread count and prompt length (text cut to that many tokens): time to first token
   (TTFT: the prompt's prefill and the first sample) and decode tokens/s (tokens after the first
-  over the time after the first), `--repeats` rounds alternating the systems, medians.
+  over the time after the first), `--repeats` rounds alternating the systems, medians. stagewise
+  runs without its prefix cache, so every round prefills the whole prompt, as llama.cpp's fresh
+  sequence and transformers do.
 
 The load average before and after, and the share of the CPU other processes used during the run
 (`tuning/cpu_load.py`), are recorded; a run where others used more than a quarter of the machine is
