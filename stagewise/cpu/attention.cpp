@@ -8,7 +8,9 @@
 //                                       q_c k_c (fused multiply-adds, c in order), then the
 //                                       lanes added as ((0+4)+(2+6))+((1+5)+(3+7))
 //   2. m = max_j s_j                    (exact in any order)
-//   3. for j = 0, 1, 2, ...:  p = exp(s_j - m);  den = den + p;  num[:] = fma(p, v_j[:], num[:])
+//   3. p_j = exp(s_j - m)               by `exp8` below (a polynomial, 8 at a time)
+//      den = the 8 lanes' tree of lane l = sum of p_j over j = l, l+8, ... in order
+//      for j = 0, 1, 2, ...:  num[:] = fma(p_j, v_j[:], num[:])
 //   4. out = num / den
 //
 // Every row runs that loop, whoever shares the call: a decode row alone, beside 31 others, as row
@@ -53,6 +55,41 @@ inline V8 load8(const float *a) { return _mm256_loadu_ps(a); }
 inline void store8(float *a, V8 x) { _mm256_storeu_ps(a, x); }
 inline V8 splat8(float x) { return _mm256_set1_ps(x); }
 inline V8 fma8(V8 a, V8 b, V8 c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, one rounding
+inline V8 add8(V8 a, V8 b) { return _mm256_add_ps(a, b); }
+inline V8 mul8(V8 a, V8 b) { return _mm256_mul_ps(a, b); }
+inline V8 max8(V8 a, V8 b) { return _mm256_max_ps(a, b); }
+inline V8 min8(V8 a, V8 b) { return _mm256_min_ps(a, b); }
+inline V8 round8(V8 a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// 2^n for integral n in [-126, 127]: the exponent field built directly
+inline V8 pow2_8(V8 n) {
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_castsi256_ps(e);
+}
+// lanes l < count kept, the others 0
+inline V8 first8(V8 a, int count) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane)));
+}
+// lanes l < count kept, the others `fill`
+inline V8 keep8(V8 a, int count, float fill) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane));
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), a, keep);
+}
+// [lanes_sum(a[0]), ..., lanes_sum(a[7])] with the registers transposed: the same tree per key,
+// ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), for eight keys at once
+inline V8 sums8(const V8 *a) {
+    __m256 h[4];  // h[k]: key k in the low half, key k + 4 in the high: lanes 0+4, 1+5, 2+6, 3+7
+    for (int k = 0; k < 4; ++k)
+        h[k] = _mm256_add_ps(_mm256_permute2f128_ps(a[k], a[k + 4], 0x20),
+                             _mm256_permute2f128_ps(a[k], a[k + 4], 0x31));
+    // [(0+4)+(2+6) of keys k, k+1; (1+5)+(3+7) of keys k, k+1], per half
+    __m256 s01 = _mm256_add_ps(_mm256_unpacklo_ps(h[0], h[1]), _mm256_unpackhi_ps(h[0], h[1]));
+    __m256 s23 = _mm256_add_ps(_mm256_unpacklo_ps(h[2], h[3]), _mm256_unpackhi_ps(h[2], h[3]));
+    __m256 first = _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0));   // keys 0-3 | 4-7
+    __m256 second = _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2));
+    return _mm256_add_ps(first, second);
+}
 #else
 struct V8 {
     float l[LANES];
@@ -73,7 +110,71 @@ inline V8 fma8(V8 a, V8 b, V8 c) {
     for (int l = 0; l < LANES; ++l) c.l[l] = fmaf(a.l[l], b.l[l], c.l[l]);
     return c;
 }
+inline V8 add8(V8 a, V8 b) {
+    for (int l = 0; l < LANES; ++l) a.l[l] = a.l[l] + b.l[l];
+    return a;
+}
+inline V8 mul8(V8 a, V8 b) {
+    for (int l = 0; l < LANES; ++l) a.l[l] = a.l[l] * b.l[l];
+    return a;
+}
+inline V8 max8(V8 a, V8 b) {  // as vmaxps: b where either is NaN or both are equal
+    for (int l = 0; l < LANES; ++l) a.l[l] = a.l[l] > b.l[l] ? a.l[l] : b.l[l];
+    return a;
+}
+inline V8 min8(V8 a, V8 b) {  // as vminps: b where either is NaN or both are equal
+    for (int l = 0; l < LANES; ++l) a.l[l] = a.l[l] < b.l[l] ? a.l[l] : b.l[l];
+    return a;
+}
+inline V8 round8(V8 a) {  // to nearest, ties to even (the default rounding mode)
+    for (int l = 0; l < LANES; ++l) a.l[l] = nearbyintf(a.l[l]);
+    return a;
+}
+inline V8 pow2_8(V8 n) {
+    V8 r;
+    for (int l = 0; l < LANES; ++l) {
+        uint32_t bits = (uint32_t)((int32_t)n.l[l] + 127) << 23;
+        memcpy(&r.l[l], &bits, sizeof(bits));
+    }
+    return r;
+}
+inline V8 first8(V8 a, int count) {
+    for (int l = count; l < LANES; ++l) a.l[l] = 0.0f;
+    return a;
+}
+inline V8 keep8(V8 a, int count, float fill) {
+    for (int l = count; l < LANES; ++l) a.l[l] = fill;
+    return a;
+}
+inline float tree8(const float *a) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+inline V8 sums8(const V8 *a) {
+    V8 s;
+    for (int k = 0; k < LANES; ++k) s.l[k] = tree8(a[k].l);
+    return s;
+}
 #endif
+
+// exp(x) for x <= 0, 8 at a time, in float operations that every build performs alike: x clamped
+// to [-87, 0] (exp(-87) is ~1.6e-38; a NaN becomes -87), split as n ln2 + r with n = round(x / ln 2) and |r| <= ln2 / 2,
+// exp(r) by a degree-6 polynomial (Horner, fused multiply-adds), then scaled by 2^n. Within 2 ulp
+// of exp; its own bits, the same in the AVX2 and the plain-C build.
+inline V8 exp8(V8 x) {
+    x = min8(max8(x, splat8(-87.0f)), zero8());
+    V8 n = round8(mul8(x, splat8(1.44269504088896341f)));
+    V8 r = fma8(n, splat8(-0.693359375f), x);  // ln 2 in two parts: the first exact in float
+    r = fma8(n, splat8(2.12194440e-4f), r);
+    V8 y = splat8(1.9875691500e-4f);
+    y = fma8(y, r, splat8(1.3981999507e-3f));
+    y = fma8(y, r, splat8(8.3334519073e-3f));
+    y = fma8(y, r, splat8(4.1665795894e-2f));
+    y = fma8(y, r, splat8(1.6666665459e-1f));
+    y = fma8(y, r, splat8(5.0000001201e-1f));
+    y = fma8(y, mul8(r, r), r);
+    y = add8(y, splat8(1.0f));
+    return mul8(y, pow2_8(n));
+}
 
 // The lanes added in one fixed order: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
 inline float lanes_sum(V8 x) {
@@ -143,7 +244,8 @@ void run_tile(const Problem &p, const Tile &t, Scratch &w) {
         orow[r] = p.out + (token * p.heads + h) * d;
         keys = limit[r] > keys ? limit[r] : keys;
     }
-    if ((int64_t)w.scores.size() < rows * keys) w.scores.resize(rows * keys);
+    const int64_t ld = (keys + LANES - 1) / LANES * LANES;  // a row's scores, padded to whole vectors
+    if ((int64_t)w.scores.size() < rows * ld) w.scores.resize(rows * ld);
     if ((int)w.num.size() < rows * d) w.num.resize(rows * d);
     if ((int64_t)w.rows.size() < keys) w.rows.resize(keys);
     float *scores = w.scores.data(), *num = w.num.data();
@@ -151,38 +253,46 @@ void run_tile(const Problem &p, const Tile &t, Scratch &w) {
     for (int64_t j = 0; j < keys; ++j) at[j] = key_offset(p, t.b, t.g, j);
     float top[TILE_ROWS], den[TILE_ROWS];
     // steps 1-2: the scores of every (row, key), and each row's max
-    for (int r = 0; r < rows; ++r) top[r] = -INFINITY;
-    for (int64_t j = 0; j < keys; j += 4) {  // four keys at a time: four independent chains
-        const float *k0 = p.k + at[j];
-        const float *k1 = p.k + at[j + 1 < keys ? j + 1 : j];
-        const float *k2 = p.k + at[j + 2 < keys ? j + 2 : j];
-        const float *k3 = p.k + at[j + 3 < keys ? j + 3 : j];
+    V8 tops[TILE_ROWS];
+    for (int r = 0; r < rows; ++r) tops[r] = splat8(-INFINITY);
+    const V8 scale = splat8(p.scale);
+    for (int64_t j = 0; j < keys; j += LANES) {  // eight keys at a time: eight independent chains
+        const float *kj[LANES];
+        for (int u = 0; u < LANES; ++u) kj[u] = p.k + at[j + u < keys ? j + u : j];
         for (int r = 0; r < rows; ++r) {
             if (j >= limit[r]) continue;
-            V8 a0 = zero8(), a1 = zero8(), a2 = zero8(), a3 = zero8();
+            V8 a[LANES];
+            for (int u = 0; u < LANES; ++u) a[u] = zero8();
             for (int c = 0; c < d; c += LANES) {
                 V8 qc = load8(qrow[r] + c);
-                a0 = fma8(qc, load8(k0 + c), a0);
-                a1 = fma8(qc, load8(k1 + c), a1);
-                a2 = fma8(qc, load8(k2 + c), a2);
-                a3 = fma8(qc, load8(k3 + c), a3);
+                for (int u = 0; u < LANES; ++u) a[u] = fma8(qc, load8(kj[u] + c), a[u]);
             }
-            float s[4] = {lanes_sum(a0), lanes_sum(a1), lanes_sum(a2), lanes_sum(a3)};
-            for (int u = 0; u < 4 && j + u < limit[r]; ++u) {  // keys past the row's last: not kept
-                float x = s[u] * p.scale;
-                scores[r * keys + j + u] = x;
-                top[r] = x > top[r] ? x : top[r];
-            }
+            V8 s = mul8(sums8(a), scale);  // the 8 keys' scores; past the row's last key: unused
+            store8(scores + r * ld + j, s);
+            int count = limit[r] - j < LANES ? (int)(limit[r] - j) : LANES;
+            tops[r] = max8(tops[r], keep8(s, count, -INFINITY));
         }
+    }
+    for (int r = 0; r < rows; ++r) {  // a max is exact in any order
+        float t[LANES];
+        store8(t, tops[r]);
+        top[r] = t[0];
+        for (int l = 1; l < LANES; ++l) top[r] = t[l] > top[r] ? t[l] : top[r];
     }
     // step 3: one chain per row over its keys in order
     for (int r = 0; r < rows; ++r) {
-        float *pr = scores + r * keys;  // the row's scores become its p
-        den[r] = 0.0f;
-        for (int64_t j = 0; j < limit[r]; ++j) {
-            pr[j] = expf(pr[j] - top[r]);
-            den[r] = den[r] + pr[j];
+        float *pr = scores + r * ld;  // the row's scores become its p
+        // p_j = exp(s_j - m), 8 keys at a time; den in 8 lanes (lane l: keys j = l mod 8, in
+        // order), the lanes added in the fixed tree at the end
+        V8 dsum = zero8(), m = splat8(top[r]);
+        for (int64_t j = 0; j < limit[r]; j += LANES) {
+            int count = limit[r] - j < LANES ? (int)(limit[r] - j) : LANES;
+            V8 s = load8(pr + j);  // (past the row's last key: scratch, zeroed below)
+            V8 e = first8(exp8(add8(s, mul8(m, splat8(-1.0f)))), count);  // s + (-m): s - m exactly
+            store8(pr + j, e);
+            dsum = add8(dsum, e);
         }
+        den[r] = lanes_sum(dsum);
         // num: 64 columns at a time held in registers over all the keys (each column's own chain)
         int c = 0;
         for (; c + 8 * LANES <= d; c += 8 * LANES) weighted_values<8>(p, at, pr, limit[r], c, num + r * d);

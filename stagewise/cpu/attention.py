@@ -15,7 +15,12 @@ mask, aligned bottom-right: limit = keys - (Lq - 1 - i)):
                                       each a fused multiply-add, in order), then the lanes added
                                       as ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))
     2. m   = max_j s_j
-    3. for j = 0, 1, 2, ... in order:  p = exp(s_j - m),  den = den + p,  num = fma(p, v_j, num)
+    3. p_j = exp(s_j - m)             the kernel's own exp, 8 at a time: n = round(x / ln 2),
+                                      a degree-6 polynomial of x - n ln 2, times 2^n (within 2
+                                      ulp of exp; the same operations in every build)
+       den = sum of p_j               in 8 lanes (lane l: j = l, l + 8, ... in order), then the
+                                      lanes' tree as in step 1
+       num = sum of p_j v_j           for j = 0, 1, 2, ... in order, fused multiply-adds
     4. out = num / den                (a row that sees no key: zeros)
 
 Every row runs exactly that, whatever else is in the call, so its bits are the same as a decode
@@ -23,8 +28,12 @@ row, inside a prefill chunk of any size, at any slot and any thread count (the t
 and compare the AVX2 build with the plain-C one, where `fmaf` does the fused multiply-add in
 software with the same rounding). The speed comes from what does not change any order: the query
 rows that share a KV head (a tile of up to 16 rows) read each key and value once for all of them,
-straight from the cache through the block table (no copy), and the tiles run on OpenMP's threads,
-each tile on one thread.
+straight from the cache through the block table (no copy); eight keys' dot products run at once
+and their lane sums are added in transposed registers (the same tree per key); the tiles run on
+OpenMP's threads, each tile on one thread. Measured on a 2-core AMD EPYC (AVX2), 2 threads,
+SmolLM2's heads (9 query, 3 KV, d = 64), one sequence of 2048 positions prefilled: 3.6 ns per
+(row, key) pair against 9.2 for the torch tier's chunked products; one decode row over 109 keys:
+50 us against 430 (that one mostly the calls' overhead).
 
 It is not the torch tier's bits (MKL adds a dot product's terms in another order), so when it
 runs, it runs for every row of every mode (paged, and the contiguous layout of `mode="kv"`), and a

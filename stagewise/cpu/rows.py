@@ -38,6 +38,7 @@ def rmsnorm(
     if lib is None:
         raise StagewiseError(f"the CPU row kernels are not built here ({build.describe()})")
     n = x.shape[-1]
+    _check_float32("cpu rmsnorm", x, weight, *([] if residual is None else [residual]))
     if weight.shape != (n,) or (residual is not None and residual.shape != x.shape):
         raise StagewiseError(
             f"cpu rmsnorm: x {list(x.shape)}, weight {list(weight.shape)}, residual "
@@ -69,6 +70,12 @@ def rope(
     lib = build.library()
     if lib is None:
         raise StagewiseError(f"the CPU row kernels are not built here ({build.describe()})")
+    _check_float32("cpu rope", q, k, table)
+    if q.dim() != 3 or k.dim() != 3 or positions.shape != (q.shape[0],):
+        raise StagewiseError(
+            f"cpu rope: positions {list(positions.shape)}, q {list(q.shape)}, k {list(k.shape)}: "
+            "want [T], [T, H, d], [T, Hkv, d]"
+        )
     tokens, heads, d = q.shape
     if k.shape[0] != tokens or k.shape[2] != d or table.shape[1] != 2 * d or d % 2:
         raise StagewiseError(
@@ -92,6 +99,12 @@ def rope(
     if status:
         raise StagewiseError(f"cpu rope: a position past the table's {table.shape[0]} rows")
     return out[:, :heads], out[:, heads:]  # [T, H, d], [T, Hkv, d]
+
+
+def _check_float32(what: str, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise StagewiseError(f"{what}: takes float32 CPU tensors, got {t.dtype} on {t.device}")
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

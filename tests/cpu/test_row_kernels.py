@@ -73,3 +73,7 @@ def test_bad_shapes_are_one_line():
         cpu_rows.rope(torch.tensor([3, 10]), torch.randn(2, 2, 8), torch.randn(2, 1, 8), table)
     with pytest.raises(StagewiseError, match="cpu rope"):
         cpu_rows.rope(torch.tensor([3]), torch.randn(1, 2, 8), torch.randn(1, 1, 4), table)
+    with pytest.raises(StagewiseError, match="takes float32 CPU tensors, got torch.float64"):
+        cpu_rows.rmsnorm(torch.randn(2, 8, dtype=torch.float64), torch.ones(8), 1e-5)
+    with pytest.raises(StagewiseError, match="want \\[T\\]"):
+        cpu_rows.rope(torch.tensor([3, 4]), torch.randn(1, 2, 8), torch.randn(1, 1, 8), table)
