@@ -119,4 +119,5 @@ def test_the_two_packed_systems_run_their_own_kernels_and_leave_the_switch_as_it
         )
     )
     assert [run["system"] for run in r["runs"]] == ["packed", "packed-int8"] and not r["skipped"]
+    assert "built for" in r["kernel"]  # where the kernels packed-int8 ran are kept, the switch off outside
     assert "packed-int8 / llama.cpp" not in [c.header for c in scale_table(r).columns]  # no llama.cpp row

@@ -247,6 +247,8 @@ def run_scale(s: ScaleSettings, progress=None) -> dict:
                 del systems  # the next model's weights need the memory
     finally:
         torch.set_num_threads(before)
+    with build.switched(True if "packed-int8" in s.systems else None):
+        kernel = build.describe()  # where the compiled kernels packed-int8 ran are kept
     notes = []
     if probe.contended:
         notes.append(
@@ -256,7 +258,7 @@ def run_scale(s: ScaleSettings, progress=None) -> dict:
     return {
         "benchmark": "scale",
         "machine": machine_info(),
-        "kernel": build.describe(),
+        "kernel": kernel,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
         "others_cpu_share": probe.others,
