@@ -184,9 +184,9 @@ void tile(const Act &a, int64_t m0, const Form &f, int64_t o0, float *out, int64
         }
         const int32_t *x32[MR];
         for (int i = 0; i < MR; i++) x32[i] = (const int32_t *)(a.q + (m0 + i) * a.k + (int64_t)b * QK);
-        if (four_bit(KIND) && !SW_VNNI) {
-            // AVX2: the pairs' int16 sums of the whole block added in int16 (exact: 8 pairs of
-            // |15 * 127 * 2| = 30480 < 32768), then widened once; no int32 chain through the block
+        if (four_bit(KIND)) {
+            // AVX2 (no VNNI): a block's pair sums added in int16 (exact: 8 pairs of at most
+            // |15 * 127 * 2|, 30480 < 32768), then widened once; no int32 chain through the block
             __m256i h16[MR][NO];
             for (int t = 0; t < 4; t++) {
                 __m256i lo[NO], hi[NO];
@@ -198,31 +198,22 @@ void tile(const Act &a, int64_t m0, const Form &f, int64_t o0, float *out, int64
                 for (int i = 0; i < MR; i++) {
                     __m256i xl = _mm256_set1_epi32(x32[i][t]), xh = _mm256_set1_epi32(x32[i][4 + t]);
                     for (int o = 0; o < NO; o++) {
+#if SW_VNNI
+                        is[i][o] = dot_add(is[i][o], lo[o], xl);
+                        is2[i][o] = dot_add(is2[i][o], hi[o], xh);
+#else
                         __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo[o], xl),
                                                         _mm256_maddubs_epi16(hi[o], xh));
                         h16[i][o] = t ? _mm256_add_epi16(h16[i][o], pair) : pair;
+#endif
                     }
                 }
             }
-            for (int i = 0; i < MR; i++)
-                for (int o = 0; o < NO; o++)
-                    is[i][o] = _mm256_add_epi32(is[i][o], _mm256_madd_epi16(h16[i][o], _mm256_set1_epi16(1)));
-        } else if (four_bit(KIND)) {
-            for (int t = 0; t < 4; t++) {
-                __m256i lo[NO], hi[NO];
-                for (int o = 0; o < NO; o++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(c[o] + 32 * t));
-                    lo[o] = _mm256_and_si256(v, low4);
-                    hi[o] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                }
-                for (int i = 0; i < MR; i++) {
-                    __m256i xl = _mm256_set1_epi32(x32[i][t]), xh = _mm256_set1_epi32(x32[i][4 + t]);
-                    for (int o = 0; o < NO; o++) {
-                        is[i][o] = dot_add(is[i][o], lo[o], xl);
-                        is2[i][o] = dot_add(is2[i][o], hi[o], xh);
-                    }
-                }
-            }
+            if (!SW_VNNI)
+                for (int i = 0; i < MR; i++)
+                    for (int o = 0; o < NO; o++)
+                        is[i][o] = _mm256_add_epi32(is[i][o], _mm256_madd_epi16(h16[i][o], _mm256_set1_epi16(1)));
+            (void)h16;
         } else {
             for (int t = 0; t < 8; t++) {
                 __m256i v[NO], u[NO];

@@ -17,7 +17,16 @@ from stagewise.cpu import build
 from stagewise.models.registry import LoadedModel
 from stagewise.models.weights import random_weights
 from stagewise.tokenizer import Tokenizer
-from tests.engine.test_batch_invariance import COPY, alone, assert_same, greedy, packed, run_ids, words
+from tests.engine.test_batch_invariance import (
+    COPY,
+    alone,
+    assert_modes_agree,
+    assert_same,
+    greedy,
+    packed,
+    run_ids,
+    words,
+)
 
 pytestmark = [
     pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler: the CPU kernels are not built"),
@@ -75,13 +84,7 @@ def test_a_decode_step_equals_the_last_row_of_a_prefill_of_its_prefix(models, mo
 
 
 def test_the_modes_and_ngram_verify_give_the_same_logits(models):
-    rng = random.Random(8)
-    prompts = [words(rng, n) for n in (5, 66, 1, 30)]
-    params = [greedy(m) for m in (9, 4, 12, 7)]
-    outs = {mode: LLM(models["g3-int4"], mode=mode).generate(prompts, params) for mode in ("naive", "kv", "paged")}
-    for i in range(len(prompts)):
-        assert_same(outs["kv"][i], outs["paged"][i], f"kv vs paged, request {i}")
-        assert_same(outs["naive"][i], outs["paged"][i], f"naive vs paged, request {i}")
+    assert_modes_agree(models["g3-int4"])
     plain, spec = LLM(models["g3-int4"]), LLM(models["g3-int4"], speculative_config="ngram:4")
     out = spec.generate([COPY], greedy(20))[0]
     assert spec.last_stats.spec_draft_tokens > 0
